@@ -1,0 +1,138 @@
+"""One frozen settings object that renders librdkafka dicts.
+
+Every timeout is a named setting with a comment saying why its value; secrets in the
+librdkafka settings are never printed (see :meth:`Config.redacted`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from txnstream.errors import ConfigError
+
+__all__ = ["Config", "TopicNames", "DEFAULT_BOOTSTRAP"]
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+_SECRET_HINTS = ("password", "secret", "sasl.oauthbearer", "ssl.key")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    """Internal topic names; all share one configurable prefix (DESIGN.md section 2)."""
+
+    prefix: str = "__txn"
+
+    @property
+    def log(self) -> str:
+        """The transaction log: one partition per coordinator."""
+        return f"{self.prefix}_log"
+
+    @property
+    def requests(self) -> str:
+        """Client -> coordinator requests: partition p goes to TC p."""
+        return f"{self.prefix}_requests"
+
+    @property
+    def replies(self) -> str:
+        """Coordinator -> client replies: each client listens on one partition."""
+        return f"{self.prefix}_replies"
+
+    @property
+    def buffer_snapshots(self) -> str:
+        """Compacted transaction-buffer snapshots, key = topic-partition."""
+        return f"{self.prefix}_buffer_snapshots"
+
+    @property
+    def pending_ack(self) -> str:
+        """Pending-ack log of every subscription."""
+        return f"{self.prefix}_pending_ack"
+
+    def all(self) -> list[str]:
+        """Every internal topic name."""
+        return [self.log, self.requests, self.replies, self.buffer_snapshots, self.pending_ack]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Settings shared by clients, workers and tools.
+
+    ``kafka`` holds librdkafka settings passed through unchanged to every Kafka client.
+    """
+
+    bootstrap_servers: str = DEFAULT_BOOTSTRAP
+    topics: TopicNames = field(default_factory=TopicNames)
+    num_coordinators: int = 4
+    """Partitions of the log/requests topics = number of TCs; fixed once created."""
+    num_reply_partitions: int = 8
+    """Partitions of the replies topic; a client picks one at random to listen on."""
+    replication_factor: int = 1
+    kafka: Mapping[str, Any] = field(default_factory=dict)
+
+    # Timeouts ---------------------------------------------------------------------
+    default_txn_timeout_s: float = 60.0
+    """Pulsar's client default; long enough for a batch, short enough to unblock readers."""
+    max_txn_timeout_s: float = 3600.0
+    """Cap a client cannot exceed: an open txn blocks its partitions for committed readers."""
+    request_timeout_s: float = 30.0
+    """Deadline for one coordinator request including retries; covers a failover
+    (session timeout + log replay) so a client rides through an owner crash."""
+    admin_timeout_s: float = 15.0
+    """Deadline for topic admin calls; KRaft metadata updates take well under a second."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers:
+            raise ConfigError("bootstrap_servers is empty: give host:port of a Kafka broker")
+        if not 1 <= self.num_coordinators <= 4096:
+            raise ConfigError(f"num_coordinators must be 1..4096, got {self.num_coordinators}")
+        if self.replication_factor < 1:
+            raise ConfigError(f"replication_factor must be >= 1, got {self.replication_factor}")
+
+    @classmethod
+    def from_env(cls, bootstrap: str | None = None, **overrides: Any) -> Config:
+        """Build from ``TXNSTREAM_BOOTSTRAP`` / ``TXNSTREAM_TOPIC_PREFIX`` and overrides."""
+        boot = bootstrap or os.environ.get("TXNSTREAM_BOOTSTRAP") or DEFAULT_BOOTSTRAP
+        prefix = os.environ.get("TXNSTREAM_TOPIC_PREFIX")
+        if prefix and "topics" not in overrides:
+            overrides["topics"] = TopicNames(prefix)
+        return cls(bootstrap_servers=boot, **overrides)
+
+    def with_(self, **changes: Any) -> Config:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    def common(self) -> dict[str, Any]:
+        """Settings every librdkafka client gets."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
+        conf.update(self.kafka)
+        return conf
+
+    def producer(self, **extra: Any) -> dict[str, Any]:
+        """Settings for an idempotent producer (no duplicates on retry, order kept)."""
+        conf = self.common()
+        conf.setdefault("enable.idempotence", True)
+        conf.setdefault("linger.ms", 5)
+        conf.update(extra)
+        return conf
+
+    def consumer(self, group_id: str, **extra: Any) -> dict[str, Any]:
+        """Settings for a consumer of ``group_id``; offsets are committed explicitly."""
+        conf = self.common()
+        conf.update({"group.id": group_id, "enable.auto.commit": False,
+                     "auto.offset.reset": "earliest", "enable.partition.eof": False})
+        conf.update(extra)
+        return conf
+
+    def admin(self) -> dict[str, Any]:
+        """Settings for an AdminClient."""
+        return self.common()
+
+    def redacted(self) -> dict[str, Any]:
+        """The librdkafka settings with secrets masked, for logs and tables."""
+        out = self.common()
+        for k in out:
+            if any(h in k for h in _SECRET_HINTS):
+                out[k] = "***"
+        return out
