@@ -48,7 +48,8 @@ class TxnMarker:
 
     def headers(self) -> list[tuple[str, bytes]]:
         """The record headers a marker is written with."""
-        return [(TXN_MARKER_HEADER, self.kind.value.encode()), (TXN_ID_HEADER, self.txn_id.to_bytes())]
+        return [(TXN_MARKER_HEADER, self.kind.value.encode()),
+                (TXN_ID_HEADER, self.txn_id.to_bytes())]
 
     def encode(self) -> bytes:
         """The record value."""
@@ -64,7 +65,8 @@ class TxnMarker:
         """Parse a marker value; ``CorruptRecordError`` if it is not one."""
         rec = codec("txn_marker").decode(value)
         try:
-            return cls(TxnID(rec["most_bits"], rec["least_bits"]), MarkerKind(rec["kind"]), rec["lwm"])
+            txn_id = TxnID(rec["most_bits"], rec["least_bits"])
+            return cls(txn_id, MarkerKind(rec["kind"]), rec["lwm"])
         except ValueError as exc:
             raise CorruptRecordError(f"txn_marker: {exc}") from exc
 

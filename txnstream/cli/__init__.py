@@ -33,7 +33,8 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Pulsar-style transactions on Apache Kafka.",
     )
     parser.add_argument("--bootstrap", default=None,
-                        help="Kafka bootstrap servers (default: $TXNSTREAM_BOOTSTRAP or 127.0.0.1:9092)")
+                        help="Kafka bootstrap servers "
+                        "(default: $TXNSTREAM_BOOTSTRAP or 127.0.0.1:9092)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _GROUPS:

@@ -1,0 +1,465 @@
+"""``TransactionMetadataStore``: the pure state machine of one transaction coordinator.
+
+Plain Python over plain data, no Kafka (Pulsar pairs ``InMemTransactionMetadataStore``
+with ``MLTransactionMetadataStore``; here the store is pure and the Kafka log is an
+adapter around it, see :mod:`txnstream.coordinator.worker`).
+
+Two ways in, one state:
+
+* **Replay** (:meth:`replay`): every record of ``__txn_log[p]`` in offset order. The
+  fencing rule of DESIGN.md section 5 decides validity: an ``EPOCH`` record is always
+  valid and becomes the current epoch; any other record is valid only if its
+  ``epoch_offset`` equals the offset of the latest ``EPOCH`` before it. Invalid records
+  change nothing (they only raise the sequence floor, so a TxnID a zombie handed out can
+  never be handed out again).
+* **Requests** (``new_txn``, ``add_partitions``, ``end_txn``, ...): the owner plans a
+  change, the store applies it at once (so later requests of the same batch see it) and
+  returns the log entry to append. The owner replies to a client only after it has read
+  that entry back as valid. If it finds itself fenced instead, it throws the whole store
+  away without replying: the log, not this object, is the truth, and the new owner
+  rebuilds from it.
+
+Records the owner wrote come back through :meth:`replay` too; they carry the owner's
+own epoch and were applied already, so only their offsets are noted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from txnstream.coordinator.log_entry import (
+    GroupOutcome,
+    LogEntryKind,
+    SubscriptionRef,
+    TransactionLogEntry,
+)
+from txnstream.coordinator.meta import TxnMeta
+from txnstream.coordinator.timeout_tracker import TransactionTimeoutTracker
+from txnstream.errors import (
+    InvalidTxnStatusError,
+    TransactionNotFoundError,
+    TransactionTimeoutError,
+)
+from txnstream.types import TopicPartition, TxnID, TxnStatus
+
+__all__ = ["TransactionMetadataStore", "EndResult", "GroupEndResult", "StoreStats"]
+
+log = logging.getLogger(__name__)
+
+MAX_REMEMBERED_REQUESTS = 100_000
+"""NEW request ids remembered for idempotent replay; a client retries within seconds."""
+MAX_REMEMBERED_GROUPS = 10_000
+"""Committed group keys carried in checkpoints; Spark replays only its last batches."""
+
+ABORT_TIMEOUT = "timeout"
+ABORT_CLIENT = "client"
+ABORT_ADMIN = "admin"
+ABORT_GROUP = "group"
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    """What an end request decided: the entry to log (None if nothing changes)."""
+
+    meta: TxnMeta
+    entry: TransactionLogEntry | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEndResult:
+    """Outcome of a group end: the status every txn of the group goes to."""
+
+    status: TxnStatus
+    seqs: tuple[int, ...]
+    entries: tuple[TransactionLogEntry, ...]
+    already: bool
+    """True if the key had been ended before: nothing of this request was committed."""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Numbers for ``coordinator_stats()``."""
+
+    tc_id: int
+    epoch_offset: int
+    owner_id: str | None
+    next_sequence: int
+    low_watermark: int
+    by_status: dict[str, int]
+    invalid_records: int
+    oldest_open_ms: int | None
+
+
+class TransactionMetadataStore:
+    """All transactions of coordinator ``tc_id``, rebuilt from and kept in step with its log."""
+
+    def __init__(self, tc_id: int, owner_id: str = "") -> None:
+        self.tc_id = tc_id
+        self.owner_id = owner_id
+        self.txns: dict[int, TxnMeta] = {}
+        self.next_sequence = 0
+        self.epoch_offset = -1
+        self.epoch_owner: str | None = None
+        self.own_epoch: int | None = None
+        """Offset of this owner's EPOCH record, once read back; None while replaying."""
+        self.fenced = False
+        self.checkpoint_offset = -1
+        self.invalid_records = 0
+        self.groups: OrderedDict[str, GroupOutcome] = OrderedDict()
+        self._requests: OrderedDict[str, int] = OrderedDict()
+        self.timeouts = TransactionTimeoutTracker()
+
+    # ------------------------------------------------------------------ replay
+
+    def is_valid(self, entry: TransactionLogEntry) -> bool:
+        """The fencing rule: EPOCH always; anything else only under the latest EPOCH."""
+        return entry.kind is LogEntryKind.EPOCH or entry.epoch_offset == self.epoch_offset
+
+    def replay(self, offset: int, entry: TransactionLogEntry,
+               timestamp_ms: int | None = None) -> bool:
+        """Fold one log record read at ``offset``; returns whether it was valid.
+
+        ``timestamp_ms`` is the record's Kafka timestamp; it dates the end of a txn
+        that finalizes here, for truncation retention after failover.
+
+        Sets :attr:`fenced` when an EPOCH of someone else follows our own: the caller
+        must stop serving this coordinator at once.
+        """
+        if entry.kind is LogEntryKind.EPOCH:
+            if self.own_epoch is not None and offset != self.own_epoch:
+                self.fenced = True
+            self.epoch_offset = offset
+            self.epoch_owner = entry.owner_id
+            self.next_sequence = max(self.next_sequence, entry.next_sequence)
+            return True
+        if not self.is_valid(entry):
+            self.invalid_records += 1
+            if entry.txn_seq >= 0:
+                self.next_sequence = max(self.next_sequence, entry.txn_seq + 1)
+            log.warning("tc %d: ignoring record at offset %d with stale epoch %d (current %d)",
+                        self.tc_id, offset, entry.epoch_offset, self.epoch_offset)
+            return False
+        own = self.own_epoch is not None and entry.epoch_offset == self.own_epoch
+        if not own:
+            self.apply(entry, timestamp_ms)
+        self._note_offset(offset, entry)
+        return True
+
+    def _note_offset(self, offset: int, entry: TransactionLogEntry) -> None:
+        if entry.kind is LogEntryKind.CHECKPOINT:
+            self.checkpoint_offset = offset
+        seqs = entry.group_seqs if entry.kind is LogEntryKind.GROUP_END else (entry.txn_seq,)
+        for seq in seqs:
+            meta = self.txns.get(seq)
+            if meta is not None:
+                if meta.first_offset is None:
+                    meta.first_offset = offset
+                meta.last_offset = offset
+
+    def apply(self, entry: TransactionLogEntry, now_ms: int | None = None) -> None:
+        """Apply a valid entry to the state (shared by replay and request handling)."""
+        if entry.kind is LogEntryKind.CHECKPOINT:
+            self.next_sequence = max(self.next_sequence, entry.next_sequence)
+            for g in entry.group_keys:
+                self._remember_group(g)
+            return
+        if entry.kind is LogEntryKind.GROUP_END:
+            assert entry.status is not None and entry.group_key is not None
+            for seq in entry.group_seqs:
+                meta = self.txns.get(seq)
+                if meta is None:
+                    log.warning("tc %d: group end names unknown txn %d", self.tc_id, seq)
+                    continue
+                self._move(meta, entry.status, ABORT_GROUP, now_ms)
+                meta.group_key = entry.group_key
+            if entry.status is TxnStatus.COMMITTING:
+                self._remember_group(GroupOutcome(entry.group_key, entry.status, entry.group_seqs))
+            return
+        if entry.kind is not LogEntryKind.TXN:
+            return
+        seq = entry.txn_seq
+        self.next_sequence = max(self.next_sequence, seq + 1)
+        meta = self.txns.get(seq)
+        if meta is None:
+            if entry.status is TxnStatus.OPEN and entry.timeout_ms > 0:
+                meta = TxnMeta(TxnID(self.tc_id, seq), TxnStatus.OPEN, entry.open_time_ms,
+                               entry.timeout_ms)
+                self.txns[seq] = meta
+                self.timeouts.track(seq, meta.deadline_ms)
+                if entry.request_id:
+                    self._remember_request(entry.request_id, seq)
+            elif entry.status is not None and entry.status.is_final:
+                # Its earlier records were truncated away; keep the outcome.
+                meta = TxnMeta(TxnID(self.tc_id, seq), entry.status, entry.open_time_ms, 0)
+                self.txns[seq] = meta
+                meta.end_time_ms = now_ms
+                return
+            else:
+                log.warning("tc %d: record for unknown txn %d (%s) ignored",
+                            self.tc_id, seq, entry.status)
+                return
+        if entry.partitions:
+            meta.partitions |= set(entry.partitions)
+        if entry.subscriptions:
+            meta.subscriptions |= set(entry.subscriptions)
+        if entry.status is not None and entry.status is not meta.status:
+            self._move(meta, entry.status, entry.reason, now_ms)
+
+    def _move(self, meta: TxnMeta, status: TxnStatus, reason: str | None,
+              now_ms: int | None) -> None:
+        if not meta.status.can_transition_to(status):
+            log.warning("tc %d: txn %s cannot go %s -> %s; record ignored",
+                        self.tc_id, meta.txn_id, meta.status.value, status.value)
+            return
+        meta.status = status
+        if status is not TxnStatus.OPEN:
+            self.timeouts.untrack(meta.txn_id.least_bits)
+        if status is TxnStatus.ABORTING and reason:
+            meta.abort_reason = reason
+        if status.is_final:
+            meta.end_time_ms = now_ms
+
+    def _remember_request(self, request_id: str, seq: int) -> None:
+        self._requests[request_id] = seq
+        while len(self._requests) > MAX_REMEMBERED_REQUESTS:
+            self._requests.popitem(last=False)
+
+    def _remember_group(self, outcome: GroupOutcome) -> None:
+        self.groups[outcome.key] = outcome
+        self.groups.move_to_end(outcome.key)
+        while len(self.groups) > MAX_REMEMBERED_GROUPS:
+            self.groups.popitem(last=False)
+
+    # ---------------------------------------------------------------- requests
+
+    def _entry(self, **fields: object) -> TransactionLogEntry:
+        return TransactionLogEntry(epoch_offset=self.epoch_offset, owner_id=self.owner_id,
+                                   **fields)  # type: ignore[arg-type]
+
+    def epoch_entry(self) -> TransactionLogEntry:
+        """The EPOCH record a new owner appends after replay."""
+        return TransactionLogEntry(kind=LogEntryKind.EPOCH, epoch_offset=-1,
+                                   owner_id=self.owner_id, next_sequence=self.next_sequence)
+
+    def get(self, seq: int) -> TxnMeta:
+        """The txn with sequence ``seq``, or ``TransactionNotFoundError``."""
+        meta = self.txns.get(seq)
+        if meta is None:
+            raise TransactionNotFoundError(
+                f"transaction {TxnID(self.tc_id, seq)} is not known to coordinator {self.tc_id} "
+                "(never opened, or ended and truncated)", TxnID(self.tc_id, seq))
+        return meta
+
+    def new_txn(self, request_id: str, timeout_ms: int,
+                now_ms: int) -> tuple[TxnMeta, TransactionLogEntry | None]:
+        """Open a txn; a repeated request id returns the txn it opened before."""
+        seen = self._requests.get(request_id)
+        if seen is not None and seen in self.txns:
+            return self.txns[seen], None
+        seq = self.next_sequence
+        entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
+                            status=TxnStatus.OPEN, open_time_ms=now_ms, timeout_ms=timeout_ms)
+        self.apply(entry, now_ms)
+        return self.txns[seq], entry
+
+    def _check_alive(self, meta: TxnMeta, now_ms: int) -> None:
+        if meta.status is TxnStatus.OPEN and now_ms >= meta.deadline_ms:
+            raise TransactionTimeoutError(
+                f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms", meta.txn_id)
+        if meta.abort_reason == ABORT_TIMEOUT:
+            raise TransactionTimeoutError(
+                f"transaction {meta.txn_id} was aborted at its timeout of {meta.timeout_ms} ms",
+                meta.txn_id)
+
+    def add_partitions(self, seq: int, tps: Iterable[TopicPartition], now_ms: int,
+                       request_id: str | None = None) -> TransactionLogEntry | None:
+        """Register produced partitions; None if all were known already."""
+        meta = self.get(seq)
+        self._check_alive(meta, now_ms)
+        new = set(tps) - meta.partitions
+        meta.check_open("add a produced partition")
+        if not new:
+            return None
+        entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
+                            partitions=tuple(sorted(new)))
+        self.apply(entry, now_ms)
+        return entry
+
+    def add_subscriptions(self, seq: int, subs: Iterable[SubscriptionRef], now_ms: int,
+                          request_id: str | None = None) -> TransactionLogEntry | None:
+        """Register acked subscriptions; None if all were known already."""
+        meta = self.get(seq)
+        self._check_alive(meta, now_ms)
+        new = set(subs) - meta.subscriptions
+        meta.check_open("add an acked subscription")
+        if not new:
+            return None
+        entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
+                            subscriptions=tuple(sorted(new)))
+        self.apply(entry, now_ms)
+        return entry
+
+    def end_txn(self, seq: int, commit: bool, now_ms: int, reason: str = ABORT_CLIENT,
+                request_id: str | None = None) -> EndResult:
+        """Decide a txn's outcome: log COMMITTING or ABORTING.
+
+        Repeating the same decision is idempotent (no entry). Committing an expired txn
+        aborts it and raises ``TransactionTimeoutError``; committing an aborted one (or
+        aborting a committed one) raises ``InvalidTxnStatusError``.
+        """
+        meta = self.get(seq)
+        target = TxnStatus.COMMITTING if commit else TxnStatus.ABORTING
+        if commit and meta.status is TxnStatus.OPEN and now_ms >= meta.deadline_ms:
+            self.end_txn(seq, False, now_ms, ABORT_TIMEOUT)
+            raise TransactionTimeoutError(
+                f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms; it was aborted",
+                meta.txn_id)
+        if meta.status is TxnStatus.OPEN:
+            entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
+                                status=target, reason=None if commit else reason)
+            self.apply(entry, now_ms)
+            return EndResult(meta, entry)
+        same_way = {TxnStatus.COMMITTING, TxnStatus.COMMITTED} if commit else {
+            TxnStatus.ABORTING, TxnStatus.ABORTED}
+        if meta.status in same_way:
+            return EndResult(meta, None)
+        if commit and meta.abort_reason == ABORT_TIMEOUT:
+            raise TransactionTimeoutError(
+                f"transaction {meta.txn_id} was aborted at its timeout of {meta.timeout_ms} ms",
+                meta.txn_id)
+        raise InvalidTxnStatusError(
+            meta.txn_id, TxnStatus.OPEN, meta.status,
+            f"cannot {'commit' if commit else 'abort'} transaction {meta.txn_id}: "
+            f"it is {meta.status.value}")
+
+    def end_group(self, key: str, seqs: Iterable[int], commit: bool, now_ms: int,
+                  request_id: str | None = None) -> GroupEndResult:
+        """End several txns of this TC as one, under an idempotency ``key``.
+
+        1. If ``key`` committed before, nothing of this request commits: its txns that
+           are not part of the first group are aborted (a replayed Spark batch), and the
+           first outcome is reported with ``already=True``.
+        2. Committing needs every txn OPEN and alive. If one is not, every OPEN txn of
+           the group is aborted and the error names the culprit: all or none.
+        3. Otherwise one GROUP_END record moves them all to COMMITTING (or ABORTING).
+        """
+        seqs = tuple(sorted(set(seqs)))
+        target = TxnStatus.COMMITTING if commit else TxnStatus.ABORTING
+        prior = self.groups.get(key)
+        if prior is not None:
+            extra = [s for s in seqs if s not in prior.seqs]
+            entries = self._abort_open(extra, now_ms, ABORT_GROUP)
+            return GroupEndResult(prior.status, prior.seqs, tuple(entries), already=True)
+        error = None
+        for seq in seqs:
+            meta = self.txns.get(seq)
+            if meta is None:
+                error = (f"transaction {TxnID(self.tc_id, seq)} is not known to "
+                         f"coordinator {self.tc_id}")
+            elif meta.status is not TxnStatus.OPEN:
+                error = f"transaction {meta.txn_id} is {meta.status.value}"
+            elif now_ms >= meta.deadline_ms:
+                error = f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms"
+            if error:
+                break
+        if error is not None or not commit:
+            entries = self._abort_open(seqs, now_ms, ABORT_GROUP if commit else ABORT_CLIENT)
+            return GroupEndResult(TxnStatus.ABORTING, seqs, tuple(entries), already=False,
+                                  error=error)
+        entry = self._entry(kind=LogEntryKind.GROUP_END, request_id=request_id, status=target,
+                            group_key=key, group_seqs=seqs)
+        self.apply(entry, now_ms)
+        return GroupEndResult(target, seqs, (entry,), already=False)
+
+    def _abort_open(self, seqs: Iterable[int], now_ms: int,
+                    reason: str) -> list[TransactionLogEntry]:
+        out = []
+        for seq in seqs:
+            meta = self.txns.get(seq)
+            if meta is not None and meta.status is TxnStatus.OPEN:
+                res = self.end_txn(seq, False, now_ms, reason)
+                if res.entry is not None:
+                    out.append(res.entry)
+        return out
+
+    def finalize(self, seq: int, now_ms: int) -> TransactionLogEntry | None:
+        """After markers and marks are written: log COMMITTED/ABORTED."""
+        meta = self.get(seq)
+        if meta.status is TxnStatus.COMMITTING:
+            final = TxnStatus.COMMITTED
+        elif meta.status is TxnStatus.ABORTING:
+            final = TxnStatus.ABORTED
+        else:
+            return None
+        entry = self._entry(kind=LogEntryKind.TXN, txn_seq=seq, status=final)
+        self.apply(entry, now_ms)
+        return entry
+
+    def expire(self, now_ms: int) -> list[TransactionLogEntry]:
+        """Abort every OPEN txn past its deadline (reason ``timeout``)."""
+        out = []
+        for seq in self.timeouts.pop_expired(now_ms):
+            meta = self.txns.get(seq)
+            if meta is not None and meta.status is TxnStatus.OPEN:
+                res = self.end_txn(seq, False, now_ms, ABORT_TIMEOUT)
+                if res.entry is not None:
+                    out.append(res.entry)
+        return out
+
+    def checkpoint_entry(self) -> TransactionLogEntry:
+        """A CHECKPOINT carrying the sequence floor and recent group keys."""
+        return self._entry(kind=LogEntryKind.CHECKPOINT, next_sequence=self.next_sequence,
+                           group_keys=tuple(self.groups.values()))
+
+    # ----------------------------------------------------------------- queries
+
+    def ending(self) -> list[TxnMeta]:
+        """Txns whose outcome is decided but not yet finalized (COMMITTING/ABORTING)."""
+        return [m for m in self.txns.values() if m.status.is_ending]
+
+    @property
+    def low_watermark(self) -> int:
+        """Every txn of this TC with a lower sequence has ended (COMMITTED/ABORTED)."""
+        live = [s for s, m in self.txns.items() if not m.status.is_final]
+        return min(live) if live else self.next_sequence
+
+    def truncation_point(self, now_ms: int, retention_ms: int) -> int:
+        """The first log offset still needed; everything below may be deleted.
+
+        Needed: every record of a txn not final, or final for less than
+        ``retention_ms`` (so a client retrying its commit still finds the outcome); the
+        latest EPOCH (validity of everything after it hangs on it); the latest CHECKPOINT.
+        Returns -1 when nothing may be deleted yet.
+        """
+        if self.epoch_offset < 0 or self.checkpoint_offset < 0:
+            return -1
+        point = min(self.epoch_offset, self.checkpoint_offset)
+        for meta in self.txns.values():
+            recent = meta.end_time_ms is None or now_ms - meta.end_time_ms < retention_ms
+            if (not meta.status.is_final or recent) and meta.first_offset is not None:
+                point = min(point, meta.first_offset)
+        return point
+
+    def forget_before(self, offset: int) -> int:
+        """Drop final txns whose records all lie below ``offset`` (after truncation)."""
+        gone = [s for s, m in self.txns.items()
+                if m.status.is_final and m.last_offset is not None and m.last_offset < offset]
+        for s in gone:
+            del self.txns[s]
+        return len(gone)
+
+    def stats(self, now_ms: int) -> StoreStats:
+        """Counts by status, LWM, sequence counter, oldest open txn age."""
+        by: dict[str, int] = {s.value: 0 for s in TxnStatus}
+        oldest: int | None = None
+        for m in self.txns.values():
+            by[m.status.value] += 1
+            if m.status is TxnStatus.OPEN:
+                age = now_ms - m.open_time_ms
+                oldest = age if oldest is None else max(oldest, age)
+        return StoreStats(self.tc_id, self.epoch_offset, self.epoch_owner, self.next_sequence,
+                          self.low_watermark, by, self.invalid_records, oldest)
