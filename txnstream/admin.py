@@ -1,0 +1,66 @@
+"""``Admin``: list, inspect and abort transactions; coordinator statistics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from txnstream.coordinator.protocol import TcOp, TxnInfo
+from txnstream.types import TxnID
+
+if TYPE_CHECKING:
+    from txnstream.client import Client
+
+__all__ = ["Admin", "CoordinatorStats"]
+
+ADMIN_TIMEOUT_S = 10.0
+"""Admin calls fail fast: a coordinator with no owner right now is reported, not waited on."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStats:
+    """One coordinator's numbers."""
+
+    tc_id: int
+    owner_id: str | None
+    stats: dict[str, int]
+
+
+class Admin:
+    """Admin operations of a :class:`~txnstream.client.Client` (``client.admin``)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def list_transactions(self, min_age_s: float = 0.0) -> list[TxnInfo]:
+        """Every transaction every coordinator still knows, oldest first."""
+        replies = self._client.tc.broadcast(TcOp.LIST, min_age_ms=int(min_age_s * 1000),
+                                            timeout_s=ADMIN_TIMEOUT_S)
+        txns = [t for r in replies for t in r.txns]
+        return sorted(txns, key=lambda t: (t.open_time_ms, t.txn_id))
+
+    def get_transaction(self, txn_id: TxnID | str) -> TxnInfo:
+        """One transaction; ``TransactionNotFoundError`` if unknown."""
+        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
+        reply = self._client.tc.request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits,
+                                        timeout_s=ADMIN_TIMEOUT_S)
+        return reply.txns[0]
+
+    def abort_transaction(self, txn_id: TxnID | str) -> TxnInfo:
+        """Abort an open transaction (reason ``admin``); returns its new state."""
+        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
+        self._client.tc.request(TcOp.END, tid.tc_id, txn_seq=tid.least_bits, commit=False,
+                                reason="admin")
+        return self.get_transaction(tid)
+
+    def coordinator_stats(self) -> list[CoordinatorStats]:
+        """Per coordinator: counts by status, low watermark, sequence, owner."""
+        replies = self._client.tc.broadcast(TcOp.STATS, timeout_s=ADMIN_TIMEOUT_S)
+        return [CoordinatorStats(r.tc_id, r.owner_id, dict(r.stats)) for r in replies]
+
+    def slow_transactions(self, min_age_s: float) -> list[TxnInfo]:
+        """Open transactions older than ``min_age_s`` (they block committed readers)."""
+        now = time.time() * 1000
+        return [t for t in self.list_transactions(min_age_s)
+                if now - t.open_time_ms >= min_age_s * 1000]

@@ -1,0 +1,73 @@
+"""``Client``: the entry point (Pulsar's ``PulsarClient`` with transactions enabled)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from txnstream.admin import Admin
+from txnstream.config import Config
+from txnstream.coordinator.client import TransactionCoordinatorClient
+from txnstream.coordinator.protocol import TcOp
+from txnstream.errors import ConfigError
+from txnstream.transaction import Transaction
+from txnstream.types import TxnID
+
+__all__ = ["Client"]
+
+
+class Client:
+    """Connects to Kafka; opens transactions, producers and consumers.
+
+    ``Client("host:9092", **{"security.protocol": ...})``: librdkafka settings pass
+    through to every Kafka client it makes. Pass ``config=`` for full control.
+    """
+
+    def __init__(self, bootstrap_servers: str | None = None, *, config: Config | None = None,
+                 **kafka: Any) -> None:
+        if config is None:
+            config = Config.from_env(bootstrap_servers, kafka=kafka)
+        elif bootstrap_servers or kafka:
+            raise ConfigError("pass either config= or bootstrap_servers/librdkafka settings")
+        self.config = config
+        self._tc: TransactionCoordinatorClient | None = None
+        self._lock = threading.Lock()
+        self.admin = Admin(self)
+
+    @property
+    def tc(self) -> TransactionCoordinatorClient:
+        """The coordinator client, made on first use."""
+        with self._lock:
+            if self._tc is None:
+                self._tc = TransactionCoordinatorClient(self.config)
+            return self._tc
+
+    def new_transaction(self, timeout_s: float | None = None) -> Transaction:
+        """Open a transaction on the next coordinator (round-robin)."""
+        timeout = timeout_s if timeout_s is not None else self.config.default_txn_timeout_s
+        if timeout <= 0:
+            raise ConfigError(f"timeout_s must be positive, got {timeout}")
+        tc_id = self.tc.pick_coordinator()
+        reply = self.tc.request(TcOp.NEW, tc_id, timeout_ms=int(timeout * 1000))
+        return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout)
+
+    @contextmanager
+    def transaction(self, timeout_s: float | None = None) -> Iterator[Transaction]:
+        """Commit on normal exit, abort on an exception (which is re-raised)."""
+        txn = self.new_transaction(timeout_s)
+        with txn:
+            yield txn
+
+    def close(self) -> None:
+        """Release Kafka clients."""
+        if self._tc is not None:
+            self._tc.close()
+            self._tc = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

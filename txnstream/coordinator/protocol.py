@@ -1,0 +1,188 @@
+"""Client <-> coordinator messages over Kafka (``__txn_requests`` / ``__txn_replies``).
+
+No extra ports: a client produces a :class:`TcRequest` to partition ``tc_id`` of the
+requests topic and listens on one partition of the replies topic; the owner of TC
+``tc_id`` consumes that requests partition, executes, and produces a :class:`TcReply`
+keyed by the request id. Requests are idempotent by ``request_id``, so a client retries
+a request (same id) after a timeout or a coordinator failover without harm.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from txnstream import errors
+from txnstream.codec import codec
+from txnstream.coordinator.log_entry import SubscriptionRef
+from txnstream.coordinator.meta import TxnMeta
+from txnstream.errors import CorruptRecordError, TxnStreamError
+from txnstream.types import TopicPartition, TxnID, TxnStatus
+
+__all__ = ["TcOp", "TcRequest", "TcReply", "TxnInfo", "error_from_reply"]
+
+
+class TcOp(enum.Enum):
+    """What a request asks of the coordinator."""
+
+    NEW = "NEW"
+    ADD_PARTITIONS = "ADD_PARTITIONS"
+    ADD_SUBSCRIPTIONS = "ADD_SUBSCRIPTIONS"
+    END = "END"
+    END_GROUP = "END_GROUP"
+    GET = "GET"
+    LIST = "LIST"
+    STATS = "STATS"
+
+
+@dataclass(frozen=True, slots=True)
+class TcRequest:
+    """One request; field for field as ``schemas/tc_request.avsc``."""
+
+    request_id: str
+    client_id: str
+    reply_partition: int
+    op: TcOp
+    tc_id: int
+    deadline_ms: int
+    txn_seq: int = -1
+    timeout_ms: int = 0
+    commit: bool = False
+    reason: str | None = None
+    partitions: tuple[TopicPartition, ...] = ()
+    subscriptions: tuple[SubscriptionRef, ...] = ()
+    group_key: str | None = None
+    group_seqs: tuple[int, ...] = ()
+    min_age_ms: int = 0
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        return codec("tc_request").encode({
+            "request_id": self.request_id, "client_id": self.client_id,
+            "reply_partition": self.reply_partition, "op": self.op.value, "tc_id": self.tc_id,
+            "deadline_ms": self.deadline_ms, "txn_seq": self.txn_seq,
+            "timeout_ms": self.timeout_ms, "commit": self.commit, "reason": self.reason,
+            "partitions": [{"topic": p.topic, "partition": p.partition} for p in self.partitions],
+            "subscriptions": [{"topic": s.topic, "partition": s.partition,
+                               "subscription": s.subscription} for s in self.subscriptions],
+            "group_key": self.group_key, "group_seqs": list(self.group_seqs),
+            "min_age_ms": self.min_age_ms,
+        })
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> TcRequest:
+        """Parse; ``CorruptRecordError`` on garbage."""
+        r = codec("tc_request").decode(data)
+        try:
+            return cls(
+                r["request_id"], r["client_id"], r["reply_partition"], TcOp(r["op"]), r["tc_id"],
+                r["deadline_ms"], r["txn_seq"], r["timeout_ms"], r["commit"], r["reason"],
+                tuple(TopicPartition(p["topic"], p["partition"]) for p in r["partitions"]),
+                tuple(SubscriptionRef(s["topic"], s["partition"], s["subscription"])
+                      for s in r["subscriptions"]),
+                r["group_key"], tuple(r["group_seqs"]), r["min_age_ms"],
+            )
+        except (ValueError, KeyError) as exc:
+            raise CorruptRecordError(f"tc_request: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class TxnInfo:
+    """A transaction as admin tools show it."""
+
+    txn_id: TxnID
+    status: TxnStatus
+    open_time_ms: int
+    timeout_ms: int
+    partitions: tuple[str, ...]
+    subscriptions: tuple[str, ...]
+    abort_reason: str | None = None
+    group_key: str | None = None
+
+    @classmethod
+    def of(cls, meta: TxnMeta) -> TxnInfo:
+        """Snapshot a live ``TxnMeta``."""
+        return cls(meta.txn_id, meta.status, meta.open_time_ms, meta.timeout_ms,
+                   tuple(sorted(str(p) for p in meta.partitions)),
+                   tuple(sorted(str(s) for s in meta.subscriptions)),
+                   meta.abort_reason, meta.group_key)
+
+    def to_avro(self) -> dict[str, Any]:
+        """Avro dict."""
+        return {"tc_id": self.txn_id.most_bits, "seq": self.txn_id.least_bits,
+                "status": self.status.value, "open_time_ms": self.open_time_ms,
+                "timeout_ms": self.timeout_ms, "partitions": list(self.partitions),
+                "subscriptions": list(self.subscriptions), "abort_reason": self.abort_reason,
+                "group_key": self.group_key}
+
+    @classmethod
+    def from_avro(cls, r: dict[str, Any]) -> TxnInfo:
+        """Inverse of :meth:`to_avro`."""
+        return cls(TxnID(r["tc_id"], r["seq"]), TxnStatus(r["status"]), r["open_time_ms"],
+                   r["timeout_ms"], tuple(r["partitions"]), tuple(r["subscriptions"]),
+                   r["abort_reason"], r["group_key"])
+
+
+@dataclass(frozen=True, slots=True)
+class TcReply:
+    """One reply; field for field as ``schemas/tc_reply.avsc``."""
+
+    request_id: str
+    client_id: str
+    tc_id: int
+    error_kind: str | None = None
+    error_message: str | None = None
+    txn_seq: int = -1
+    already: bool = False
+    group_seqs: tuple[int, ...] = ()
+    txns: tuple[TxnInfo, ...] = ()
+    stats: dict[str, int] = field(default_factory=dict)
+    owner_id: str | None = None
+
+    @classmethod
+    def failure(cls, req: TcRequest, exc: TxnStreamError, owner_id: str) -> TcReply:
+        """A reply carrying an error the client re-raises as the same class."""
+        seq = exc.txn_id.least_bits if exc.txn_id is not None else req.txn_seq
+        return cls(req.request_id, req.client_id, req.tc_id, type(exc).__name__, str(exc),
+                   txn_seq=seq, owner_id=owner_id)
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        return codec("tc_reply").encode({
+            "request_id": self.request_id, "client_id": self.client_id, "tc_id": self.tc_id,
+            "error_kind": self.error_kind, "error_message": self.error_message,
+            "txn_seq": self.txn_seq, "already": self.already,
+            "group_seqs": list(self.group_seqs), "txns": [t.to_avro() for t in self.txns],
+            "stats": dict(self.stats), "owner_id": self.owner_id,
+        })
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> TcReply:
+        """Parse; ``CorruptRecordError`` on garbage."""
+        r = codec("tc_reply").decode(data)
+        try:
+            return cls(r["request_id"], r["client_id"], r["tc_id"], r["error_kind"],
+                       r["error_message"], r["txn_seq"], r["already"], tuple(r["group_seqs"]),
+                       tuple(TxnInfo.from_avro(t) for t in r["txns"]), dict(r["stats"]),
+                       r["owner_id"])
+        except (ValueError, KeyError) as exc:
+            raise CorruptRecordError(f"tc_reply: {exc!r}") from exc
+
+
+_ERROR_CLASSES: dict[str, type[TxnStreamError]] = {
+    name: cls for name in errors.__all__
+    if isinstance(cls := getattr(errors, name), type) and issubclass(cls, TxnStreamError)
+}
+
+
+def error_from_reply(reply: TcReply) -> TxnStreamError | None:
+    """The exception a failed reply stands for (same class as the coordinator raised)."""
+    if reply.error_kind is None:
+        return None
+    cls = _ERROR_CLASSES.get(reply.error_kind, TxnStreamError)
+    txn_id = TxnID(reply.tc_id, reply.txn_seq) if reply.txn_seq >= 0 else None
+    msg = reply.error_message or reply.error_kind
+    if cls is errors.InvalidTxnStatusError:
+        return errors.InvalidTxnStatusError(txn_id, None, None, msg)
+    return cls(msg, txn_id)

@@ -1,0 +1,529 @@
+"""``CoordinatorWorker``: hosts the transaction coordinators whose log partitions it owns.
+
+Ownership is Kafka consumer-group assignment: every worker joins one group over
+``__txn_log``; the member assigned partition ``p`` is TC ``p`` (DESIGN.md section 5).
+One loop, one thread; each turn:
+
+1. **Tail the log.** The group consumer reads every owned log partition from its start.
+   While replaying, records rebuild the :class:`TransactionMetadataStore`. At the end of
+   the replay the worker appends an ``EPOCH`` record; once it reads that record back it
+   serves TC ``p``. Any later foreign ``EPOCH`` (a newer owner after a rebalance this
+   worker missed, e.g. it was SIGSTOPped) fences it: it drops TC ``p`` at once and sends
+   no reply it still held.
+2. **Handle a batch of requests** from the owned partitions of ``__txn_requests`` plus
+   due timeouts. The store applies each change immediately and returns log entries.
+3. **Group-commit the log.** All entries of the batch are produced and flushed once, then
+   read back through the tailing consumer. Only if every entry came back valid (no
+   foreign EPOCH before it) are the replies sent. A crash here leaves entries in the log
+   without replies: the client retries with the same request id and the new owner, having
+   replayed them, answers from the log.
+4. **Finalize** every COMMITTING/ABORTING txn: (a) write COMMIT/ABORT markers (with the
+   TC's low watermark) to each produced partition and commit/abort marks to each acked
+   subscription's pending-ack log, one flush for all; (b) reply to the END requests;
+   (c) log COMMITTED/ABORTED. A crash after (a) leaves COMMITTING in the log: the next
+   owner finds it on replay and writes the markers again (markers are idempotent for
+   readers). A failed marker write is retried with backoff until it succeeds.
+5. **Checkpoint and truncate** now and then: a CHECKPOINT record carries the sequence
+   counter and recent group keys, then ``delete_records`` drops the prefix no longer
+   needed (:meth:`TransactionMetadataStore.truncation_point`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer
+from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient
+
+from txnstream.config import Config
+from txnstream.coordinator.log_entry import TransactionLogEntry
+from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, TransactionMetadataStore
+from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, TxnInfo
+from txnstream.errors import CorruptRecordError, TxnStreamError
+from txnstream.markers import MarkerKind, TxnMarker
+from txnstream.types import TxnStatus
+
+__all__ = ["CoordinatorWorker", "WorkerSettings"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Tuning of a coordinator worker; each value says why."""
+
+    session_timeout_ms: int = 10_000
+    """How long a silent worker keeps its TCs: failover time is about this long."""
+    heartbeat_interval_ms: int = 1_000
+    batch_max: int = 2_000
+    """Requests handled per turn: one log flush and one marker flush for all of them."""
+    idle_poll_s: float = 0.05
+    readback_timeout_s: float = 15.0
+    """Longer than any healthy append; past it the worker re-replays that TC."""
+    checkpoint_interval_s: float = 30.0
+    end_retention_ms: int = 300_000
+    """Ended txns stay in the log this long, so a client retrying its commit sees the outcome."""
+    finalize_backoff_max_s: float = 5.0
+
+
+class _Phase(enum.Enum):
+    REPLAYING = "replaying"
+    EPOCH_PENDING = "epoch-pending"
+    SERVING = "serving"
+
+
+@dataclass
+class _Tc:
+    tc_id: int
+    store: TransactionMetadataStore
+    replay_end: int
+    phase: _Phase = _Phase.REPLAYING
+    position: int = -1
+    epoch_write: int | None = None
+    end_waiters: dict[int, list[TcRequest]] = field(default_factory=lambda: defaultdict(list))
+    group_waiters: list[tuple[TcRequest, set[int], TcReply]] = field(default_factory=list)
+    retry_at: dict[int, tuple[float, int]] = field(default_factory=dict)
+    next_checkpoint: float = 0.0
+    truncate_pending: bool = False
+
+
+class CoordinatorWorker:
+    """A process-level host of transaction coordinators (TC roles of ``txnstream worker``)."""
+
+    def __init__(self, config: Config, worker_id: str | None = None,
+                 settings: WorkerSettings | None = None) -> None:
+        self.config = config
+        self.settings = settings or WorkerSettings()
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.tcs: dict[int, _Tc] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        t = config.topics
+        s = self.settings
+        self._log = Consumer(config.consumer(
+            f"{t.prefix}-coordinators",
+            **{"session.timeout.ms": s.session_timeout_ms,
+               "heartbeat.interval.ms": s.heartbeat_interval_ms,
+               "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
+               "fetch.wait.max.ms": 20, "client.id": f"tc-log-{self.worker_id}"}))
+        self._req = Consumer(config.consumer(
+            f"{t.prefix}-tc-requests",
+            **{"fetch.wait.max.ms": 20, "client.id": f"tc-req-{self.worker_id}"}))
+        self._producer = Producer(config.producer(**{"linger.ms": 1,
+                                                     "client.id": f"tc-{self.worker_id}"}))
+        self._admin = AdminClient(config.admin())
+        self._pending_assign: list[int] | None = None
+        self._pending_revoke: list[int] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> CoordinatorWorker:
+        """Run the loop in a daemon thread (for tests and embedding)."""
+        self._thread = threading.Thread(target=self.run, name=f"tc-worker-{self.worker_id}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Leave the group cleanly and stop the loop."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def serving(self) -> list[int]:
+        """TC ids this worker serves right now."""
+        return sorted(tc.tc_id for tc in self.tcs.values() if tc.phase is _Phase.SERVING)
+
+    def run(self) -> None:
+        """The loop; returns when :meth:`stop` is called."""
+        self._log.subscribe([self.config.topics.log], on_assign=self._on_assign,
+                            on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
+        try:
+            while not self._stop.is_set():
+                self._turn()
+        finally:
+            for tc in list(self.tcs.values()):
+                self._drop(tc, "worker stopping")
+            self._producer.flush(5)
+            self._log.close()
+            self._req.close()
+
+    # ------------------------------------------------------------ ownership
+
+    def _on_assign(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
+        for p in parts:
+            p.offset = OFFSET_BEGINNING
+        consumer.assign(parts)
+        self._pending_assign = (self._pending_assign or []) + [p.partition for p in parts]
+
+    def _on_revoke(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
+        for p in parts:
+            tc = self.tcs.get(p.partition)
+            if tc is not None:
+                self._drop(tc, "partition revoked")
+        consumer.unassign()
+
+    def _take(self, tc_id: int) -> None:
+        low, high = self._log.get_watermark_offsets(
+            KafkaTP(self.config.topics.log, tc_id), timeout=self.config.admin_timeout_s)
+        tc = _Tc(tc_id, TransactionMetadataStore(tc_id, self.worker_id), replay_end=high,
+                 position=low)
+        self.tcs[tc_id] = tc
+        log.info("tc %d: assigned to %s, replaying offsets %d..%d", tc_id, self.worker_id,
+                 low, high)
+        if low >= high:
+            self._write_epoch(tc)
+
+    def _drop(self, tc: _Tc, why: str) -> None:
+        if self.tcs.pop(tc.tc_id, None) is None:
+            return
+        log.warning("tc %d: %s stops serving (%s)", tc.tc_id, self.worker_id, why)
+        if tc.phase is _Phase.SERVING:
+            try:
+                self._req.incremental_unassign([KafkaTP(self.config.topics.requests, tc.tc_id)])
+            except Exception as exc:  # already unassigned
+                log.debug("unassign requests %d: %s", tc.tc_id, exc)
+
+    def _write_epoch(self, tc: _Tc) -> None:
+        offsets = self._append(tc, [tc.store.epoch_entry()])
+        if offsets is None:
+            return
+        tc.epoch_write = offsets[0]
+        tc.phase = _Phase.EPOCH_PENDING
+
+    def _start_serving(self, tc: _Tc) -> None:
+        tc.store.own_epoch = tc.epoch_write
+        tc.phase = _Phase.SERVING
+        tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
+        tp = KafkaTP(self.config.topics.requests, tc.tc_id)
+        committed = self._req.committed([tp], timeout=self.config.admin_timeout_s)[0]
+        tp.offset = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
+        self._req.incremental_assign([tp])
+        log.info("tc %d: %s serving (epoch at offset %d, next seq %d, %d txns, lwm %d)",
+                 tc.tc_id, self.worker_id, tc.epoch_write, tc.store.next_sequence,
+                 len(tc.store.txns), tc.store.low_watermark)
+
+    # ------------------------------------------------------------ log I/O
+
+    def _poll_log(self, timeout: float) -> None:
+        msgs = self._log.consume(2_000, timeout)
+        if self._pending_assign:
+            taken, self._pending_assign = self._pending_assign, None
+            for tc_id in taken:
+                self._take(tc_id)
+        for m in msgs:
+            if m.error():
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("log consumer: %s", m.error())
+                continue
+            tc = self.tcs.get(m.partition())
+            if tc is None:
+                continue
+            self._fold(tc, m)
+
+    def _fold(self, tc: _Tc, m: Message) -> None:
+        offset = m.offset()
+        tc.position = offset + 1
+        try:
+            entry = TransactionLogEntry.decode(m.value())
+        except CorruptRecordError as exc:
+            log.error("tc %d: skipping corrupt record at %s[%d]@%d: %s", tc.tc_id,
+                      m.topic(), m.partition(), offset, exc)
+        else:
+            ts = m.timestamp()[1]
+            tc.store.replay(offset, entry, ts if ts > 0 else None)
+            if tc.store.fenced:
+                self._drop(tc, f"fenced by a newer EPOCH at offset {offset} "
+                               f"(owner {tc.store.epoch_owner})")
+                return
+        if tc.phase is _Phase.REPLAYING and tc.position >= tc.replay_end:
+            self._write_epoch(tc)
+        elif tc.phase is _Phase.EPOCH_PENDING and offset == tc.epoch_write:
+            self._start_serving(tc)
+
+    def _append(self, tc: _Tc, entries: list[TransactionLogEntry]) -> list[int] | None:
+        """Produce and flush ``entries`` to TC's log partition; their offsets, or None."""
+        offsets: list[int] = []
+        failed: list[Any] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+            else:
+                offsets.append(msg.offset())
+
+        for e in entries:
+            self._producer.produce(self.config.topics.log, e.encode(), partition=tc.tc_id,
+                                   on_delivery=on_delivery)
+        self._producer.flush(self.settings.readback_timeout_s)
+        if failed or len(offsets) != len(entries):
+            log.error("tc %d: log append failed (%s); replaying again", tc.tc_id,
+                      failed[:1] or "timeout")
+            self._restart(tc)
+            return None
+        return sorted(offsets)
+
+    def _restart(self, tc: _Tc) -> None:
+        """The in-memory state may be ahead of the log: rebuild it from the log."""
+        self._drop(tc, "restarting from the log")
+        self._log.seek(KafkaTP(self.config.topics.log, tc.tc_id, OFFSET_BEGINNING))
+        self._take(tc.tc_id)
+
+    def _read_back(self, want: dict[int, int]) -> set[int]:
+        """Tail until each TC has read its offset ``want[tc]``; the TCs still serving."""
+        deadline = time.monotonic() + self.settings.readback_timeout_s
+        while True:
+            waiting = [t for t, off in want.items()
+                       if t in self.tcs and self.tcs[t].position <= off]
+            if not waiting or time.monotonic() > deadline:
+                break
+            self._poll_log(0.05)
+        ok = set()
+        for t, off in want.items():
+            tc = self.tcs.get(t)
+            if tc is None or tc.phase is not _Phase.SERVING:
+                continue
+            if tc.position <= off:
+                self._restart(tc)
+                continue
+            ok.add(t)
+        return ok
+
+    # ------------------------------------------------------------ the turn
+
+    def _turn(self) -> None:
+        busy = any(tc.phase is _Phase.SERVING for tc in self.tcs.values())
+        self._poll_log(0.0 if busy else self.settings.idle_poll_s)
+        if not busy:
+            return
+        now_ms = int(time.time() * 1000)
+        entries: dict[int, list[TransactionLogEntry]] = defaultdict(list)
+        replies: dict[int, list[tuple[TcRequest, TcReply]]] = defaultdict(list)
+        msgs = self._req.consume(self.settings.batch_max, 0.005)
+        for m in msgs:
+            if m.error():
+                continue
+            tc = self.tcs.get(m.partition())
+            if tc is None or tc.phase is not _Phase.SERVING:
+                continue
+            try:
+                req = TcRequest.decode(m.value())
+            except CorruptRecordError as exc:
+                log.error("tc %d: skipping corrupt request at %s[%d]@%d: %s", tc.tc_id,
+                          m.topic(), m.partition(), m.offset(), exc)
+                continue
+            if req.deadline_ms < now_ms:
+                continue  # the client gave up on it; it retries under the same id
+            reply = self._handle(tc, req, now_ms, entries[tc.tc_id])
+            if reply is not None:
+                replies[tc.tc_id].append((req, reply))
+        for tc in list(self.tcs.values()):
+            if tc.phase is _Phase.SERVING:
+                entries[tc.tc_id].extend(tc.store.expire(now_ms))
+                if time.monotonic() >= tc.next_checkpoint:
+                    entries[tc.tc_id].append(tc.store.checkpoint_entry())
+                    tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
+                    tc.truncate_pending = True
+        want: dict[int, int] = {}
+        for tc_id, batch in entries.items():
+            tc = self.tcs.get(tc_id)
+            if batch and tc is not None:
+                offsets = self._append(tc, batch)
+                if offsets is not None:
+                    want[tc_id] = offsets[-1]
+        confirmed = self._read_back(want) if want else set()
+        for tc_id, pairs in replies.items():
+            if tc_id in confirmed or (tc_id not in want and tc_id in self.tcs):
+                for req, reply in pairs:
+                    self._reply(req, reply)
+        self._finalize(now_ms)
+        self._truncate(now_ms)
+        if msgs:
+            self._req.commit(asynchronous=True)
+
+    def _reply(self, req: TcRequest, reply: TcReply) -> None:
+        self._producer.produce(self.config.topics.replies, reply.encode(),
+                               key=req.request_id.encode(), partition=req.reply_partition)
+
+    def _handle(self, tc: _Tc, req: TcRequest, now_ms: int,
+                out: list[TransactionLogEntry]) -> TcReply | None:
+        store = tc.store
+        ok = TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
+                     owner_id=self.worker_id)
+        try:
+            if req.op is TcOp.NEW:
+                timeout = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
+                              int(self.config.max_txn_timeout_s * 1000))
+                meta, entry = store.new_txn(req.request_id, timeout, now_ms)
+                out.extend([entry] if entry else [])
+                return TcReply(req.request_id, req.client_id, tc.tc_id,
+                               txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id)
+            if req.op is TcOp.ADD_PARTITIONS:
+                entry = store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
+                out.extend([entry] if entry else [])
+                return ok
+            if req.op is TcOp.ADD_SUBSCRIPTIONS:
+                entry = store.add_subscriptions(req.txn_seq, req.subscriptions, now_ms,
+                                                req.request_id)
+                out.extend([entry] if entry else [])
+                return ok
+            if req.op is TcOp.END:
+                reason = req.reason if req.reason in (ABORT_ADMIN,) else ABORT_CLIENT
+                res = store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
+                out.extend([res.entry] if res.entry else [])
+                if res.meta.status.is_final:
+                    return ok
+                tc.end_waiters[req.txn_seq].append(req)
+                return None
+            if req.op is TcOp.END_GROUP:
+                g = store.end_group(req.group_key or "", req.group_seqs, req.commit, now_ms,
+                                    req.request_id)
+                out.extend(g.entries)
+                reply = TcReply(req.request_id, req.client_id, tc.tc_id, already=g.already,
+                                group_seqs=g.seqs, owner_id=self.worker_id,
+                                error_kind="InvalidTxnStatusError" if g.error else None,
+                                error_message=g.error
+                                and f"group {req.group_key} aborted: {g.error}")
+                if g.error or g.already:
+                    return reply
+                pending = {s for s in g.seqs if not store.txns[s].status.is_final}
+                tc.group_waiters.append((req, pending, reply))
+                return None
+            if req.op is TcOp.GET:
+                meta = store.get(req.txn_seq)
+                return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
+                               txns=(TxnInfo.of(meta),), owner_id=self.worker_id)
+            if req.op is TcOp.LIST:
+                metas = [m for m in store.txns.values()
+                         if req.min_age_ms <= 0 or (m.status is TxnStatus.OPEN and
+                                                    now_ms - m.open_time_ms >= req.min_age_ms)]
+                return TcReply(req.request_id, req.client_id, tc.tc_id,
+                               txns=tuple(TxnInfo.of(m) for m in metas), owner_id=self.worker_id)
+            if req.op is TcOp.STATS:
+                st = store.stats(now_ms)
+                stats = {f"status.{k}": v for k, v in st.by_status.items()}
+                stats.update({"next_sequence": st.next_sequence,
+                              "low_watermark": st.low_watermark,
+                              "epoch_offset": st.epoch_offset,
+                              "invalid_records": st.invalid_records,
+                              "oldest_open_ms": st.oldest_open_ms or 0,
+                              "log_position": tc.position})
+                return TcReply(req.request_id, req.client_id, tc.tc_id, stats=stats,
+                               owner_id=self.worker_id)
+        except TxnStreamError as exc:
+            return TcReply.failure(req, exc, self.worker_id)
+        raise AssertionError(req.op)
+
+    # ------------------------------------------------------------ finalization
+
+    def _finalize(self, now_ms: int) -> None:
+        """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED."""
+        from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
+
+        mono = time.monotonic()
+        work: list[tuple[_Tc, int]] = []
+        failed: set[tuple[int, int]] = set()
+        for tc in list(self.tcs.values()):
+            if tc.phase is not _Phase.SERVING:
+                continue
+            lwm = tc.store.low_watermark
+            for meta in tc.store.ending():
+                seq = meta.txn_id.least_bits
+                if tc.retry_at.get(seq, (0.0, 0))[0] > mono:
+                    continue
+                commit = meta.status is TxnStatus.COMMITTING
+                key = (tc.tc_id, seq)
+
+                def on_delivery(err: KafkaError | None, _m: Message, key: tuple = key) -> None:
+                    if err is not None:
+                        failed.add(key)
+
+                marker = TxnMarker(meta.txn_id, MarkerKind.COMMIT if commit else MarkerKind.ABORT,
+                                   lwm)
+                value, headers = marker.encode(), marker.headers()
+                for tp in sorted(meta.partitions):
+                    self._producer.produce(tp.topic, value, partition=tp.partition,
+                                           headers=headers, on_delivery=on_delivery)
+                kind = PendingAckKind.COMMIT_MARK if commit else PendingAckKind.ABORT_MARK
+                for sub in sorted(meta.subscriptions):
+                    mark = PendingAckEntry.mark(kind, sub.subscription, sub.tp, meta.txn_id)
+                    self._producer.produce(self.config.topics.pending_ack, mark.encode(),
+                                           key=mark.key(), on_delivery=on_delivery)
+                work.append((tc, seq))
+        if not work:
+            return
+        remaining = self._producer.flush(self.settings.readback_timeout_s)
+        final_entries: dict[int, list[TransactionLogEntry]] = defaultdict(list)
+        for tc, seq in work:
+            if remaining or (tc.tc_id, seq) in failed or tc.tc_id not in self.tcs:
+                _, tries = tc.retry_at.get(seq, (0.0, 0))
+                delay = min(self.settings.finalize_backoff_max_s, 0.1 * 2 ** tries)
+                tc.retry_at[seq] = (mono + delay, tries + 1)
+                log.warning("tc %d: markers for txn (%d,%d) not written; retry in %.1fs",
+                            tc.tc_id, tc.tc_id, seq, delay)
+                continue
+            tc.retry_at.pop(seq, None)
+            entry = tc.store.finalize(seq, now_ms)
+            if entry is not None:
+                final_entries[tc.tc_id].append(entry)
+            meta = tc.store.txns[seq]
+            for req in tc.end_waiters.pop(seq, []):
+                if req.commit == (meta.status is TxnStatus.COMMITTED):
+                    self._reply(req, TcReply(req.request_id, req.client_id, tc.tc_id,
+                                             txn_seq=seq, owner_id=self.worker_id))
+                else:
+                    self._reply(req, TcReply.failure(req, _ended_other_way(meta), self.worker_id))
+            still = []
+            for req, pending, reply in tc.group_waiters:
+                pending.discard(seq)
+                if pending:
+                    still.append((req, pending, reply))
+                else:
+                    self._reply(req, reply)
+            tc.group_waiters = still
+        for tc_id, batch in final_entries.items():
+            tc = self.tcs.get(tc_id)
+            if tc is not None:
+                self._append(tc, batch)
+
+    def _truncate(self, now_ms: int) -> None:
+        for tc in list(self.tcs.values()):
+            if not tc.truncate_pending or tc.phase is not _Phase.SERVING:
+                continue
+            tc.truncate_pending = False
+            point = tc.store.truncation_point(now_ms, self.settings.end_retention_ms)
+            if point <= 0:
+                continue
+            fut = self._admin.delete_records(
+                [KafkaTP(self.config.topics.log, tc.tc_id, point)])
+            try:
+                for f in fut.values():
+                    f.result(self.config.admin_timeout_s)
+            except Exception as exc:
+                log.warning("tc %d: truncation below %d failed: %s", tc.tc_id, point, exc)
+                continue
+            dropped = tc.store.forget_before(point)
+            log.info("tc %d: log truncated below offset %d (%d ended txns forgotten)",
+                     tc.tc_id, point, dropped)
+
+
+def _ended_other_way(meta: Any) -> TxnStreamError:
+    from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
+
+    if meta.abort_reason == "timeout":
+        return TransactionTimeoutError(
+            f"transaction {meta.txn_id} was aborted at its timeout of {meta.timeout_ms} ms",
+            meta.txn_id)
+    return InvalidTxnStatusError(meta.txn_id, None, meta.status,
+                                 f"transaction {meta.txn_id} ended {meta.status.value}")
