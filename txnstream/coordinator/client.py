@@ -85,7 +85,8 @@ class TransactionCoordinatorClient:
     def _listen(self) -> None:
         while not self._closed.is_set():
             try:
-                msgs = self._consumer.consume(500, 0.1)
+                first = self._consumer.poll(0.1)
+                msgs = [first, *self._consumer.consume(500, 0)] if first is not None else []
             except RuntimeError:  # closed under us
                 return
             for m in msgs:

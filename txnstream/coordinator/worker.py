@@ -151,7 +151,16 @@ class CoordinatorWorker:
         log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
         try:
             while not self._stop.is_set():
-                self._turn()
+                try:
+                    self._turn()
+                except Exception:
+                    # In-memory state may now be ahead of the log: rebuild every TC from
+                    # its log rather than serve from a state nobody can vouch for.
+                    log.exception("worker %s: unexpected error; replaying its TCs again",
+                                  self.worker_id)
+                    for tc in list(self.tcs.values()):
+                        self._restart(tc)
+                    time.sleep(0.5)
         finally:
             for tc in list(self.tcs.values()):
                 self._drop(tc, "worker stopping")
@@ -217,7 +226,7 @@ class CoordinatorWorker:
     # ------------------------------------------------------------ log I/O
 
     def _poll_log(self, timeout: float) -> None:
-        msgs = self._log.consume(2_000, timeout)
+        msgs = _drain(self._log, 2_000, timeout)
         if self._pending_assign:
             taken, self._pending_assign = self._pending_assign, None
             for tc_id in taken:
@@ -288,7 +297,7 @@ class CoordinatorWorker:
                        if t in self.tcs and self.tcs[t].position <= off]
             if not waiting or time.monotonic() > deadline:
                 break
-            self._poll_log(0.05)
+            self._poll_log(0.01)
         ok = set()
         for t, off in want.items():
             tc = self.tcs.get(t)
@@ -310,7 +319,7 @@ class CoordinatorWorker:
         now_ms = int(time.time() * 1000)
         entries: dict[int, list[TransactionLogEntry]] = defaultdict(list)
         replies: dict[int, list[tuple[TcRequest, TcReply]]] = defaultdict(list)
-        msgs = self._req.consume(self.settings.batch_max, 0.005)
+        msgs = _drain(self._req, self.settings.batch_max, 0.002)
         for m in msgs:
             if m.error():
                 continue
@@ -429,8 +438,6 @@ class CoordinatorWorker:
 
     def _finalize(self, now_ms: int) -> None:
         """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED."""
-        from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
-
         mono = time.monotonic()
         work: list[tuple[_Tc, int]] = []
         failed: set[tuple[int, int]] = set()
@@ -455,9 +462,8 @@ class CoordinatorWorker:
                 for tp in sorted(meta.partitions):
                     self._producer.produce(tp.topic, value, partition=tp.partition,
                                            headers=headers, on_delivery=on_delivery)
-                kind = PendingAckKind.COMMIT_MARK if commit else PendingAckKind.ABORT_MARK
                 for sub in sorted(meta.subscriptions):
-                    mark = PendingAckEntry.mark(kind, sub.subscription, sub.tp, meta.txn_id)
+                    mark = _pending_ack_mark(commit, sub, meta.txn_id)
                     self._producer.produce(self.config.topics.pending_ack, mark.encode(),
                                            key=mark.key(), on_delivery=on_delivery)
                 work.append((tc, seq))
@@ -516,6 +522,25 @@ class CoordinatorWorker:
             dropped = tc.store.forget_before(point)
             log.info("tc %d: log truncated below offset %d (%d ended txns forgotten)",
                      tc.tc_id, point, dropped)
+
+
+def _drain(consumer: Consumer, max_messages: int, timeout: float) -> list[Message]:
+    """Wait up to ``timeout`` for the first message, then take what is already there.
+
+    ``Consumer.consume(n, timeout)`` waits the whole timeout unless ``n`` messages come;
+    a coordinator must not sit on a request that has arrived.
+    """
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, 0)]
+
+
+def _pending_ack_mark(commit: bool, sub: Any, txn_id: Any) -> Any:
+    from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
+
+    kind = PendingAckKind.COMMIT_MARK if commit else PendingAckKind.ABORT_MARK
+    return PendingAckEntry.mark(kind, sub.subscription, sub.tp, txn_id)
 
 
 def _ended_other_way(meta: Any) -> TxnStreamError:
