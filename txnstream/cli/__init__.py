@@ -61,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return int(args.handler(args) or 0)
-    except TxnStreamError as exc:
+    except (TxnStreamError, ValueError) as exc:
+        # ValueError: a malformed argument value (a TxnID, a topic-partition) that the
+        # parsing code named in its message.
         if os.environ.get("TXNSTREAM_DEBUG"):
             raise
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False)

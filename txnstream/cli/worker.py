@@ -1,0 +1,44 @@
+"""``txnstream worker``: host transaction coordinators (and, as they land, buffer roles)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from txnstream.cli import console
+from txnstream.cli._common import add_topic_flags, config_from_args
+from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``worker`` command."""
+    p = sub.add_parser("worker", help="run a coordinator worker (scale out by starting more)")
+    add_topic_flags(p)
+    p.add_argument("--id", default=None, help="worker id (default: host-pid-random)")
+    p.add_argument("--session-timeout-ms", type=int, default=WorkerSettings.session_timeout_ms,
+                   help="group session timeout: how fast a dead worker's TCs move")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.getLogger("txnstream").setLevel(logging.INFO)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO)
+    config = config_from_args(args)
+    worker = CoordinatorWorker(config, args.id,
+                               WorkerSettings(session_timeout_ms=args.session_timeout_ms))
+    done = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        console.print(f"signal {signum}: leaving the group")
+        worker.stop(0)
+        done.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    console.print(f"worker {worker.worker_id} on {config.bootstrap_servers} "
+                  f"(prefix {config.topics.prefix})")
+    worker.run()
+    return 0
