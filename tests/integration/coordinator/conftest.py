@@ -1,0 +1,141 @@
+"""Coordinator workers for integration tests: in-process threads and real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from txnstream import Client, Config
+from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+
+TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
+FAST_FAILOVER_MS = 6_000
+"""Session timeout for fault tests: failover in ~6 s keeps the tests short."""
+
+
+def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, every: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture
+def worker(config: Config) -> Iterator[CoordinatorWorker]:
+    """One in-process worker serving every coordinator."""
+    w = CoordinatorWorker(config, settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS))
+    w.start()
+    try:
+        wait_until(lambda: len(w.serving()) == config.num_coordinators, 60, "worker serving")
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def client(config: Config) -> Iterator[Client]:
+    c = Client(config=config)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+class WorkerProcs:
+    """Real ``txnstream worker`` processes, killed (by pid) at teardown whatever happens."""
+
+    def __init__(self, config: Config, log_dir: Path) -> None:
+        self.config = config
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")
+        p = subprocess.Popen(
+            [TXNSTREAM_BIN, "--bootstrap", self.config.bootstrap_servers, "worker",
+             "--prefix", self.config.topics.prefix, "--id", name,
+             "--session-timeout-ms", str(FAST_FAILOVER_MS)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = p
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def signal(self, name: str, sig: int) -> None:
+        os.kill(self.procs[name].pid, sig)
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(10)
+
+
+@pytest.fixture
+def worker_procs(config: Config, tmp_path: Path) -> Iterator[WorkerProcs]:
+    procs = WorkerProcs(config, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+def owners(client: Client) -> dict[int, str | None]:
+    """TC id -> owner id, from the coordinators' own stats."""
+    return {s.tc_id: s.owner_id for s in client.admin.coordinator_stats()}
+
+
+def make_topic(config: Config, partitions: int, prefix: str = "data") -> str:
+    """A fresh data topic for one test."""
+    import uuid
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(config.admin())
+    for f in admin.create_topics([NewTopic(name, partitions, config.replication_factor)]).values():
+        f.result(30)
+    wait_until(lambda: name in admin.list_topics(timeout=5).topics, 30, f"topic {name}")
+    return name
+
+
+def read_all(config: Config, topic: str, timeout_s: float = 30.0) -> list:
+    """Every record of ``topic`` up to its current end, as confluent-kafka Messages."""
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(config.consumer(f"reader-{uuid.uuid4().hex[:8]}"))
+    try:
+        meta = c.list_topics(topic, timeout=10).topics[topic]
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in meta.partitions}
+        c.assign([TopicPartition(topic, p, 0) for p in meta.partitions])
+        out = []
+        pos = {p: 0 for p in ends}
+        deadline = time.monotonic() + timeout_s
+        while any(pos[p] < ends[p] for p in ends) and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            out.append(m)
+            pos[m.partition()] = m.offset() + 1
+        assert all(pos[p] >= ends[p] for p in ends), f"could not read {topic} to its end"
+        return out
+    finally:
+        c.close()
+from tests.integration.coordinator._tmp_fixture import config  # noqa
