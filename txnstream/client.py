@@ -12,6 +12,7 @@ from txnstream.config import Config
 from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import ConfigError
+from txnstream.producer import Producer
 from txnstream.transaction import Transaction
 from txnstream.types import TxnID
 
@@ -59,6 +60,10 @@ class Client:
         txn = self.new_transaction(timeout_s)
         with txn:
             yield txn
+
+    def create_producer(self, topic: str, **kafka: Any) -> Producer:
+        """A producer for ``topic``; extra librdkafka settings apply to it alone."""
+        return Producer(self, topic, **kafka)
 
     def close(self) -> None:
         """Release Kafka clients."""

@@ -1,0 +1,165 @@
+"""``Producer``: plain and transactional sends to one topic (Pulsar's ``Producer``).
+
+A transactional send (``txn=...``) first registers its partition with the coordinator
+(once per transaction and partition, cached on the transaction), then writes the record
+straight into the real partition with the ``txn.id`` header. Committed-only readers hold
+it back until the coordinator's COMMIT marker follows; an ABORT marker drops it.
+
+Many transactions may be open at once on one producer: outstanding sends are counted
+per transaction, and ``Transaction.commit()`` waits only for its own. A failed send makes
+its transaction abort-only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaError, Message
+from confluent_kafka import Producer as KafkaProducer
+
+from txnstream.errors import ConfigError, TxnStreamError
+from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+from txnstream.types import TopicPartition, TxnID
+
+if TYPE_CHECKING:
+    from txnstream.client import Client
+    from txnstream.transaction import Transaction
+
+__all__ = ["Producer", "murmur2_partition"]
+
+Headers = Sequence[tuple[str, bytes]] | None
+
+FLUSH_TIMEOUT_S = 30.0
+"""How long commit() waits for a txn's sends; longer than librdkafka's delivery timeout
+would be pointless, shorter would abort healthy but slow transactions."""
+
+
+def _murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (``Utils.murmur2``), so keys land where Java clients put them."""
+    length = len(data)
+    seed = 0x9747B28C
+    m = 0x5BD1E995
+    h = (seed ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(data[i:i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    rest = length % 4
+    tail = length - rest
+    if rest == 3:
+        h ^= data[tail + 2] << 16
+    if rest >= 2:
+        h ^= data[tail + 1] << 8
+    if rest >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def murmur2_partition(key: bytes, num_partitions: int) -> int:
+    """Kafka's default partition for a keyed record."""
+    return (_murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+class Producer:
+    """Sends to one topic; thread-safe; use ``client.create_producer(topic)``."""
+
+    def __init__(self, client: Client, topic: str, **kafka: object) -> None:
+        self.topic = topic
+        self._client = client
+        self._kafka = KafkaProducer(client.config.producer(**kafka))
+        meta = self._kafka.list_topics(topic, timeout=client.config.admin_timeout_s)
+        tmeta = meta.topics.get(topic)
+        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
+            raise ConfigError(f"topic {topic!r} does not exist on "
+                              f"{client.config.bootstrap_servers}")
+        self.num_partitions = len(tmeta.partitions)
+        self._rr = itertools.count()
+        self._lock = threading.Lock()
+        self._outstanding: dict[TxnID, int] = defaultdict(int)
+
+    def _partition_for(self, key: bytes | None, partition: int | None) -> int:
+        if partition is not None:
+            if not 0 <= partition < self.num_partitions:
+                raise ConfigError(f"partition {partition} does not exist: {self.topic} has "
+                                  f"{self.num_partitions} (0..{self.num_partitions - 1})")
+            return partition
+        if key is not None:
+            return murmur2_partition(key, self.num_partitions)
+        return next(self._rr) % self.num_partitions
+
+    def send(self, value: bytes | None, key: bytes | str | None = None,
+             txn: Transaction | None = None, partition: int | None = None,
+             headers: Headers = None) -> int:
+        """Send one record (asynchronously); returns the partition it goes to.
+
+        With ``txn``: raises ``InvalidTxnStatusError`` before writing anything if the
+        transaction is not OPEN; registers the partition with the coordinator first.
+        """
+        kbytes = key.encode() if isinstance(key, str) else key
+        part = self._partition_for(kbytes, partition)
+        hdrs = list(headers or [])
+        for name, _ in hdrs:
+            if name in (TXN_ID_HEADER, TXN_MARKER_HEADER):
+                raise ConfigError(f"header {name!r} is reserved for txnstream")
+        if txn is None:
+            self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs or None)
+            self._kafka.poll(0)
+            return part
+        txn.register_partitions([TopicPartition(self.topic, part)])
+        txn.add_flusher(lambda: self.flush_transaction(txn))
+        txn_id = txn.id
+        hdrs.append((TXN_ID_HEADER, txn_id.to_bytes()))
+        with self._lock:
+            self._outstanding[txn_id] += 1
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                txn.mark_abort_only(TxnStreamError(f"send to {self.topic}-{part} failed: {err}",
+                                                   txn_id))
+            with self._lock:
+                self._outstanding[txn_id] -= 1
+                if self._outstanding[txn_id] <= 0:
+                    del self._outstanding[txn_id]
+
+        try:
+            self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs,
+                                on_delivery=delivered)
+        except BufferError:
+            self._kafka.poll(0.1)
+            self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs,
+                                on_delivery=delivered)
+        self._kafka.poll(0)
+        return part
+
+    def flush_transaction(self, txn: Transaction, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Wait until every send of ``txn`` through this producer is acknowledged."""
+        txn_id = txn.id
+        self._kafka.flush(0)
+        with self._lock:
+            pending = self._outstanding.get(txn_id, 0)
+        if pending:
+            self._kafka.flush(timeout_s)
+        with self._lock:
+            if self._outstanding.get(txn_id, 0):
+                raise TxnStreamError(f"{self._outstanding[txn_id]} sends of {txn_id} to "
+                                     f"{self.topic} not acknowledged within {timeout_s:.0f}s",
+                                     txn_id)
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Wait for every outstanding send."""
+        self._kafka.flush(timeout_s)
+
+    def close(self) -> None:
+        """Flush and release."""
+        self.flush()
