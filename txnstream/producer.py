@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -143,18 +144,22 @@ class Producer:
         return part
 
     def flush_transaction(self, txn: Transaction, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
-        """Wait until every send of ``txn`` through this producer is acknowledged."""
+        """Wait until every send of ``txn`` through this producer is acknowledged.
+
+        Waits for this transaction's sends only (serving delivery callbacks meanwhile),
+        not for every send of the producer as ``flush()`` would.
+        """
         txn_id = txn.id
-        self._kafka.flush(0)
-        with self._lock:
-            pending = self._outstanding.get(txn_id, 0)
-        if pending:
-            self._kafka.flush(timeout_s)
-        with self._lock:
-            if self._outstanding.get(txn_id, 0):
-                raise TxnStreamError(f"{self._outstanding[txn_id]} sends of {txn_id} to "
-                                     f"{self.topic} not acknowledged within {timeout_s:.0f}s",
-                                     txn_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                left = self._outstanding.get(txn_id, 0)
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise TxnStreamError(f"{left} sends of {txn_id} to {self.topic} not "
+                                     f"acknowledged within {timeout_s:.0f}s", txn_id)
+            self._kafka.poll(0.005)
 
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait for every outstanding send."""

@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="run a coordinator worker (scale out by starting more)")
     add_topic_flags(p)
     p.add_argument("--id", default=None, help="worker id (default: host-pid-random)")
-    p.add_argument("--session-timeout-ms", type=int, default=WorkerSettings.session_timeout_ms,
+    p.add_argument("--session-timeout-ms", type=int, default=WorkerSettings().session_timeout_ms,
                    help="group session timeout: how fast a dead worker's TCs move")
     p.set_defaults(handler=_run)
 

@@ -181,6 +181,7 @@ class TransactionCoordinatorClient:
     def close(self) -> None:
         """Stop listening; the producer is flushed by its owner."""
         self._closed.set()
+        self._producer.flush(ATTEMPT_TIMEOUT_S)
         self._thread.join(2)
         self._consumer.close()
 

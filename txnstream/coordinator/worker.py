@@ -119,7 +119,8 @@ class CoordinatorWorker:
         self._req = Consumer(config.consumer(
             f"{t.prefix}-tc-requests",
             **{"fetch.wait.max.ms": 20, "client.id": f"tc-req-{self.worker_id}"}))
-        self._producer = Producer(config.producer(**{"linger.ms": 1,
+        # linger 0: every turn ends in a flush, so batching comes from the turn itself.
+        self._producer = Producer(config.producer(**{"linger.ms": 0,
                                                      "client.id": f"tc-{self.worker_id}"}))
         self._admin = AdminClient(config.admin())
         self._pending_assign: list[int] | None = None
@@ -319,7 +320,10 @@ class CoordinatorWorker:
         now_ms = int(time.time() * 1000)
         entries: dict[int, list[TransactionLogEntry]] = defaultdict(list)
         replies: dict[int, list[tuple[TcRequest, TcReply]]] = defaultdict(list)
-        msgs = _drain(self._req, self.settings.batch_max, 0.002)
+        # Block on requests (returns as soon as one arrives) unless finalization work waits.
+        idle = not any(tc.store.ending() for tc in self.tcs.values()
+                       if tc.phase is _Phase.SERVING)
+        msgs = _drain(self._req, self.settings.batch_max, self.settings.idle_poll_s if idle else 0)
         for m in msgs:
             if m.error():
                 continue
@@ -499,9 +503,23 @@ class CoordinatorWorker:
                     self._reply(req, reply)
             tc.group_waiters = still
         for tc_id, batch in final_entries.items():
-            tc = self.tcs.get(tc_id)
-            if tc is not None:
-                self._append(tc, batch)
+            self._append_async(tc_id, batch)
+
+    def _append_async(self, tc_id: int, entries: list[TransactionLogEntry]) -> None:
+        """Append COMMITTED/ABORTED records without waiting: nobody waits on them.
+
+        If one is lost, the log still says COMMITTING/ABORTING and the txn is finalized
+        again (idempotently) after the TC is replayed.
+        """
+        def on_delivery(err: KafkaError | None, _m: Message) -> None:
+            if err is not None and tc_id in self.tcs:
+                log.error("tc %d: final record not appended (%s); replaying again", tc_id, err)
+                self._restart(self.tcs[tc_id])
+
+        for e in entries:
+            self._producer.produce(self.config.topics.log, e.encode(), partition=tc_id,
+                                   on_delivery=on_delivery)
+        self._producer.poll(0)
 
     def _truncate(self, now_ms: int) -> None:
         for tc in list(self.tcs.values()):

@@ -1,0 +1,1 @@
+"""Benchmarks: txnstream side by side with its anchors, in one run, on one broker."""

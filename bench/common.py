@@ -1,0 +1,106 @@
+"""Shared benchmark plumbing: broker, topics, workers, stats, machine description."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from txnstream import Config, TopicNames
+
+TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
+
+
+def machine() -> str:
+    """One line about this machine."""
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        mem = f", {kb / 1024 / 1024:.0f} GiB"
+    except OSError:
+        pass
+    cpu = platform.processor() or platform.machine()
+    return (f"{os.cpu_count()} cores{mem}, {cpu}, Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) of ``values``."""
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def fresh_config(bootstrap: str, coordinators: int = 4) -> Config:
+    """A Config with a unique topic prefix, internal topics created."""
+    from txnstream.admin_topics import ensure_topics
+
+    cfg = Config(bootstrap_servers=bootstrap, topics=TopicNames(f"__b{uuid.uuid4().hex[:6]}"),
+                 num_coordinators=coordinators)
+    ensure_topics(cfg)
+    return cfg
+
+
+def make_topic(cfg: Config, partitions: int, name: str | None = None) -> str:
+    """A data topic for one measurement."""
+    name = name or f"bench-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(cfg.admin())
+    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        f.result(30)
+    deadline = time.monotonic() + 30
+    while name not in admin.list_topics(timeout=5).topics and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return name
+
+
+@contextmanager
+def workers(cfg: Config, count: int = 1, log_dir: Path | None = None) -> Iterator[list[int]]:
+    """``count`` real ``txnstream worker`` processes for the duration; pids yielded."""
+    log_dir = log_dir or Path(".txnstream/bench-logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    try:
+        for i in range(count):
+            log = open(log_dir / f"worker-{cfg.topics.prefix}-{i}.log", "ab")
+            procs.append(subprocess.Popen(
+                [TXNSTREAM_BIN, "--bootstrap", cfg.bootstrap_servers, "worker",
+                 "--prefix", cfg.topics.prefix], stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        _wait_serving(cfg)
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+def _wait_serving(cfg: Config, timeout_s: float = 90) -> None:
+    from txnstream import Client
+
+    deadline = time.monotonic() + timeout_s
+    with Client(config=cfg) as c:
+        while time.monotonic() < deadline:
+            try:
+                if len(c.admin.coordinator_stats()) == cfg.num_coordinators:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.5)
+    raise RuntimeError("coordinator workers did not start serving")
