@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txnstream.admin import Admin
 from txnstream.config import Config
@@ -15,6 +15,9 @@ from txnstream.errors import ConfigError
 from txnstream.producer import Producer
 from txnstream.transaction import Transaction
 from txnstream.types import TxnID
+
+if TYPE_CHECKING:
+    from txnstream.consumer import Consumer
 
 __all__ = ["Client"]
 
@@ -64,6 +67,13 @@ class Client:
     def create_producer(self, topic: str, **kafka: Any) -> Producer:
         """A producer for ``topic``; extra librdkafka settings apply to it alone."""
         return Producer(self, topic, **kafka)
+
+    def subscribe(self, topics: str | Sequence[str], subscription: str,
+                  initial_position: str = "earliest", **options: Any) -> Consumer:
+        """A committed-only consumer; ``subscription`` is its Kafka consumer group."""
+        from txnstream.consumer import Consumer
+
+        return Consumer(self, topics, subscription, initial_position, **options)
 
     def close(self) -> None:
         """Release Kafka clients."""
