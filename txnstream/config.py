@@ -114,6 +114,9 @@ class Config:
         conf = self.common()
         conf.setdefault("enable.idempotence", True)
         conf.setdefault("linger.ms", 5)
+        # Java's default partitioner: keyed records land where Java clients put them, and
+        # readers can compute a key's partition (pending-ack log, snapshots).
+        conf.setdefault("partitioner", "murmur2_random")
         conf.update(extra)
         return conf
 
