@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--id", default=None, help="worker id (default: host-pid-random)")
     p.add_argument("--session-timeout-ms", type=int, default=WorkerSettings().session_timeout_ms,
                    help="group session timeout: how fast a dead worker's TCs move")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)")
     p.set_defaults(handler=_run)
 
 
@@ -29,6 +31,10 @@ def _run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     worker = CoordinatorWorker(config, args.id,
                                WorkerSettings(session_timeout_ms=args.session_timeout_ms))
+    if args.metrics_port:
+        from txnstream import metrics
+
+        metrics.serve(args.metrics_port)
     done = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:

@@ -45,6 +45,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Pro
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
+from txnstream import metrics
 from txnstream.config import Config
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, TransactionMetadataStore
@@ -248,6 +249,7 @@ class CoordinatorWorker:
         try:
             entry = TransactionLogEntry.decode(m.value())
         except CorruptRecordError as exc:
+            metrics.INVALID_RECORDS.labels(str(tc.tc_id)).inc()
             log.error("tc %d: skipping corrupt record at %s[%d]@%d: %s", tc.tc_id,
                       m.topic(), m.partition(), offset, exc)
         else:
@@ -313,6 +315,12 @@ class CoordinatorWorker:
     # ------------------------------------------------------------ the turn
 
     def _turn(self) -> None:
+        t0 = time.perf_counter()
+        self._turn_once()
+        metrics.TURN_SECONDS.observe(time.perf_counter() - t0)
+        metrics.TCS_SERVED.set(len(self.serving()))
+
+    def _turn_once(self) -> None:
         busy = any(tc.phase is _Phase.SERVING for tc in self.tcs.values())
         self._poll_log(0.0 if busy else self.settings.idle_poll_s)
         if not busy:
@@ -339,6 +347,8 @@ class CoordinatorWorker:
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
             reply = self._handle(tc, req, now_ms, entries[tc.tc_id])
+            metrics.REQUESTS.labels(req.op.value,
+                                    reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:
                 replies[tc.tc_id].append((req, reply))
         for tc in list(self.tcs.values()):
@@ -485,6 +495,8 @@ class CoordinatorWorker:
                 continue
             tc.retry_at.pop(seq, None)
             entry = tc.store.finalize(seq, now_ms)
+            if entry is not None and entry.status is not None:
+                metrics.TXN_ENDED.labels(str(tc.tc_id), entry.status.value).inc()
             if entry is not None:
                 final_entries[tc.tc_id].append(entry)
             meta = tc.store.txns[seq]
