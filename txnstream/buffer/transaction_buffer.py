@@ -1,0 +1,214 @@
+"""``TransactionBuffer``: which records of one partition a committed-only reader may see.
+
+A pure, deterministic fold over the partition's records in offset order (markers
+included): any reader folding the same log reaches the same state (DESIGN.md section 6,
+Pulsar's ``TopicTransactionBuffer``). Rules:
+
+* A record of a transaction that has not ended here is **ongoing**: held back.
+* A **marker** ends its transaction here: COMMIT releases its records, ABORT drops them.
+  Only the first marker of a txn counts; a repeat (a coordinator finalizing again after
+  failover, or a buffer worker's ABORT after the TC's COMMIT) changes nothing. The marker
+  also carries its coordinator's low watermark (LWM): every *older* still-ongoing txn of
+  that TC ended without a marker here, so it is treated as aborted.
+* A record of a txn that already ended here, or whose sequence is below its TC's LWM, is
+  a **straggler** (written after the end, e.g. by a zombie producer): dropped.
+* A **plain** record (no ``txn.id``) is visible, but only in published order: nothing
+  beyond ``max_read_position`` is delivered.
+* A record whose txn headers do not parse is logged with its position and dropped; it
+  changes nothing else.
+
+``max_read_position`` is one before the first offset of the earliest ongoing txn, else
+the last folded offset. An open txn therefore blocks the partition until it ends or
+times out (Pulsar's and Kafka's documented behaviour); :meth:`stats` says which txn
+blocks and for how long.
+
+Crash/restart: the state is a function of the log alone, so a reader recovers by
+loading the latest snapshot (:mod:`txnstream.buffer.snapshot`) at or before its start
+offset and folding from the snapshot position on; with no snapshot it folds from the
+log start.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from txnstream.errors import CorruptRecordError
+from txnstream.markers import MarkerKind, RecordKind, TxnMarker, classify_headers
+from txnstream.types import TopicPartition, TxnID
+
+__all__ = ["TransactionBuffer", "Verdict", "BufferStats", "OngoingTxn"]
+
+log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, bytes | None]] | None
+
+
+class Verdict(enum.Enum):
+    """What the fold decided about one record."""
+
+    PLAIN = "plain"
+    TXN_PENDING = "txn-pending"
+    STRAGGLER = "straggler"
+    MARKER = "marker"
+    CORRUPT = "corrupt"
+
+
+@dataclass(slots=True)
+class OngoingTxn:
+    """A txn with records here and no end yet."""
+
+    first_offset: int
+    offsets: list[int]
+    first_timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BufferStats:
+    """What an operator asks: how far readers may go and what holds them back."""
+
+    tp: TopicPartition
+    last_offset: int
+    max_read_position: int
+    ongoing: int
+    aborted: int
+    blocking_txn: TxnID | None
+    blocking_offset: int | None
+    blocked_for_s: float | None
+
+
+@dataclass
+class TransactionBuffer:
+    """The fold state of one partition. Feed every record once, in offset order."""
+
+    tp: TopicPartition
+    ongoing: dict[TxnID, OngoingTxn] = field(default_factory=dict)
+    aborted: dict[TxnID, list[int]] = field(default_factory=dict)
+    """Aborted txns with records here -> their offsets (kept until trimmed)."""
+    ended: dict[int, set[int]] = field(default_factory=dict)
+    """TC id -> sequences that ended here at or above that TC's LWM."""
+    lwm: dict[int, int] = field(default_factory=dict)
+    """TC id -> the highest low watermark seen in its markers."""
+    invisible: set[int] = field(default_factory=set)
+    """Folded offsets never to deliver: markers, stragglers, undecodable records,
+    records of aborted txns (kept until trimmed)."""
+    last_offset: int = -1
+    max_read_position: int = -1
+
+    # ------------------------------------------------------------------ fold
+
+    def fold(self, offset: int, headers: Headers, value: bytes | None = None,
+             timestamp_ms: int | None = None) -> Verdict:
+        """Fold the record at ``offset`` (the next one after :attr:`last_offset`)."""
+        if offset <= self.last_offset:
+            raise ValueError(f"{self.tp}: offset {offset} folded out of order "
+                             f"(last folded {self.last_offset})")
+        self.last_offset = offset
+        try:
+            verdict = self._fold(offset, headers, value, timestamp_ms)
+        except CorruptRecordError as exc:
+            log.error("%s: dropping record at offset %d: %s", self.tp, offset, exc)
+            self.invisible.add(offset)
+            verdict = Verdict.CORRUPT
+        self._advance()
+        return verdict
+
+    def _fold(self, offset: int, headers: Headers, value: bytes | None,
+              timestamp_ms: int | None) -> Verdict:
+        kind, txn_id = classify_headers(headers)
+        if kind is RecordKind.PLAIN:
+            return Verdict.PLAIN
+        assert txn_id is not None
+        if kind is RecordKind.MARKER:
+            marker = TxnMarker.decode(value)
+            if marker.txn_id != txn_id:
+                raise CorruptRecordError(
+                    f"marker header says {txn_id} but its value says {marker.txn_id}")
+            self.invisible.add(offset)
+            self._end(txn_id, marker.kind)
+            self._raise_lwm(txn_id.tc_id, marker.lwm)
+            return Verdict.MARKER
+        if self._has_ended(txn_id):
+            self.invisible.add(offset)
+            return Verdict.STRAGGLER
+        entry = self.ongoing.get(txn_id)
+        if entry is None:
+            self.ongoing[txn_id] = OngoingTxn(offset, [offset], timestamp_ms)
+        else:
+            entry.offsets.append(offset)
+        return Verdict.TXN_PENDING
+
+    def _has_ended(self, txn_id: TxnID) -> bool:
+        tc, seq = txn_id.tc_id, txn_id.least_bits
+        return seq < self.lwm.get(tc, 0) or seq in self.ended.get(tc, ())
+
+    def _end(self, txn_id: TxnID, kind: MarkerKind) -> None:
+        if self._has_ended(txn_id):
+            return  # first marker wins
+        self.ended.setdefault(txn_id.tc_id, set()).add(txn_id.least_bits)
+        entry = self.ongoing.pop(txn_id, None)
+        if kind is MarkerKind.ABORT and entry is not None:
+            self.aborted[txn_id] = entry.offsets
+            self.invisible.update(entry.offsets)
+
+    def _raise_lwm(self, tc: int, lwm: int) -> None:
+        if lwm <= self.lwm.get(tc, 0):
+            return
+        for txn_id in [t for t in self.ongoing if t.tc_id == tc and t.least_bits < lwm]:
+            # Ended at its coordinator without a marker here: never committed here.
+            self._end(txn_id, MarkerKind.ABORT)
+        self.lwm[tc] = lwm
+        seqs = self.ended.get(tc)
+        if seqs:
+            self.ended[tc] = {s for s in seqs if s >= lwm}
+
+    def _advance(self) -> None:
+        if self.ongoing:
+            first = min(e.first_offset for e in self.ongoing.values())
+            self.max_read_position = first - 1
+        else:
+            self.max_read_position = self.last_offset
+
+    # --------------------------------------------------------------- queries
+
+    def is_visible(self, offset: int) -> bool:
+        """Whether a committed-only reader may deliver the record at ``offset``."""
+        return offset <= self.max_read_position and offset not in self.invisible
+
+    def invisible_in_range(self, start: int, end: int) -> set[int]:
+        """Offsets in ``[start, end)`` that must not be delivered (``end`` <= mrp + 1)."""
+        return {o for o in self.invisible if start <= o < end}
+
+    def aborted_in_range(self, start: int, end: int) -> set[TxnID]:
+        """Aborted txns with a record in ``[start, end)``."""
+        return {t for t, offs in self.aborted.items() if any(start <= o < end for o in offs)}
+
+    def ongoing_txns(self) -> dict[TxnID, int]:
+        """Ongoing txn -> its first offset here."""
+        return {t: e.first_offset for t, e in self.ongoing.items()}
+
+    def trim(self, below: int) -> None:
+        """Forget what only offsets below ``below`` need (readers are past them)."""
+        self.invisible = {o for o in self.invisible if o >= below}
+        self.aborted = {t: offs for t, offs in self.aborted.items() if offs[-1] >= below}
+
+    def stats(self, now_ms: int | None = None) -> BufferStats:
+        """Ongoing/aborted counts and the txn that blocks the partition, if any."""
+        blocking = min(self.ongoing.items(), key=lambda kv: kv[1].first_offset, default=None)
+        txn_id = offset = age = None
+        if blocking is not None:
+            txn_id, entry = blocking
+            offset = entry.first_offset
+            if entry.first_timestamp_ms is not None:
+                now = now_ms if now_ms is not None else int(time.time() * 1000)
+                age = max(0.0, (now - entry.first_timestamp_ms) / 1000)
+        return BufferStats(self.tp, self.last_offset, self.max_read_position,
+                           len(self.ongoing), len(self.aborted), txn_id, offset, age)
+
+    def fold_all(self, records: Iterable[tuple[int, Headers, bytes | None]]) -> None:
+        """Fold many ``(offset, headers, value)`` records."""
+        for offset, headers, value in records:
+            self.fold(offset, headers, value)
