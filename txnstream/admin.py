@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from txnstream.coordinator.protocol import TcOp, TxnInfo
-from txnstream.types import TxnID
+from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
+    from txnstream.buffer.transaction_buffer import BufferStats
     from txnstream.client import Client
 
 __all__ = ["Admin", "CoordinatorStats"]
@@ -58,6 +59,17 @@ class Admin:
         """Per coordinator: counts by status, low watermark, sequence, owner."""
         replies = self._client.tc.broadcast(TcOp.STATS, timeout_s=ADMIN_TIMEOUT_S)
         return [CoordinatorStats(r.tc_id, r.owner_id, dict(r.stats)) for r in replies]
+
+    def buffer_stats(self, tp: TopicPartition | str) -> BufferStats:
+        """Fold ``tp`` to its end: how far committed readers may go, and what blocks them."""
+        from txnstream.buffer.reader import PartitionFolder
+
+        tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
+        folder = PartitionFolder(self._client.config)
+        try:
+            return folder.catch_up([tpp])[tpp].stats()
+        finally:
+            folder.close()
 
     def slow_transactions(self, min_age_s: float) -> list[TxnInfo]:
         """Open transactions older than ``min_age_s`` (they block committed readers)."""

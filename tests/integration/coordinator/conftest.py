@@ -138,4 +138,3 @@ def read_all(config: Config, topic: str, timeout_s: float = 30.0) -> list:
         return out
     finally:
         c.close()
-from tests.integration.coordinator._tmp_fixture import config  # noqa

@@ -1,0 +1,128 @@
+"""Session fixtures: one real Kafka broker for the whole run, and per-session topics.
+
+The broker, in order: ``TXNSTREAM_BOOTSTRAP`` if set; else a testcontainers Kafka when
+a Docker engine answers; else the project's own local broker (``LocalCluster``, jars
+from Maven Central) on free ports, stopped at the end of the session whatever happens.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from txnstream import Config, TopicNames
+
+log = logging.getLogger(__name__)
+
+KAFKA_IMAGE = "apache/kafka:4.1.1"
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p+100 free on 127.0.0.1 (client and controller listeners)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 100 > 65535:
+            continue
+        try:
+            with socket.socket() as s2:
+                s2.bind(("127.0.0.1", port + 100))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair found on 127.0.0.1")
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap servers of a real Kafka broker for this test session."""
+    env = os.environ.get("TXNSTREAM_BOOTSTRAP")
+    if env:
+        yield env
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+
+        container = KafkaContainer(KAFKA_IMAGE).with_kraft()
+        container.start()
+        try:
+            yield container.get_bootstrap_server()
+        finally:
+            container.stop()
+        return
+    from txnstream.cluster import LocalCluster
+
+    state = Path(tempfile.mkdtemp(prefix="txnstream-test-broker-"))
+    cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
+    atexit.register(cluster.down)  # also on an interrupted run
+    cluster.up()
+    try:
+        yield cluster.bootstrap
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def config(kafka_bootstrap: str) -> Config:
+    """A Config on the session broker with its own internal topics (unique prefix)."""
+    from txnstream.admin_topics import ensure_topics
+
+    cfg = Config(bootstrap_servers=kafka_bootstrap,
+                 topics=TopicNames(f"__t{uuid.uuid4().hex[:8]}"), num_coordinators=4)
+    ensure_topics(cfg)
+    return cfg
+
+
+class ProcReaper:
+    """Processes a test starts; all killed (by pid, whole group) at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def track(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        self.procs.append(proc)
+        return proc
+
+    def reap(self) -> None:
+        import signal
+
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    try:
+                        p.kill()
+                    except ProcessLookupError:
+                        pass
+                p.wait(10)
+
+
+@pytest.fixture
+def proc_reaper() -> Iterator[ProcReaper]:
+    reaper = ProcReaper()
+    try:
+        yield reaper
+    finally:
+        reaper.reap()

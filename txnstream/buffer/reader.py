@@ -1,0 +1,92 @@
+"""Fold a partition from Kafka into a :class:`TransactionBuffer` (used by admin and Spark)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from txnstream.buffer.snapshot import restore
+from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+from txnstream.buffer.transaction_buffer import TransactionBuffer
+from txnstream.config import Config
+from txnstream.errors import ConfigError
+from txnstream.types import TopicPartition
+
+__all__ = ["PartitionFolder"]
+
+
+class PartitionFolder:
+    """Keeps buffers of several partitions current by folding new records on demand.
+
+    Starts from the latest published snapshot if there is one (else the log start), then
+    folds every record up to the partition's end at each :meth:`catch_up`.
+    """
+
+    def __init__(self, config: Config, use_snapshots: bool = True) -> None:
+        self.config = config
+        self._consumer = Consumer(config.consumer(
+            f"{config.topics.prefix}-fold-{uuid.uuid4().hex[:8]}",
+            **{"fetch.max.bytes": 16 * 1024 * 1024}))
+        self._snapshots = TransactionBufferSnapshotStore(config) if use_snapshots else None
+        self.buffers: dict[TopicPartition, TransactionBuffer] = {}
+
+    def _start(self, tp: TopicPartition) -> TransactionBuffer:
+        low, _ = self._consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
+                                                      timeout=self.config.admin_timeout_s)
+        buf = TransactionBuffer(tp)
+        if self._snapshots is not None:
+            try:
+                snap = self._snapshots.latest(tp)
+            except Exception:  # no snapshot topic, or unreadable: fold from the start
+                snap = None
+            if snap is not None and snap.position >= low - 1:
+                buf = restore(snap)
+        if buf.last_offset < low - 1:
+            buf.last_offset = low - 1
+            buf.max_read_position = max(buf.max_read_position, low - 1)
+        self.buffers[tp] = buf
+        return buf
+
+    def catch_up(self, tps: list[TopicPartition], timeout_s: float = 60.0
+                 ) -> dict[TopicPartition, TransactionBuffer]:
+        """Fold every partition in ``tps`` up to its current end."""
+        ends = {}
+        assign = []
+        for tp in tps:
+            meta = self._consumer.list_topics(tp.topic, timeout=self.config.admin_timeout_s)
+            t = meta.topics.get(tp.topic)
+            if t is None or t.error is not None or tp.partition not in t.partitions:
+                raise ConfigError(f"unknown topic partition {tp}")
+            buf = self.buffers.get(tp) or self._start(tp)
+            _, high = self._consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
+                                                           timeout=self.config.admin_timeout_s)
+            if high - 1 > buf.last_offset:
+                ends[tp] = high - 1
+                assign.append(KafkaTP(tp.topic, tp.partition, buf.last_offset + 1))
+        if not assign:
+            return {tp: self.buffers[tp] for tp in tps}
+        self._consumer.assign(assign)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while ends and time.monotonic() < deadline:
+                for m in self._consumer.consume(5000, 0.2):
+                    if m.error():
+                        continue
+                    tp = TopicPartition(m.topic(), m.partition())
+                    buf = self.buffers[tp]
+                    if m.offset() <= buf.last_offset:
+                        continue
+                    ts = m.timestamp()[1]
+                    buf.fold(m.offset(), m.headers(), m.value(), ts if ts > 0 else None)
+                    if buf.last_offset >= ends.get(tp, -1):
+                        ends.pop(tp, None)
+        finally:
+            self._consumer.unassign()
+        return {tp: self.buffers[tp] for tp in tps}
+
+    def close(self) -> None:
+        """Release the consumer."""
+        self._consumer.close()
