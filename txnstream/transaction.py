@@ -130,7 +130,11 @@ class Transaction:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # Commit on a clean exit, abort on an exception; a txn the block already ended
+        # (``txn.abort()`` inside it) is left as it is.
+        if self._status is not TxnStatus.OPEN:
+            return
         if exc_type is None:
             self.commit()
-        elif self._status is TxnStatus.OPEN:
+        else:
             self.abort()

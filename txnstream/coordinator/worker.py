@@ -199,7 +199,8 @@ class CoordinatorWorker:
     def _drop(self, tc: _Tc, why: str) -> None:
         if self.tcs.pop(tc.tc_id, None) is None:
             return
-        log.warning("tc %d: %s stops serving (%s)", tc.tc_id, self.worker_id, why)
+        level = logging.INFO if why == "worker stopping" else logging.WARNING
+        log.log(level, "tc %d: %s stops serving (%s)", tc.tc_id, self.worker_id, why)
         if tc.phase is _Phase.SERVING:
             try:
                 self._req.incremental_unassign([KafkaTP(self.config.topics.requests, tc.tc_id)])

@@ -1,0 +1,41 @@
+# Two commands for a newcomer: `make demo` (the main job) and `make test` (the tests).
+# Both are self-contained on a fresh machine with Python 3.11+, Java 17 and Maven.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TXN := $(VENV)/bin/txnstream
+STAMP := $(VENV)/.installed
+BOOTSTRAP ?= $(or $(TXNSTREAM_BOOTSTRAP),127.0.0.1:9092)
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: demo test venv bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[spark,test,dev]'
+	touch $(STAMP)
+
+# Start a local broker unless one answers, create the topics, run the demo pipeline.
+demo: $(STAMP)
+	@$(PY) -m txnstream.demo.ensure_broker $(BOOTSTRAP)
+	$(TXN) --bootstrap $(BOOTSTRAP) init
+	$(TXN) --bootstrap $(BOOTSTRAP) demo
+
+# The test session starts (and stops) its own broker unless TXNSTREAM_BOOTSTRAP is set.
+test: $(STAMP)
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check txnstream spark bench tests
+
+clean:
+	-$(TXN) cluster down
+	rm -rf $(VENV) .txnstream build *.egg-info

@@ -1,0 +1,1 @@
+"""The demo pipeline behind ``make demo`` / ``txnstream demo``."""
