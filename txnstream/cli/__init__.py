@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from txnstream.errors import TxnStreamError
 
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # parsing code named in its message.
         if os.environ.get("TXNSTREAM_DEBUG"):
             raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")
