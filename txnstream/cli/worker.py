@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--id", default=None, help="worker id (default: host-pid-random)")
     p.add_argument("--session-timeout-ms", type=int, default=WorkerSettings().session_timeout_ms,
                    help="group session timeout: how fast a dead worker's TCs move")
+    p.add_argument("--buffer-topics", default=None,
+                   help="also host buffer roles for these data topics (comma-separated, "
+                        "or a regex starting with ^)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)")
     p.set_defaults(handler=_run)
@@ -35,11 +38,18 @@ def _run(args: argparse.Namespace) -> int:
         from txnstream import metrics
 
         metrics.serve(args.metrics_port)
+    buffers = None
+    if args.buffer_topics:
+        from txnstream.buffer.worker import BufferWorker
+
+        buffers = BufferWorker(config, [t for t in args.buffer_topics.split(",") if t]).start()
     done = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
         console.print(f"signal {signum}: leaving the group")
         worker.stop(0)
+        if buffers is not None:
+            buffers.stop(0)
         done.set()
 
     signal.signal(signal.SIGTERM, stop)

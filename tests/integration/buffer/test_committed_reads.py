@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import Producer as KafkaProducer
 
-from tests.integration.buffer.conftest import make_topic, wait_until
+from tests.integration.buffer.conftest import make_topic
 from txnstream import Client, TopicPartition, TxnID
 from txnstream.errors import InvalidTxnStatusError
 from txnstream.markers import MarkerKind, TxnMarker
