@@ -41,16 +41,29 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from txnstream import metrics
 from txnstream.config import Config
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, TransactionMetadataStore
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, TxnInfo
-from txnstream.errors import CorruptRecordError, TxnStreamError
+from txnstream.errors import (
+    CorruptRecordError,
+    KafkaErrorKind,
+    TxnStreamError,
+    classify_kafka_error,
+)
 from txnstream.markers import MarkerKind, TxnMarker
 from txnstream.types import TxnStatus
 
@@ -125,7 +138,7 @@ class CoordinatorWorker:
                                                      "client.id": f"tc-{self.worker_id}"}))
         self._admin = AdminClient(config.admin())
         self._pending_assign: list[int] | None = None
-        self._pending_revoke: list[int] = []
+        self._reseek: set[int] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,7 +174,12 @@ class CoordinatorWorker:
                     log.exception("worker %s: unexpected error; replaying its TCs again",
                                   self.worker_id)
                     for tc in list(self.tcs.values()):
-                        self._restart(tc)
+                        try:
+                            self._restart(tc)
+                        except Exception:
+                            log.exception("tc %d: restart failed; dropping it until the "
+                                          "next assignment", tc.tc_id)
+                            self._drop(tc, "restart failed")
                     time.sleep(0.5)
         finally:
             for tc in list(self.tcs.values()):
@@ -186,8 +204,17 @@ class CoordinatorWorker:
         consumer.unassign()
 
     def _take(self, tc_id: int) -> None:
-        low, high = self._log.get_watermark_offsets(
-            KafkaTP(self.config.topics.log, tc_id), timeout=self.config.admin_timeout_s)
+        try:
+            low, high = self._watermarks(tc_id)
+        except KafkaException as exc:
+            # Still failing after retries (leader moving, broker busy): try next turn.
+            log.warning("tc %d: cannot read log watermarks yet (%s); retrying", tc_id, exc)
+            self._pending_assign = (self._pending_assign or []) + [tc_id]
+            self._reseek.add(tc_id)  # records read meanwhile are skipped: replay again
+            return
+        if tc_id in self._reseek:
+            self._reseek.discard(tc_id)
+            self._log.seek(KafkaTP(self.config.topics.log, tc_id, low))
         tc = _Tc(tc_id, TransactionMetadataStore(tc_id, self.worker_id), replay_end=high,
                  position=low)
         self.tcs[tc_id] = tc
@@ -195,6 +222,15 @@ class CoordinatorWorker:
                  low, high)
         if low >= high:
             self._write_epoch(tc)
+
+    @retry(retry=retry_if_exception(
+               lambda e: isinstance(e, KafkaException)
+               and classify_kafka_error(e) is KafkaErrorKind.RETRIABLE),
+           stop=stop_after_delay(10), wait=wait_exponential(0.05, max=1), reraise=True)
+    def _watermarks(self, tc_id: int) -> tuple[int, int]:
+        low, high = self._log.get_watermark_offsets(
+            KafkaTP(self.config.topics.log, tc_id), timeout=self.config.admin_timeout_s)
+        return low, high
 
     def _drop(self, tc: _Tc, why: str) -> None:
         if self.tcs.pop(tc.tc_id, None) is None:
