@@ -1,0 +1,243 @@
+"""``PendingAckHandle``: transactional acks of one subscription partition, purely.
+
+Pulsar's ``PendingAckHandleImpl``, as a pure state machine.
+
+State: the cursor (every offset below it is acked; it is the group's committed Kafka
+offset), offsets individually acked above it, and the acks still pending in open
+transactions (individual offsets, and at most one pending cumulative ack).
+
+Conflict rules (Pulsar's):
+
+* A transactional ack of an offset that another txn holds pending (individually, or
+  under its pending cumulative ack) fails with ``TransactionConflictError``; the same
+  txn acking again is a no-op.
+* A transactional ack of an offset that is already acked fails too (Pulsar: "has been
+  acked"); a plain ack of an already acked offset is ignored.
+* Only one cumulative ack may be pending at a time; one that covers an offset pending
+  individually in another txn conflicts, and vice versa.
+* A plain ack of a pending offset conflicts.
+* A txn that ended here may not ack again (``InvalidTxnStatusError``).
+
+Commit applies the txn's acks (the cursor advances over contiguous acked offsets; gaps
+stay individually acked); abort drops them and names the offsets to redeliver.
+
+Fencing and replay (:meth:`apply`): the log of one subscription partition is folded in
+order. An ``OWNER`` record (a new owner after a rebalance or crash) starts a generation;
+an ack is valid only if it carries the generation of the latest ``OWNER`` before it, so
+a fenced member's late acks are ignored. Marks from the coordinator are decided outcomes
+and always apply. Folding the same log gives the same state: that is how a new owner
+rebuilds the handle before it delivers anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from txnstream.errors import InvalidTxnStatusError, TransactionConflictError
+from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
+from txnstream.types import TopicPartition, TxnID, TxnStatus
+
+__all__ = ["PendingAckHandle", "AckEffect", "PendingAckStats"]
+
+MAX_REMEMBERED_ENDED = 10_000
+"""Ended txns remembered to refuse late acks; a txn acks within its own lifetime."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckEffect:
+    """What ending a txn did: the new cursor, offsets acked, offsets to redeliver."""
+
+    cursor: int
+    acked: tuple[int, ...] = ()
+    redeliver: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAckStats:
+    """For ``admin.pending_ack_stats``."""
+
+    subscription: str
+    tp: TopicPartition
+    cursor: int
+    acked_above_cursor: int
+    pending_txns: int
+    pending_offsets: int
+    cumulative_pending: tuple[TxnID, int] | None
+    generation: int
+
+
+@dataclass
+class PendingAckHandle:
+    """Acks of one (subscription, topic partition)."""
+
+    subscription: str
+    tp: TopicPartition
+    cursor: int = 0
+    acked: set[int] = field(default_factory=set)
+    pending: dict[int, TxnID] = field(default_factory=dict)
+    """Offset -> txn holding an individual ack on it."""
+    cumulative: tuple[TxnID, int] | None = None
+    ended: dict[TxnID, TxnStatus] = field(default_factory=dict)
+    generation: int = -1
+
+    # ------------------------------------------------------------ acks
+
+    def _owner_of(self, offset: int) -> TxnID | None:
+        txn = self.pending.get(offset)
+        if txn is None and self.cumulative is not None and offset <= self.cumulative[1]:
+            txn = self.cumulative[0]
+        return txn
+
+    def _is_acked(self, offset: int) -> bool:
+        return offset < self.cursor or offset in self.acked
+
+    def _check_live(self, txn: TxnID) -> None:
+        status = self.ended.get(txn)
+        if status is not None:
+            raise InvalidTxnStatusError(
+                txn, TxnStatus.OPEN, status,
+                f"cannot ack with transaction {txn} on {self.subscription}@{self.tp}: "
+                f"it already ended {status.value}")
+
+    def _conflict(self, offset: int, txn: TxnID | None, holder: TxnID | None,
+                  why: str) -> TransactionConflictError:
+        who = f"transaction {txn}" if txn else "a plain ack"
+        held = f" (pending in {holder})" if holder else ""
+        return TransactionConflictError(
+            f"{who} conflicts on {self.subscription}@{self.tp} offset {offset}: {why}{held}", txn)
+
+    def ack_individual(self, offsets: Iterable[int], txn: TxnID | None) -> None:
+        """Ack single offsets, in ``txn`` or plainly; all or nothing."""
+        offs = sorted(set(offsets))
+        if txn is not None:
+            self._check_live(txn)
+        for o in offs:
+            holder = self._owner_of(o)
+            if holder is not None and holder != txn:
+                raise self._conflict(o, txn, holder, "already pending-acked")
+            if txn is not None and holder is None and self._is_acked(o):
+                raise self._conflict(o, txn, None, "has been acked")
+        if txn is None:
+            for o in offs:
+                if o >= self.cursor:
+                    self.acked.add(o)
+            self._advance()
+            return
+        for o in offs:
+            if self._owner_of(o) is None:
+                self.pending[o] = txn
+
+    def ack_cumulative(self, offset: int, txn: TxnID | None) -> None:
+        """Ack every offset up to and including ``offset``."""
+        if txn is None:
+            for o, holder in self.pending.items():
+                if o <= offset:
+                    raise self._conflict(o, None, holder, "already pending-acked")
+            if self.cumulative is not None:
+                raise self._conflict(offset, None, self.cumulative[0], "cumulative ack pending")
+            self.cursor = max(self.cursor, offset + 1)
+            self._advance()
+            return
+        self._check_live(txn)
+        if self.cumulative is not None and self.cumulative[0] != txn:
+            raise self._conflict(offset, txn, self.cumulative[0], "another cumulative ack pending")
+        for o, holder in self.pending.items():
+            if o <= offset and holder != txn:
+                raise self._conflict(o, txn, holder, "already pending-acked")
+        if offset < self.cursor:
+            raise self._conflict(offset, txn, None, "has been acked (below the cursor)")
+        prev = self.cumulative[1] if self.cumulative else -1
+        self.cumulative = (txn, max(prev, offset))
+
+    # ------------------------------------------------------------ ending
+
+    def commit(self, txn: TxnID) -> AckEffect:
+        """Apply ``txn``'s acks; idempotent."""
+        mine = sorted(o for o, t in self.pending.items() if t == txn)
+        for o in mine:
+            del self.pending[o]
+            if o >= self.cursor:
+                self.acked.add(o)
+        if self.cumulative is not None and self.cumulative[0] == txn:
+            self.cursor = max(self.cursor, self.cumulative[1] + 1)
+            self.cumulative = None
+        self._end(txn, TxnStatus.COMMITTED)
+        self._advance()
+        return AckEffect(self.cursor, tuple(mine))
+
+    def abort(self, txn: TxnID) -> AckEffect:
+        """Drop ``txn``'s acks; the offsets it held come back for redelivery."""
+        mine = sorted(o for o, t in self.pending.items() if t == txn)
+        for o in mine:
+            del self.pending[o]
+        back = list(mine)
+        if self.cumulative is not None and self.cumulative[0] == txn:
+            back += [o for o in range(self.cursor, self.cumulative[1] + 1)
+                     if o not in self.acked and o not in self.pending]
+            self.cumulative = None
+        self._end(txn, TxnStatus.ABORTED)
+        return AckEffect(self.cursor, (), tuple(sorted(set(back))))
+
+    def _end(self, txn: TxnID, status: TxnStatus) -> None:
+        self.ended.setdefault(txn, status)
+        while len(self.ended) > MAX_REMEMBERED_ENDED:
+            self.ended.pop(next(iter(self.ended)))
+
+    def _advance(self) -> None:
+        while self.cursor in self.acked:
+            self.acked.discard(self.cursor)
+            self.cursor += 1
+        self.acked = {o for o in self.acked if o >= self.cursor}
+
+    # ------------------------------------------------------------ replay
+
+    def apply(self, entry: PendingAckEntry) -> bool:
+        """Fold one log record; False if it was ignored (stale generation, conflict)."""
+        k = entry.kind
+        if k is PendingAckKind.OWNER:
+            if entry.generation <= self.generation:
+                return False
+            self.generation = entry.generation
+            self.cursor = max(self.cursor, entry.cursor)
+            self._advance()
+            return True
+        if k is PendingAckKind.COMMIT_MARK and entry.txn_id is not None:
+            self.commit(entry.txn_id)
+            return True
+        if k is PendingAckKind.ABORT_MARK and entry.txn_id is not None:
+            self.abort(entry.txn_id)
+            return True
+        if entry.generation != self.generation or entry.txn_id is None:
+            return False  # written by a fenced owner
+        try:
+            if k is PendingAckKind.ACK_INDIVIDUAL:
+                self.ack_individual(entry.offsets, entry.txn_id)
+            elif k is PendingAckKind.ACK_CUMULATIVE and entry.offsets:
+                self.ack_cumulative(entry.offsets[-1], entry.txn_id)
+        except (TransactionConflictError, InvalidTxnStatusError):
+            return False
+        return True
+
+    # ------------------------------------------------------------ queries
+
+    def pending_txn(self, offset: int) -> TxnID | None:
+        """The txn holding ``offset`` pending, if any."""
+        return self._owner_of(offset)
+
+    def is_deliverable(self, offset: int) -> bool:
+        """Neither acked nor pending: a consumer may deliver it."""
+        return not self._is_acked(offset) and self._owner_of(offset) is None
+
+    def lowest_held(self) -> int | None:
+        """The lowest offset still pending (the group offset must stay at or below it)."""
+        lows = list(self.pending)
+        if self.cumulative is not None:
+            lows.append(self.cursor)
+        return min(lows) if lows else None
+
+    def stats(self) -> PendingAckStats:
+        """Counts for operators."""
+        txns = set(self.pending.values()) | ({self.cumulative[0]} if self.cumulative else set())
+        return PendingAckStats(self.subscription, self.tp, self.cursor, len(self.acked),
+                               len(txns), len(self.pending), self.cumulative, self.generation)

@@ -1,0 +1,85 @@
+"""Records of the pending-ack log, mirroring ``schemas/pending_ack_entry.avsc``.
+
+Kinds: ``ACK_INDIVIDUAL`` / ``ACK_CUMULATIVE`` (a transactional ack, logged by the
+partition's owner before it is confirmed), ``COMMIT_MARK`` / ``ABORT_MARK`` (written by
+the coordinator when the txn ends), ``OWNER`` (a new owner's claim: its generation and
+the cursor it starts from). The key ``subscription|topic|partition`` puts every record
+of one subscription partition into one log partition, in order (murmur2 partitioning).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from txnstream.codec import codec
+from txnstream.errors import CorruptRecordError
+from txnstream.types import TopicPartition, TxnID
+
+__all__ = ["PendingAckKind", "PendingAckEntry"]
+
+
+class PendingAckKind(enum.Enum):
+    """What a pending-ack record says."""
+
+    ACK_INDIVIDUAL = "ACK_INDIVIDUAL"
+    ACK_CUMULATIVE = "ACK_CUMULATIVE"
+    COMMIT_MARK = "COMMIT_MARK"
+    ABORT_MARK = "ABORT_MARK"
+    OWNER = "OWNER"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAckEntry:
+    """One pending-ack log record."""
+
+    kind: PendingAckKind
+    subscription: str
+    topic: str
+    partition: int
+    txn_id: TxnID | None = None
+    offsets: tuple[int, ...] = ()
+    generation: int = -1
+    member_id: str = ""
+    cursor: int = -1
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The acked topic partition."""
+        return TopicPartition(self.topic, self.partition)
+
+    def key(self) -> bytes:
+        """Kafka record key: one subscription partition, one ordered stream."""
+        return key_of(self.subscription, self.tp)
+
+    @classmethod
+    def mark(cls, kind: PendingAckKind, subscription: str, tp: TopicPartition,
+             txn_id: TxnID) -> PendingAckEntry:
+        """A coordinator's COMMIT_MARK / ABORT_MARK for ``txn_id``."""
+        return cls(kind, subscription, tp.topic, tp.partition, txn_id)
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        t = self.txn_id
+        return codec("pending_ack_entry").encode({
+            "kind": self.kind.value, "subscription": self.subscription, "topic": self.topic,
+            "partition": self.partition, "most_bits": t.most_bits if t else -1,
+            "least_bits": t.least_bits if t else -1, "offsets": list(self.offsets),
+            "generation": self.generation, "member_id": self.member_id, "cursor": self.cursor,
+        })
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> PendingAckEntry:
+        """Parse; ``CorruptRecordError`` on garbage or an unknown version."""
+        r = codec("pending_ack_entry").decode(data)
+        try:
+            txn = TxnID(r["most_bits"], r["least_bits"]) if r["most_bits"] >= 0 else None
+            return cls(PendingAckKind(r["kind"]), r["subscription"], r["topic"], r["partition"],
+                       txn, tuple(r["offsets"]), r["generation"], r["member_id"], r["cursor"])
+        except (ValueError, KeyError) as exc:
+            raise CorruptRecordError(f"pending_ack_entry: {exc!r}") from exc
+
+
+def key_of(subscription: str, tp: TopicPartition) -> bytes:
+    """The log key of a subscription partition."""
+    return f"{subscription}|{tp.topic}|{tp.partition}".encode()
