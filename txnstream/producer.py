@@ -16,7 +16,8 @@ import itertools
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, Message
@@ -37,6 +38,11 @@ Headers = Sequence[tuple[str, bytes]] | None
 FLUSH_TIMEOUT_S = 30.0
 """How long commit() waits for a txn's sends; longer than librdkafka's delivery timeout
 would be pointless, shorter would abort healthy but slow transactions."""
+
+
+POLL_EVERY = 256
+"""Serve delivery callbacks every this many transactional sends: poll() per send cost
+more than the produce itself, and commit() serves the rest while it waits."""
 
 
 def _murmur2(data: bytes) -> int:
@@ -88,6 +94,8 @@ class Producer:
         self._rr = itertools.count()
         self._lock = threading.Lock()
         self._outstanding: dict[TxnID, int] = defaultdict(int)
+        self._flushers: dict[TxnID, Callable[[], None]] = {}
+        self._sends = 0
 
     def _partition_for(self, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
@@ -118,11 +126,13 @@ class Producer:
             self._kafka.poll(0)
             return part
         txn.register_partitions([TopicPartition(self.topic, part)])
-        txn.add_flusher(lambda: self.flush_transaction(txn))
         txn_id = txn.id
         hdrs.append((TXN_ID_HEADER, txn_id.to_bytes()))
         with self._lock:
+            first_send = txn_id not in self._outstanding
             self._outstanding[txn_id] += 1
+        if first_send:  # one flusher per producer and txn, not one per record
+            txn.add_flusher(self._flusher_for(txn))
 
         def delivered(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
@@ -140,8 +150,16 @@ class Producer:
             self._kafka.poll(0.1)
             self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs,
                                 on_delivery=delivered)
-        self._kafka.poll(0)
+        self._sends += 1
+        if self._sends % POLL_EVERY == 0:  # callbacks are also served by the txn's flush
+            self._kafka.poll(0)
         return part
+
+    def _flusher_for(self, txn: Transaction) -> Callable[[], None]:
+        flusher = self._flushers.get(txn.id)
+        if flusher is None:
+            flusher = self._flushers[txn.id] = partial(self.flush_transaction, txn)
+        return flusher
 
     def flush_transaction(self, txn: Transaction, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait until every send of ``txn`` through this producer is acknowledged.
@@ -155,6 +173,7 @@ class Producer:
             with self._lock:
                 left = self._outstanding.get(txn_id, 0)
             if not left:
+                self._flushers.pop(txn_id, None)
                 return
             if time.monotonic() > deadline:
                 raise TxnStreamError(f"{left} sends of {txn_id} to {self.topic} not "

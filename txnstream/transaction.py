@@ -53,6 +53,9 @@ class Transaction:
 
     def register_partitions(self, tps: Iterable[TopicPartition]) -> None:
         """Tell the coordinator about produced partitions (before writing to them)."""
+        tps = list(tps)
+        if self._status is TxnStatus.OPEN and all(tp in self._partitions for tp in tps):
+            return  # the hot path of every send: known partitions, no lock, no request
         with self._lock:
             self._check_open("produce")
             new = set(tps) - self._partitions
