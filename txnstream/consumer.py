@@ -22,9 +22,11 @@ import heapq
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer as KafkaConsumer
@@ -33,12 +35,17 @@ from confluent_kafka import Message as KafkaMessage
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer import TransactionBuffer
+from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, classify_headers
+from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
+from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
+from txnstream.pendingack.store import PendingAckStore
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
     from txnstream.client import Client
+    from txnstream.transaction import Transaction
 
 __all__ = ["Consumer", "Message"]
 
@@ -89,12 +96,23 @@ class _PartitionReader:
     held: deque[KafkaMessage] = field(default_factory=deque)
     held_bytes: int = 0
     overflow: bool = False
-    unacked: set[int] = field(default_factory=set)
+    unacked: dict[int, Message] = field(default_factory=dict)
+    """Delivered (or queued) and not yet acked, by offset."""
     committed: int = -1
+    handle: PendingAckHandle | None = None
+    inflight: dict[int, Message] = field(default_factory=dict)
+    """Delivered messages acked in a still-open txn: redelivered if it aborts."""
+    held_back: dict[int, Message] = field(default_factory=dict)
+    """Messages a previous owner's open txn acked: delivered only if that txn aborts."""
 
     def cursor(self) -> int:
-        """The group offset to commit: the lowest delivered-but-unacked, else next."""
-        return min(self.unacked) if self.unacked else self.deliver_pos
+        """The group offset to commit: below every unacked or pending offset."""
+        lows = [self.deliver_pos]
+        if self.unacked:
+            lows.append(min(self.unacked))
+        if self.handle is not None and (held := self.handle.lowest_held()) is not None:
+            lows.append(held)
+        return min(lows)
 
 
 class Consumer:
@@ -121,6 +139,9 @@ class Consumer:
         self._nacked: list[tuple[float, int, Message]] = []
         self._nack_seq = 0
         self._last_commit = 0.0
+        self.member_id = f"{subscription}-{uuid.uuid4().hex[:8]}"
+        self._acks = PendingAckStore(client.config, subscription, self.member_id)
+        self._txns: dict[TxnID, Transaction] = {}
         self._kafka = KafkaConsumer(client.config.consumer(
             subscription, **{"auto.offset.reset": initial_position,
                              "partition.assignment.strategy": "cooperative-sticky"}, **kafka))
@@ -141,8 +162,12 @@ class Consumer:
             else:
                 start = low if self._initial == "earliest" else high
             # Fold from the log start: txns that began before ``start`` must be known.
+            # Rebuild the pending acks before delivering anything, then claim the partition.
+            handle = self._acks.replay(tp)
+            start = max(start, handle.cursor)
+            self._acks.claim(handle, cursor=start)
             reader = _PartitionReader(tp, TransactionBuffer(tp), deliver_pos=start,
-                                      fold_pos=low, committed=p.offset)
+                                      fold_pos=low, committed=p.offset, handle=handle)
             with self._lock:
                 self._readers[tp] = reader
             seek.append(KafkaTP(p.topic, p.partition, low if low < start else start))
@@ -177,6 +202,7 @@ class Consumer:
             with self._lock:
                 for m in batch:
                     self._ingest(m)
+                self._apply_marks()
                 self._commit()
 
     def _next_ready(self) -> Message | None:
@@ -221,13 +247,18 @@ class Consumer:
             if off < r.deliver_pos:
                 continue
             r.deliver_pos = off + 1
-            if r.buffer.is_visible(off):
-                try:
-                    _, txn_id = classify_headers(m.headers())
-                except TxnStreamError:
-                    txn_id = None
-                self._ready.append(_to_message(m, txn_id))
-                r.unacked.add(off)  # queued counts as unacked: the cursor stays below it
+            if not r.buffer.is_visible(off):
+                continue
+            try:
+                _, txn_id = classify_headers(m.headers())
+            except TxnStreamError:
+                txn_id = None
+            msg = _to_message(m, txn_id)
+            if r.handle is not None and r.handle.pending_txn(off) is not None:
+                r.held_back[off] = msg  # acked in an open txn: wait for its outcome
+            elif r.handle is None or r.handle.is_deliverable(off):
+                self._ready.append(msg)
+                r.unacked[off] = msg  # queued counts as unacked: the cursor stays below it
         if not r.held and r.overflow and limit >= r.deliver_pos:
             # The blocking txn ended: re-read what could not be held.
             r.overflow = False
@@ -235,19 +266,96 @@ class Consumer:
 
     # ------------------------------------------------------------ acks
 
-    def acknowledge(self, msg: Message) -> None:
-        """Ack one record (non-transactional)."""
+    def acknowledge(self, msg: Message, txn: Transaction | None = None) -> None:
+        """Ack one record; with ``txn`` the ack takes effect only if ``txn`` commits.
+
+        A transactional ack is logged to the pending-ack log before ``txn`` can commit;
+        a conflict (another txn, or a plain ack, touching the same message) raises
+        ``TransactionConflictError`` and makes ``txn`` abort-only.
+        """
+        self._ack(msg, txn, cumulative=False)
+
+    def acknowledge_cumulative(self, msg: Message, txn: Transaction | None = None) -> None:
+        """Ack every delivered record of the partition up to and including ``msg``."""
+        self._ack(msg, txn, cumulative=True)
+
+    def _ack(self, msg: Message, txn: Transaction | None, cumulative: bool) -> None:
         with self._lock:
             r = self._reader_for(msg)
-            r.unacked.discard(msg.offset)
+            # Never delivered: beyond what was released, or not a visible record there.
+            # (An already acked one is the handle's call: a conflict in a txn, else a no-op.)
+            if msg.offset >= r.deliver_pos or not r.buffer.is_visible(msg.offset):
+                raise TxnStreamError(
+                    f"cannot ack {msg.tp}@{msg.offset}: not a message delivered to this "
+                    f"consumer of {self.subscription!r}")
+            covered = sorted(o for o in r.unacked if o <= msg.offset) if cumulative else [
+                msg.offset]
+        if txn is not None:
+            txn.register_subscriptions([SubscriptionRef(msg.topic, msg.partition,
+                                                        self.subscription)])
+        with self._lock:
+            assert r.handle is not None
+            try:
+                if cumulative:
+                    r.handle.ack_cumulative(msg.offset, txn.id if txn else None)
+                else:
+                    r.handle.ack_individual([msg.offset], txn.id if txn else None)
+            except TxnStreamError as exc:
+                if txn is not None:
+                    txn.mark_abort_only(exc)
+                raise
+            if txn is not None:
+                kind = (PendingAckKind.ACK_CUMULATIVE if cumulative
+                        else PendingAckKind.ACK_INDIVIDUAL)
+                self._acks.append(PendingAckEntry(
+                    kind, self.subscription, msg.topic, msg.partition, txn.id, (msg.offset,),
+                    r.handle.generation, self.member_id))
+                if txn.id not in self._txns:
+                    self._txns[txn.id] = txn
+                    txn.add_flusher(partial(self._acks.flush_txn, txn.id))
+                for o in covered:
+                    if o in r.unacked:
+                        r.inflight[o] = r.unacked.pop(o)
+            else:
+                for o in covered:
+                    r.unacked.pop(o, None)
             self._commit()
 
-    def acknowledge_cumulative(self, msg: Message) -> None:
-        """Ack every delivered record of the partition up to and including ``msg``."""
-        with self._lock:
-            r = self._reader_for(msg)
-            r.unacked = {o for o in r.unacked if o > msg.offset}
-            self._commit()
+    def _apply_marks(self) -> None:
+        """Coordinator marks end pending acks; a newer OWNER fences this member."""
+        for e in self._acks.poll_marks():
+            r = self._readers.get(e.tp)
+            if r is None or r.handle is None:
+                continue
+            if e.kind is PendingAckKind.OWNER:
+                if e.member_id != self.member_id and e.generation > r.handle.generation:
+                    log.warning("%s: fenced on %s by %s (generation %d)", self.member_id, e.tp,
+                                e.member_id, e.generation)
+                    for t in set(r.handle.pending.values()):
+                        if t in self._txns:
+                            self._txns[t].mark_abort_only(TxnStreamError(
+                                f"consumer lost {e.tp} to a newer owner", t))
+                    self._readers.pop(e.tp, None)
+                continue
+            if e.txn_id is None or e.kind not in (PendingAckKind.COMMIT_MARK,
+                                                  PendingAckKind.ABORT_MARK):
+                continue
+            if e.kind is PendingAckKind.COMMIT_MARK:
+                eff = r.handle.commit(e.txn_id)
+                for o in [o for o in r.inflight if o < eff.cursor or o in eff.acked
+                          or o in r.handle.acked]:
+                    del r.inflight[o]
+                for o in [o for o in r.held_back if not r.handle.is_deliverable(o)
+                          and r.handle.pending_txn(o) is None]:
+                    del r.held_back[o]
+            else:
+                eff = r.handle.abort(e.txn_id)
+                for o in eff.redeliver:
+                    back = r.inflight.pop(o, None) or r.held_back.pop(o, None)
+                    if back is not None:
+                        self._ready.append(back)
+                        r.unacked[o] = back
+            self._txns.pop(e.txn_id, None)
 
     def negative_acknowledge(self, msg: Message) -> None:
         """Redeliver ``msg`` after the nack delay."""
@@ -284,4 +392,12 @@ class Consumer:
         with self._lock:
             self._commit(force=True)
         self._kafka.close()
+        self._acks.close()
+
+    def pending_ack_stats(self, tp: TopicPartition) -> PendingAckStats:
+        """The pending-ack state of one owned partition."""
+        r = self._readers.get(tp)
+        if r is None or r.handle is None:
+            raise TxnStreamError(f"{tp} is not assigned to this consumer")
+        return r.handle.stats()
 

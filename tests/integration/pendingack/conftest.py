@@ -1,0 +1,7 @@
+from tests.integration.coordinator.conftest import (  # noqa: F401
+    client,
+    make_topic,
+    read_all,
+    wait_until,
+    worker,
+)

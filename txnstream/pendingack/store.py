@@ -1,0 +1,175 @@
+"""``PendingAckStore``: the pending-ack log on Kafka (``<prefix>_pending_ack``).
+
+Every record of one (subscription, topic partition) has the key
+``subscription|topic|partition`` and lands, by murmur2, in one log partition, in order.
+The owner of a subscription partition:
+
+1. :meth:`replay` reads that log partition from its start and folds the records of its
+   key into a :class:`PendingAckHandle` (before delivering anything);
+2. appends an ``OWNER`` record with the next generation (fencing older owners);
+3. logs each transactional ack (:meth:`append`) before the ack is confirmed: the
+   transaction's commit waits for those writes (:meth:`flush_txn`);
+4. :meth:`poll_marks` tails the log for the coordinator's COMMIT/ABORT marks and for a
+   newer ``OWNER`` (then this member is fenced for that partition).
+
+A crash after logging an ack but before the commit leaves a pending ack in the log: the
+coordinator aborts the txn at its timeout and writes an ABORT mark, and whoever owns the
+partition then redelivers the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from txnstream.config import Config
+from txnstream.errors import CorruptRecordError, TxnStreamError
+from txnstream.pendingack.handle import PendingAckHandle
+from txnstream.pendingack.records import PendingAckEntry, PendingAckKind, key_of
+from txnstream.producer import murmur2_partition
+from txnstream.types import TopicPartition, TxnID
+
+__all__ = ["PendingAckStore"]
+
+log = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT_S = 30.0
+"""How long a commit waits for its ack records to be durable."""
+
+
+class PendingAckStore:
+    """Reads and writes one consumer's subscription partitions in the pending-ack log."""
+
+    def __init__(self, config: Config, subscription: str, member_id: str) -> None:
+        self.config = config
+        self.topic = config.topics.pending_ack
+        self.subscription = subscription
+        self.member_id = member_id
+        self._producer = Producer(config.producer(**{"linger.ms": 1}))
+        meta = self._producer.list_topics(self.topic, timeout=config.admin_timeout_s)
+        tmeta = meta.topics.get(self.topic)
+        if tmeta is None or tmeta.error is not None:
+            raise TxnStreamError(f"topic {self.topic} does not exist: run `txnstream init`")
+        self.partitions = len(tmeta.partitions)
+        self._tail = Consumer(config.consumer(f"{config.topics.prefix}-pa-{uuid.uuid4().hex}",
+                                              **{"fetch.wait.max.ms": 20}))
+        self._tailing: set[int] = set()
+        self._lock = threading.Lock()
+        self._outstanding: dict[TxnID, int] = defaultdict(int)
+        self._failed: dict[TxnID, str] = {}
+
+    def log_partition(self, tp: TopicPartition) -> int:
+        """The log partition that holds ``tp``'s records for this subscription."""
+        return murmur2_partition(key_of(self.subscription, tp), self.partitions)
+
+    def replay(self, tp: TopicPartition) -> PendingAckHandle:
+        """Fold every record of ``tp`` from the log start; then tail from the end seen."""
+        handle = PendingAckHandle(self.subscription, tp)
+        part = self.log_partition(tp)
+        key = key_of(self.subscription, tp)
+        c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-pr-{uuid.uuid4().hex}"))
+        try:
+            ktp = KafkaTP(self.topic, part)
+            low, high = c.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+            if high > low:
+                ktp.offset = low
+                c.assign([ktp])
+                pos = low
+                deadline = time.monotonic() + 120
+                while pos < high and time.monotonic() < deadline:
+                    for m in c.consume(5000, 0.5):
+                        if m.error():
+                            continue
+                        pos = m.offset() + 1
+                        if m.key() == key:
+                            self._apply(handle, m)
+                if pos < high:
+                    raise TxnStreamError(f"could not replay the pending-ack log of {tp} "
+                                         f"({self.topic}[{part}] up to {high})")
+        finally:
+            c.close()
+        with self._lock:
+            if part not in self._tailing:
+                self._tailing.add(part)
+                self._tail.incremental_assign([KafkaTP(self.topic, part, high)])
+        return handle
+
+    def _apply(self, handle: PendingAckHandle, m: Message) -> PendingAckEntry | None:
+        try:
+            entry = PendingAckEntry.decode(m.value())
+        except CorruptRecordError as exc:
+            log.error("skipping unreadable pending-ack record at %s[%d]@%d: %s",
+                      m.topic(), m.partition(), m.offset(), exc)
+            return None
+        handle.apply(entry)
+        return entry
+
+    def claim(self, handle: PendingAckHandle, cursor: int) -> None:
+        """Append this member's OWNER record (next generation) and wait for it."""
+        entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, handle.tp.topic,
+                                handle.tp.partition, generation=handle.generation + 1,
+                                member_id=self.member_id, cursor=cursor)
+        self._producer.produce(self.topic, entry.encode(), key=entry.key(),
+                               partition=self.log_partition(handle.tp))
+        if self._producer.flush(FLUSH_TIMEOUT_S):
+            raise TxnStreamError(f"could not claim {handle.tp} in {self.topic}")
+        handle.apply(entry)
+
+    def append(self, entry: PendingAckEntry) -> None:
+        """Log a transactional ack; its txn's commit waits for it (:meth:`flush_txn`)."""
+        txn = entry.txn_id
+        assert txn is not None
+        with self._lock:
+            self._outstanding[txn] += 1
+
+        def delivered(err: KafkaError | None, _m: Message) -> None:
+            with self._lock:
+                if err is not None:
+                    self._failed[txn] = str(err)
+                self._outstanding[txn] -= 1
+                if self._outstanding[txn] <= 0:
+                    del self._outstanding[txn]
+
+        self._producer.produce(self.topic, entry.encode(), key=entry.key(),
+                               partition=self.log_partition(entry.tp), on_delivery=delivered)
+
+    def flush_txn(self, txn: TxnID) -> None:
+        """Wait until every ack record of ``txn`` is durable; raise if one failed."""
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        while True:
+            with self._lock:
+                left = self._outstanding.get(txn, 0)
+                failed = self._failed.pop(txn, None)
+            if failed:
+                raise TxnStreamError(f"ack of {txn} could not be logged: {failed}", txn)
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise TxnStreamError(f"{left} ack records of {txn} not durable in time", txn)
+            self._producer.poll(0.005)
+
+    def poll_marks(self) -> list[PendingAckEntry]:
+        """New records of the tailed log partitions (marks, OWNER claims, acks)."""
+        if not self._tailing:
+            return []
+        out = []
+        for m in self._tail.consume(1000, 0):
+            if m.error():
+                continue
+            try:
+                out.append(PendingAckEntry.decode(m.value()))
+            except CorruptRecordError as exc:
+                log.error("skipping unreadable pending-ack record at %s[%d]@%d: %s",
+                          m.topic(), m.partition(), m.offset(), exc)
+        return [e for e in out if e.subscription == self.subscription]
+
+    def close(self) -> None:
+        """Flush and release."""
+        self._producer.flush(5)
+        self._tail.close()
