@@ -12,6 +12,7 @@ from txnstream.types import TopicPartition, TxnID
 if TYPE_CHECKING:
     from txnstream.buffer.transaction_buffer import BufferStats
     from txnstream.client import Client
+    from txnstream.pendingack.handle import PendingAckStats
 
 __all__ = ["Admin", "CoordinatorStats"]
 
@@ -70,6 +71,17 @@ class Admin:
             return folder.catch_up([tpp])[tpp].stats()
         finally:
             folder.close()
+
+    def pending_ack_stats(self, tp: TopicPartition | str, subscription: str) -> PendingAckStats:
+        """Replay the pending-ack log of ``subscription`` on ``tp``: cursor, pending acks."""
+        from txnstream.pendingack.store import PendingAckStore
+
+        tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
+        store = PendingAckStore(self._client.config, subscription, "admin")
+        try:
+            return store.replay(tpp).stats()
+        finally:
+            store.close()
 
     def slow_transactions(self, min_age_s: float) -> list[TxnInfo]:
         """Open transactions older than ``min_age_s`` (they block committed readers)."""

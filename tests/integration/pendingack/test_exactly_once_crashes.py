@@ -1,0 +1,88 @@
+"""Consume-transform-produce exactly once through kill -9 of processor processes."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.integration.pendingack.conftest import make_topic
+from txnstream import Client
+
+pytestmark = [pytest.mark.integration, pytest.mark.fault]
+
+TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
+INPUTS = 20_000
+
+
+def records_in(config, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(config.consumer(f"hw-{uuid.uuid4().hex[:6]}"))
+    try:
+        return sum(c.get_watermark_offsets(TopicPartition(topic, i), timeout=10)[1]
+                   for i in range(4))
+    finally:
+        c.close()
+
+
+def start(config, src, dst, sub, log_path):
+    return subprocess.Popen(
+        [TXNSTREAM_BIN, "--bootstrap", config.bootstrap_servers, "process", src, dst,
+         "--prefix", config.topics.prefix, "--subscription", sub, "--batch-size", "200",
+         "--batch-interval", "0.3", "--txn-timeout", "6", "--session-timeout-ms", "6000",
+         "--idle", "25"],
+        stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_three_processors_killed_at_random_output_exactly_once(config, worker, client,
+                                                               tmp_path, proc_reaper):
+    src, dst = make_topic(config, 4, "in"), make_topic(config, 4, "out")
+    p = client.create_producer(src)
+    for i in range(INPUTS):
+        p.send(f"v{i}".encode(), key=str(i).encode())
+    p.flush()
+    sub = f"eo-{uuid.uuid4().hex[:6]}"
+    rng = random.Random(11)
+    procs = {n: proc_reaper.track(start(config, src, dst, sub, tmp_path / f"{n}.log"))
+             for n in ("a", "b", "c")}
+    kills = 0
+    written_at_kill: list[int] = []
+    t_end = time.monotonic() + 60
+    while kills < 6 and time.monotonic() < t_end:
+        time.sleep(rng.uniform(2.0, 5.0))
+        name = rng.choice(list(procs))
+        if procs[name].poll() is None:
+            written_at_kill.append(records_in(config, dst))
+            procs[name].send_signal(signal.SIGKILL)
+            procs[name].wait(10)
+            kills += 1
+        time.sleep(rng.uniform(0.5, 2.0))
+        procs[name] = proc_reaper.track(start(config, src, dst, sub, tmp_path / f"{name}.log"))
+    print("output records+markers at each kill:", written_at_kill)
+    for proc in procs.values():
+        proc.wait(300)      # each stops after 25 s without input
+    assert kills >= 3
+    # the first kill landed while work was under way (records + markers written so far)
+    assert written_at_kill[0] < INPUTS, written_at_kill
+    with Client(config=config) as reader:
+        c = reader.subscribe(dst, subscription=f"check-{uuid.uuid4().hex[:6]}")
+        out = []
+        while (m := c.receive(timeout_s=8)) is not None:
+            out.append(m.value)
+            c.acknowledge(m)
+        c.close()
+        pending = [reader.admin.pending_ack_stats(f"{src}-{i}", sub) for i in range(4)]
+    want = {f"V{i}".encode() for i in range(INPUTS)}
+    dupes = len(out) - len(set(out))
+    missing = want - set(out)
+    assert dupes == 0, f"{dupes} outputs duplicated"
+    assert not missing, f"{len(missing)} inputs have no output, e.g. {sorted(missing)[:3]}"
+    assert set(out) == want
+    assert all(s.pending_offsets == 0 and s.cumulative_pending is None for s in pending), pending

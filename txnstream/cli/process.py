@@ -1,0 +1,50 @@
+"""``txnstream process``: an exactly-once consume-transform-produce demo (upper-cases values)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+from txnstream.cli import console
+from txnstream.cli._common import add_topic_flags, config_from_args, table
+from txnstream.client import Client
+from txnstream.consumer import Message
+from txnstream.processor import ExactlyOnceProcessor
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``process`` command."""
+    p = sub.add_parser("process", help="exactly-once consume-transform-produce (demo)")
+    add_topic_flags(p)
+    p.add_argument("input")
+    p.add_argument("output")
+    p.add_argument("--subscription", default="txnstream-process")
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--batch-interval", type=float, default=0.5)
+    p.add_argument("--txn-timeout", type=float, default=30.0)
+    p.add_argument("--session-timeout-ms", type=int, default=10_000,
+                   help="consumer group session timeout: how fast a dead instance's "
+                        "partitions move (default 10000)")
+    p.add_argument("--idle", type=float, default=None, help="stop after this many idle seconds")
+    p.set_defaults(handler=_run)
+
+
+def _upper(msg: Message) -> tuple[bytes | None, bytes]:
+    return msg.key, (msg.value or b"").upper()
+
+
+def _run(args: argparse.Namespace) -> int:
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    with Client(config=config_from_args(args)) as client:
+        proc = ExactlyOnceProcessor(client, args.input, args.subscription, args.output, _upper,
+                                    args.batch_size, args.batch_interval, args.txn_timeout,
+                                    **{"session.timeout.ms": args.session_timeout_ms,
+                                       "heartbeat.interval.ms": 1000})
+        try:
+            stats = proc.run(max_idle_s=args.idle, stop=lambda: bool(stopping))
+        finally:
+            proc.close()
+    console.print(table("processed", ("batches", "inputs", "outputs", "aborted batches"),
+                        [(stats.batches, stats.inputs, stats.outputs, stats.aborted_batches)]))
+    return 0
