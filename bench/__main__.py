@@ -45,11 +45,12 @@ def _show(title: str, rows: list[dict]) -> None:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--only", choices=("coordinator", "buffer", "spark"), action="append")
+    ap.add_argument("--only", choices=("coordinator", "buffer", "processor", "spark"),
+                    action="append")
     ap.add_argument("--txns", type=int, default=2000, help="txns per coordinator measurement")
     ap.add_argument("--records", type=int, default=50_000, help="records for buffer benches")
     args = ap.parse_args(argv)
-    which = args.only or ["coordinator", "buffer", "spark"]
+    which = args.only or ["coordinator", "buffer", "processor", "spark"]
     bootstrap = os.environ.get("TXNSTREAM_BOOTSTRAP")
     cluster = None
     if not bootstrap:
@@ -77,6 +78,13 @@ def main(argv: list[str]) -> int:
                 rows = buffer.run(fresh_config(bootstrap), records=args.records,
                                   progress=lambda r: console.print(r))
             sections.append(("Transactional produce and committed-only consume (issue 4)", rows))
+            _show(sections[-1][0], rows)
+        if "processor" in which:
+            from bench import processor
+
+            with console.status("processor: exactly-once vs at-least-once vs Kafka EOS ..."):
+                rows = processor.run(fresh_config(bootstrap), progress=lambda r: console.print(r))
+            sections.append(("Exactly-once consume-transform-produce (issue 5)", rows))
             _show(sections[-1][0], rows)
         if "spark" in which:
             try:
