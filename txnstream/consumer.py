@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 """Records held behind open transactions, per consumer; beyond it they are re-read."""
+READ_BACK_TIMEOUT_S = 30.0
+"""How long a commit waits to read its own ack records back; a healthy tail takes ms."""
 COMMIT_INTERVAL_S = 0.5
 """Cursor commits are batched: at most two offset commits a second per consumer."""
 
@@ -312,7 +314,7 @@ class Consumer:
                     r.handle.generation, self.member_id))
                 if txn.id not in self._txns:
                     self._txns[txn.id] = txn
-                    txn.add_flusher(partial(self._acks.flush_txn, txn.id))
+                    txn.add_flusher(partial(self._confirm_acks, txn.id))
                 for o in covered:
                     if o in r.unacked:
                         r.inflight[o] = r.unacked.pop(o)
@@ -320,6 +322,26 @@ class Consumer:
                 for o in covered:
                     r.unacked.pop(o, None)
             self._commit()
+
+    def _confirm_acks(self, txn_id: TxnID) -> None:
+        """Before ``txn_id`` commits: its ack records are durable and were read back.
+
+        Reading them back passes every record before them; a newer OWNER among those
+        fences this member and makes the txn abort-only (its commit then aborts), the
+        same read-back rule the coordinator applies to its own log.
+        """
+        self._acks.flush_txn(txn_id)
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while not self._acks.read_back(txn_id):
+            if time.monotonic() > deadline:
+                raise TxnStreamError(f"acks of {txn_id} were not read back in "
+                                     f"{READ_BACK_TIMEOUT_S:.0f}s", txn_id)
+            with self._lock:
+                self._apply_marks()
+            time.sleep(0.002)
+        with self._lock:
+            self._apply_marks()
+        self._acks.forget(txn_id)
 
     def _apply_marks(self) -> None:
         """Coordinator marks end pending acks; a newer OWNER fences this member."""

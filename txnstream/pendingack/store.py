@@ -8,7 +8,9 @@ The owner of a subscription partition:
    key into a :class:`PendingAckHandle` (before delivering anything);
 2. appends an ``OWNER`` record with the next generation (fencing older owners);
 3. logs each transactional ack (:meth:`append`) before the ack is confirmed: the
-   transaction's commit waits for those writes (:meth:`flush_txn`);
+   transaction's commit waits for those writes (:meth:`flush_txn`) and reads them back
+   (:meth:`read_back`); a newer ``OWNER`` met on the way fences the member and makes
+   the transaction abort-only, so a paused zombie cannot commit a duplicate;
 4. :meth:`poll_marks` tails the log for the coordinator's COMMIT/ABORT marks and for a
    newer ``OWNER`` (then this member is fenced for that partition).
 
@@ -63,6 +65,9 @@ class PendingAckStore:
         self._lock = threading.Lock()
         self._outstanding: dict[TxnID, int] = defaultdict(int)
         self._failed: dict[TxnID, str] = {}
+        self._written: dict[TxnID, dict[int, int]] = defaultdict(dict)
+        """txn -> log partition -> highest offset of its ack records there."""
+        self._tail_pos: dict[int, int] = {}
 
     def log_partition(self, tp: TopicPartition) -> int:
         """The log partition that holds ``tp``'s records for this subscription."""
@@ -128,10 +133,13 @@ class PendingAckStore:
         with self._lock:
             self._outstanding[txn] += 1
 
-        def delivered(err: KafkaError | None, _m: Message) -> None:
+        def delivered(err: KafkaError | None, m: Message) -> None:
             with self._lock:
                 if err is not None:
                     self._failed[txn] = str(err)
+                else:
+                    w = self._written[txn]
+                    w[m.partition()] = max(w.get(m.partition(), -1), m.offset())
                 self._outstanding[txn] -= 1
                 if self._outstanding[txn] <= 0:
                     del self._outstanding[txn]
@@ -154,6 +162,17 @@ class PendingAckStore:
                 raise TxnStreamError(f"{left} ack records of {txn} not durable in time", txn)
             self._producer.poll(0.005)
 
+    def read_back(self, txn: TxnID) -> bool:
+        """Whether the tail has read every ack record of ``txn`` (they are durable)."""
+        with self._lock:
+            written = dict(self._written.get(txn, {}))
+        return all(self._tail_pos.get(p, -1) > off for p, off in written.items())
+
+    def forget(self, txn: TxnID) -> None:
+        """Drop bookkeeping of a txn whose acks were read back."""
+        with self._lock:
+            self._written.pop(txn, None)
+
     def poll_marks(self) -> list[PendingAckEntry]:
         """New records of the tailed log partitions (marks, OWNER claims, acks)."""
         if not self._tailing:
@@ -162,6 +181,7 @@ class PendingAckStore:
         for m in self._tail.consume(1000, 0):
             if m.error():
                 continue
+            self._tail_pos[m.partition()] = m.offset() + 1
             try:
                 out.append(PendingAckEntry.decode(m.value()))
             except CorruptRecordError as exc:
