@@ -48,12 +48,14 @@ class Client:
                 self._tc = TransactionCoordinatorClient(self.config)
             return self._tc
 
-    def new_transaction(self, timeout_s: float | None = None) -> Transaction:
-        """Open a transaction on the next coordinator (round-robin)."""
+    def new_transaction(self, timeout_s: float | None = None,
+                        tc_id: int | None = None) -> Transaction:
+        """Open a transaction on the next coordinator (round-robin), or on ``tc_id``."""
         timeout = timeout_s if timeout_s is not None else self.config.default_txn_timeout_s
         if timeout <= 0:
             raise ConfigError(f"timeout_s must be positive, got {timeout}")
-        tc_id = self.tc.pick_coordinator()
+        if tc_id is None:
+            tc_id = self.tc.pick_coordinator()
         reply = self.tc.request(TcOp.NEW, tc_id, timeout_ms=int(timeout * 1000))
         return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout)
 

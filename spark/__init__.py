@@ -1,0 +1,1 @@
+"""Apache Spark integration: the ``txnstream`` Python data source (source and sink)."""

@@ -1,0 +1,404 @@
+"""The ``txnstream`` Spark data source (PySpark 4.x Python Data Source API).
+
+Read (``spark.read`` / ``spark.readStream``): committed records only. The driver folds
+each partition's new records through a :class:`TransactionBuffer` (v1 choice: a
+driver-side fold; published buffer snapshots would let it skip the fold) and ends every
+micro-batch at the partition's ``max_read_position + 1``, so every transactional record
+in a batch's range has already ended. Each input partition carries the offsets in its
+range that must not be delivered (markers, aborted and straggler records): executors
+filter without reading ahead. Offsets are JSON dicts ``{topic: {"partition": next}}``.
+
+Write (``df.write`` / ``df.writeStream``): each task attempt writes its rows in its own
+transaction on the coordinator chosen by the query id (stable across restarts from the
+same checkpoint) and returns the TxnID in its commit message; the driver ends them all
+with one group commit keyed by ``(query id, batch id)``. A replayed batch finds its key
+committed; the coordinator aborts the replay's transactions: exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import StructType
+
+from spark.options import SinkOptions, SourceOptions
+from txnstream.config import Config
+from txnstream.errors import ConfigError
+from txnstream.types import TopicPartition
+
+__all__ = ["TxnStreamDataSource", "SCHEMA"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
+          "timestamp timestamp, headers array<struct<key: string, value: binary>>, "
+          "txn_id string")
+BATCH_ROWS = 10_000
+
+_ARROW = pa.schema([
+    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
+    ("partition", pa.int32()), ("offset", pa.int64()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()),
+                                                        ("value", pa.binary())])))),
+    ("txn_id", pa.string()),
+])
+
+
+class TxnStreamPartition(InputPartition):
+    """One topic partition's range ``[start, end)`` and the offsets in it to skip."""
+
+    def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
+                 skip: list[int]) -> None:
+        super().__init__((topic, partition, start, end))
+        self.config = config
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.skip = skip
+
+
+def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, classify_headers
+
+    if p.end <= p.start:
+        return
+    skip = set(p.skip)
+    c = Consumer(p.config.consumer(f"spark-{uuid.uuid4().hex[:8]}"))
+    try:
+        c.assign([KafkaTP(p.topic, p.partition, p.start)])
+        cols: dict[str, list[Any]] = {f.name: [] for f in _ARROW}
+        pos = p.start
+        while pos < p.end:
+            batch = c.consume(5000, 5.0)
+            if not batch:
+                raise RuntimeError(f"{p.topic}-{p.partition}: no records between {pos} and "
+                                   f"{p.end} within 5 s (deleted by retention?)")
+            for m in batch:
+                if m.error():
+                    continue
+                off = m.offset()
+                if off >= p.end:
+                    pos = p.end
+                    break
+                pos = off + 1
+                if off in skip:
+                    continue
+                headers = m.headers() or []
+                try:
+                    _, txn_id = classify_headers(headers)
+                except Exception:
+                    continue  # undecodable txn headers are never delivered
+                cols["key"].append(m.key())
+                cols["value"].append(m.value())
+                cols["topic"].append(p.topic)
+                cols["partition"].append(p.partition)
+                cols["offset"].append(off)
+                cols["timestamp"].append(m.timestamp()[1] * 1000)
+                cols["headers"].append([{"key": k, "value": v} for k, v in headers
+                                        if k not in (TXN_ID_HEADER, TXN_MARKER_HEADER)])
+                cols["txn_id"].append(str(txn_id) if txn_id else None)
+                if len(cols["offset"]) >= BATCH_ROWS:
+                    yield pa.RecordBatch.from_pydict(cols, schema=_ARROW)
+                    cols = {f.name: [] for f in _ARROW}
+        if cols["offset"]:
+            yield pa.RecordBatch.from_pydict(cols, schema=_ARROW)
+    finally:
+        c.close()
+
+
+class _Planner:
+    """Driver side: partitions, their committed ends, and the ranges' skip lists."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        from txnstream.buffer.reader import PartitionFolder
+
+        self.opts = opts
+        self.folder = PartitionFolder(opts.config)
+        meta = self.folder._consumer.list_topics(timeout=opts.config.admin_timeout_s)
+        self.tps: list[TopicPartition] = []
+        for t in opts.topics:
+            tm = meta.topics.get(t)
+            if tm is None or tm.error is not None:
+                raise ConfigError(f"option 'subscribe': topic {t!r} does not exist on "
+                                  f"{opts.config.bootstrap_servers}")
+            self.tps += [TopicPartition(t, p) for p in sorted(tm.partitions)]
+
+    def ends(self) -> dict[str, dict[str, int]]:
+        bufs = self.folder.catch_up(self.tps)
+        out: dict[str, dict[str, int]] = {}
+        for tp in self.tps:
+            out.setdefault(tp.topic, {})[str(tp.partition)] = bufs[tp].max_read_position + 1
+        return out
+
+    def starts(self, spec: Any) -> dict[str, dict[str, int]]:
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        if spec == "latest":
+            return self.ends()
+        out: dict[str, dict[str, int]] = {}
+        for tp in self.tps:
+            low, _ = self.folder._consumer.get_watermark_offsets(
+                KafkaTP(tp.topic, tp.partition), timeout=self.opts.config.admin_timeout_s)
+            out.setdefault(tp.topic, {})[str(tp.partition)] = low
+        if isinstance(spec, dict):
+            for t, parts in spec.items():
+                if t not in out:
+                    raise ConfigError(f"option 'startingOffsets' names topic {t!r}, which is "
+                                      f"not subscribed ({', '.join(self.opts.topics)})")
+                out[t].update(parts)
+        return out
+
+    def partitions(self, start: dict, end: dict) -> list[TxnStreamPartition]:
+        bufs = self.folder.catch_up(self.tps)
+        parts = []
+        for tp in self.tps:
+            s = int(start.get(tp.topic, {}).get(str(tp.partition), 0))
+            e = int(end.get(tp.topic, {}).get(str(tp.partition), s))
+            if e > s:
+                skip = sorted(bufs[tp].invisible_in_range(s, e))
+                parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
+                                                skip))
+        return parts
+
+
+class TxnStreamBatchReader(DataSourceReader):
+    """``spark.read.format("txnstream")``: committed records from start to end offsets."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        opts = SourceOptions.parse(options)
+        planner = _Planner(opts)
+        start = planner.starts(opts.starting)
+        end = planner.ends() if opts.ending == "latest" else opts.ending
+        self._parts = planner.partitions(start, end)
+        planner.folder.close()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return self._parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TxnStreamPartition)
+        yield from _read_partition(partition)
+
+
+class TxnStreamStreamReader(DataSourceStreamReader):
+    """``spark.readStream.format("txnstream")``: committed-only micro-batches."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.opts = SourceOptions.parse(options)
+        self._planner_: _Planner | None = None
+        _ = self._planner  # fail fast on bad options (unknown topics) at query start
+
+    @property
+    def _planner(self) -> _Planner:
+        """Driver-side state; never shipped to executors (see ``__getstate__``)."""
+        if self._planner_ is None:
+            self._planner_ = _Planner(self.opts)
+        return self._planner_
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_planner_"] = None
+        return state
+
+    def initialOffset(self) -> dict:
+        return self._planner.starts(self.opts.starting)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records_per_trigger:
+            return ReadMaxRows(self.opts.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        ends = self._planner.ends()
+        if not isinstance(limit, ReadMaxRows):
+            return ends
+        left = limit.maxRows
+        out: dict[str, dict[str, int]] = {}
+        for t, parts in ends.items():
+            for p, e in parts.items():
+                s = int(start.get(t, {}).get(p, e))
+                take = max(0, min(e - s, left))
+                left -= take
+                out.setdefault(t, {})[p] = s + take
+        return out
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self._planner.partitions(start, end)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TxnStreamPartition)
+        yield from _read_partition(partition)
+
+    def commit(self, end: dict) -> None:
+        pass  # offsets live in Spark's checkpoint; nothing to release in Kafka
+
+    def stop(self) -> None:
+        if self._planner_ is not None:
+            self._planner_.folder.close()
+
+
+# ---------------------------------------------------------------------------- sink
+
+
+@dataclass
+class TxnCommitMessage(WriterCommitMessage):
+    """What one task attempt wrote: its transaction, and the query/batch it belongs to."""
+
+    tc_id: int
+    txn_seq: int
+    rows: int
+    query_id: str
+
+
+def _write_rows(opts: SinkOptions, rows: Iterator[Any], query_id: str,
+                tc_of: str) -> TxnCommitMessage:
+    from txnstream.client import Client
+
+    client = Client(config=opts.config)
+    try:
+        tc_id = zlib.crc32(tc_of.encode()) % client.tc.num_coordinators
+        txn = client.new_transaction(timeout_s=opts.txn_timeout_s, tc_id=tc_id)
+        producers: dict[str, Any] = {}
+        n = 0
+        try:
+            n = _send_all(opts, client, txn, rows, producers)
+        except BaseException:
+            txn.abort()  # a failed attempt's rows never show; the retry writes its own txn
+            raise
+        for p in producers.values():
+            p.flush_transaction(txn)
+        return TxnCommitMessage(tc_id, txn.id.least_bits, n, query_id)
+    finally:
+        client.close()
+
+
+def _send_all(opts: SinkOptions, client: Any, txn: Any, rows: Iterator[Any],
+              producers: dict[str, Any]) -> int:
+    n = 0
+    for row in rows:
+        d = row.asDict()
+        topic = d.get("topic") or opts.topic
+        if not topic:
+            raise ConfigError("the sink needs option 'topic' or a 'topic' column")
+        value = d.get("value")
+        if isinstance(value, str):
+            value = value.encode()
+        key = d.get("key")
+        if isinstance(key, str):
+            key = key.encode()
+        if topic not in producers:
+            producers[topic] = client.create_producer(topic)
+        producers[topic].send(value, key=key, txn=txn)
+        n += 1
+    return n
+
+
+def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -> None:
+    from txnstream.client import Client
+    from txnstream.coordinator.protocol import TcOp
+
+    msgs = [m for m in messages if isinstance(m, TxnCommitMessage)]
+    if not msgs:
+        return
+    with Client(config=opts.config) as client:
+        by_tc: dict[int, list[int]] = {}
+        for m in msgs:
+            by_tc.setdefault(m.tc_id, []).append(m.txn_seq)
+        if len(by_tc) > 1:
+            raise ConfigError(f"sink transactions of {key} span coordinators {sorted(by_tc)}")
+        for tc_id, seqs in by_tc.items():
+            if commit:
+                reply = client.tc.request(TcOp.END_GROUP, tc_id, group_key=key,
+                                          group_seqs=tuple(seqs), commit=True)
+                if reply.already:
+                    log.warning("batch %s was committed before: its replay was aborted", key)
+            else:
+                for s in seqs:
+                    client.tc.request(TcOp.END, tc_id, txn_seq=s, commit=False)
+
+
+class TxnStreamStreamWriter(DataSourceStreamWriter):
+    """``df.writeStream.format("txnstream")``: exactly once per micro-batch."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.opts = SinkOptions.parse(options)
+
+    def write(self, iterator: Iterator[Any]) -> TxnCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        query_id = (ctx.getLocalProperty("sql.streaming.queryId") if ctx else None) or "query"
+        return _write_rows(self.opts, iterator, query_id, tc_of=query_id)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        qids = {m.query_id for m in messages if isinstance(m, TxnCommitMessage)}
+        key = f"{next(iter(qids)) if qids else 'query'}/{batchId}"
+        _end_group(self.opts, messages, key, commit=True)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        _end_group(self.opts, messages, f"abort/{batchId}", commit=False)
+
+
+class TxnStreamBatchWriter(DataSourceWriter):
+    """``df.write.format("txnstream")``: one group commit per job."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.opts = SinkOptions.parse(options)
+        self.job_key = f"batch-{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator[Any]) -> TxnCommitMessage:
+        return _write_rows(self.opts, iterator, self.job_key, tc_of=self.job_key)
+
+    def commit(self, messages: list[Any]) -> None:
+        _end_group(self.opts, messages, self.job_key, commit=True)
+
+    def abort(self, messages: list[Any]) -> None:
+        _end_group(self.opts, messages, self.job_key, commit=False)
+
+
+class TxnStreamDataSource(DataSource):
+    """Register with ``spark.dataSource.register(TxnStreamDataSource)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "txnstream"
+
+    def schema(self) -> str:
+        # Resolved at load(): bad read options fail here, naming the option, before any
+        # plan or task exists.
+        if "subscribe" in self.options:
+            SourceOptions.parse(dict(self.options))
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return TxnStreamBatchReader(dict(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TxnStreamStreamReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return TxnStreamBatchWriter(dict(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return TxnStreamStreamWriter(dict(self.options))

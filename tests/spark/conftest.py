@@ -1,0 +1,41 @@
+"""A real local Spark (local[2], two attempts per task) and a coordinator worker."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.coordinator.conftest import (  # noqa: F401
+    client,
+    make_topic,
+    wait_until,
+    worker,
+)
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    from spark.txnstream_source import TxnStreamDataSource
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    session = (SparkSession.builder.master("local[2,2]").appName("txnstream-tests")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.executorEnv.PYTHONPATH", root)
+               .getOrCreate())
+    session.dataSource.register(TxnStreamDataSource)
+    try:
+        yield session
+    finally:
+        session.stop()
