@@ -22,6 +22,16 @@ from txnstream import Client, Config
 VALUE = b"v" * 1024
 
 
+def _produce(p: KafkaProducer, topic: str, key: bytes) -> None:
+    """Produce one record, waiting for queue space when the local queue is full."""
+    while True:
+        try:
+            p.produce(topic, VALUE, key)
+            return
+        except BufferError:
+            p.poll(0.01)
+
+
 def _produce_txnstream(cfg: Config, topic: str, records: int, per_txn: int) -> float:
     with Client(config=cfg) as client:
         producer = client.create_producer(topic)
@@ -39,12 +49,7 @@ def _produce_plain(cfg: Config, topic: str, records: int) -> float:
     p = KafkaProducer(cfg.producer())
     t0 = time.perf_counter()
     for i in range(records):
-        while True:
-            try:
-                p.produce(topic, VALUE, str(i).encode())
-                break
-            except BufferError:
-                p.poll(0.01)
+        _produce(p, topic, str(i).encode())
         p.poll(0)
     p.flush(60)
     return records / (time.perf_counter() - t0)
@@ -58,12 +63,7 @@ def _produce_kafka_txn(cfg: Config, topic: str, records: int, per_txn: int) -> f
     for start in range(0, records, per_txn):
         p.begin_transaction()
         for i in range(start, min(records, start + per_txn)):
-            while True:
-                try:
-                    p.produce(topic, VALUE, str(i).encode())
-                    break
-                except BufferError:
-                    p.poll(0.01)
+            _produce(p, topic, str(i).encode())
             p.poll(0)
         p.commit_transaction(60)
     return records / (time.perf_counter() - t0)
