@@ -233,7 +233,7 @@ class TxnStreamStreamReader(DataSourceStreamReader):
         ends = self._planner.ends()
         if not isinstance(limit, ReadMaxRows):
             return ends
-        left = limit.maxRows
+        left = limit.max_rows
         out: dict[str, dict[str, int]] = {}
         for t, parts in ends.items():
             for p, e in parts.items():

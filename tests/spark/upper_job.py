@@ -1,0 +1,43 @@
+"""A streaming job for the driver-kill test: txnstream source -> upper -> txnstream sink.
+
+    python tests/spark/upper_job.py BOOTSTRAP PREFIX SRC DST CHECKPOINT
+Runs micro-batches of at most 300 records every second; exits 8 s after the last batch.
+"""
+
+import os
+import sys
+import time
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, root)
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from spark.txnstream_source import TxnStreamDataSource  # noqa: E402
+
+boot, prefix, src, dst, ckpt = sys.argv[1:6]
+spark = (SparkSession.builder.master("local[2]").appName("upper-job")
+         .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+         .config("spark.executorEnv.PYTHONPATH", root).getOrCreate())
+spark.dataSource.register(TxnStreamDataSource)
+o = {"kafka.bootstrap.servers": boot, "txnstream.prefix": prefix}
+q = (spark.readStream.format("txnstream").options(**o, subscribe=src, maxRecordsPerTrigger="300")
+     .load().select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
+     .writeStream.format("txnstream")
+     .options(**o, topic=dst, **{"txnstream.txnTimeoutSeconds": "10"})
+     .option("checkpointLocation", ckpt).trigger(processingTime="1 second").start())
+last_batch, last_change = None, time.monotonic()
+# drained = a batch has completed and no new one came for 8 s
+while last_batch is None or time.monotonic() - last_change < 8:
+    q.awaitTermination(1)
+    if q.exception() is not None:
+        raise q.exception()
+    prog = q.lastProgress
+    if prog and prog["batchId"] != last_batch:
+        last_batch, last_change = prog["batchId"], time.monotonic()
+q.stop()
+print("JOB DONE", flush=True)
