@@ -56,6 +56,8 @@ class SourceOptions:
     starting: Any
     ending: Any
     max_records_per_trigger: int | None
+    value_schema: str | None = None
+    """The ``valueSchema`` option as given (see :mod:`spark.avro`); None: raw bytes."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -71,9 +73,14 @@ class SourceOptions:
         except ValueError as exc:
             raise ConfigError(f"option 'maxRecordsPerTrigger' must be a number, got {mrt!r}") \
                 from exc
+        value_schema = options.get("valueschema")
+        if value_schema is not None:
+            from spark.avro import load_value_schema
+
+            load_value_schema(value_schema)  # fail here, naming the option
         return cls(config, topics, parse_offsets("startingOffsets", options.get("startingoffsets")),
                    parse_offsets("endingOffsets", options.get("endingoffsets") or "latest"),
-                   limit)
+                   limit, value_schema)
 
 
 @dataclass(frozen=True)

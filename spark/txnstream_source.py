@@ -18,18 +18,24 @@ committed; the coordinator aborts the replay's transactions: exactly once.
 from __future__ import annotations
 
 import logging
+import os
+import time
 import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql import types as T
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
-    DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
@@ -37,6 +43,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from spark.avro import ValueSchema, load_value_schema
 from spark.options import SinkOptions, SourceOptions
 from txnstream.config import Config
 from txnstream.errors import ConfigError
@@ -49,25 +56,43 @@ log = logging.getLogger(__name__)
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
           "timestamp timestamp, headers array<struct<key: string, value: binary>>, "
           "txn_id string")
+"""The source's columns without ``valueSchema``; with it, the record's fields replace value."""
 BATCH_ROWS = 10_000
 
-_ARROW = pa.schema([
-    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
-    ("partition", pa.int32()), ("offset", pa.int64()),
-    ("timestamp", pa.timestamp("us", tz="UTC")),
-    ("headers", pa.list_(pa.field("element", pa.struct([("key", pa.string()),
-                                                        ("value", pa.binary())])))),
-    ("txn_id", pa.string()),
-])
+_HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()),
+                                                   ("value", pa.binary())])))
+_META_ARROW = [pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+               pa.field("offset", pa.int64()), pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+               pa.field("headers", _HEADERS), pa.field("txn_id", pa.string())]
+_META_SPARK = [T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
+               T.StructField("offset", T.LongType()), T.StructField("timestamp", T.TimestampType()),
+               T.StructField("headers", T.ArrayType(T.StructType([
+                   T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))),
+               T.StructField("txn_id", T.StringType())]
+
+
+@cache
+def _value_schema(text: str | None) -> ValueSchema | None:
+    return None if text is None else load_value_schema(text)
+
+
+def _layout(value_schema: str | None) -> tuple[T.StructType, pa.Schema]:
+    """Spark and Arrow schemas of the source's rows: key, value (or its fields), metadata."""
+    vs = _value_schema(value_schema)
+    value_spark = vs.spark if vs else [T.StructField("value", T.BinaryType())]
+    value_arrow = vs.arrow if vs else [pa.field("value", pa.binary())]
+    return (T.StructType([T.StructField("key", T.BinaryType()), *value_spark, *_META_SPARK]),
+            pa.schema([pa.field("key", pa.binary()), *value_arrow, *_META_ARROW]))
 
 
 class TxnStreamPartition(InputPartition):
     """One topic partition's range ``[start, end)`` and the offsets in it to skip."""
 
     def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
-                 skip: list[int]) -> None:
+                 skip: list[int], value_schema: str | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.config = config
+        self.value_schema = value_schema
         self.topic = topic
         self.partition = partition
         self.start = start
@@ -84,10 +109,12 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     if p.end <= p.start:
         return
     skip = set(p.skip)
+    vs = _value_schema(p.value_schema)
+    schema = _layout(p.value_schema)[1]
     c = Consumer(p.config.consumer(f"spark-{uuid.uuid4().hex[:8]}"))
     try:
         c.assign([KafkaTP(p.topic, p.partition, p.start)])
-        cols: dict[str, list[Any]] = {f.name: [] for f in _ARROW}
+        cols: dict[str, list[Any]] = {f.name: [] for f in schema}
         pos = p.start
         while pos < p.end:
             batch = c.consume(5000, 5.0)
@@ -110,7 +137,12 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
                 except Exception:
                     continue  # undecodable txn headers are never delivered
                 cols["key"].append(m.key())
-                cols["value"].append(m.value())
+                if vs is None:
+                    cols["value"].append(m.value())
+                else:
+                    rec = vs.decode(m.value(), f"{p.topic}-{p.partition}@{off}")
+                    for f in vs.fields:
+                        cols[f].append(rec.get(f))
                 cols["topic"].append(p.topic)
                 cols["partition"].append(p.partition)
                 cols["offset"].append(off)
@@ -119,10 +151,10 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
                                         if k not in (TXN_ID_HEADER, TXN_MARKER_HEADER)])
                 cols["txn_id"].append(str(txn_id) if txn_id else None)
                 if len(cols["offset"]) >= BATCH_ROWS:
-                    yield pa.RecordBatch.from_pydict(cols, schema=_ARROW)
-                    cols = {f.name: [] for f in _ARROW}
+                    yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                    cols = {f.name: [] for f in schema}
         if cols["offset"]:
-            yield pa.RecordBatch.from_pydict(cols, schema=_ARROW)
+            yield pa.RecordBatch.from_pydict(cols, schema=schema)
     finally:
         c.close()
 
@@ -178,7 +210,7 @@ class _Planner:
             if e > s:
                 skip = sorted(bufs[tp].invisible_in_range(s, e))
                 parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
-                                                skip))
+                                                skip, self.opts.value_schema))
         return parts
 
 
@@ -271,7 +303,7 @@ class TxnCommitMessage(WriterCommitMessage):
     query_id: str
 
 
-def _write_rows(opts: SinkOptions, rows: Iterator[Any], query_id: str,
+def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: str,
                 tc_of: str) -> TxnCommitMessage:
     from txnstream.client import Client
 
@@ -282,36 +314,80 @@ def _write_rows(opts: SinkOptions, rows: Iterator[Any], query_id: str,
         producers: dict[str, Any] = {}
         n = 0
         try:
-            n = _send_all(opts, client, txn, rows, producers)
+            n = _send_all(opts, client, txn, batches, producers)
+            for p in producers.values():
+                p.flush_transaction(txn)
         except BaseException:
             txn.abort()  # a failed attempt's rows never show; the retry writes its own txn
             raise
-        for p in producers.values():
-            p.flush_transaction(txn)
         return TxnCommitMessage(tc_id, txn.id.least_bits, n, query_id)
     finally:
         client.close()
 
 
-def _send_all(opts: SinkOptions, client: Any, txn: Any, rows: Iterator[Any],
+def _column(rb: pa.RecordBatch, name: str) -> list[Any] | None:
+    """A column as Python values, str encoded to bytes; None if the batch has none."""
+    i = rb.schema.get_field_index(name)
+    if i < 0:
+        return None
+    col = rb.column(i)
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = col.cast(pa.binary())
+    return col.to_pylist()
+
+
+def _send_all(opts: SinkOptions, client: Any, txn: Any, batches: Iterator[pa.RecordBatch],
               producers: dict[str, Any]) -> int:
     n = 0
-    for row in rows:
-        d = row.asDict()
-        topic = d.get("topic") or opts.topic
-        if not topic:
-            raise ConfigError("the sink needs option 'topic' or a 'topic' column")
-        value = d.get("value")
-        if isinstance(value, str):
-            value = value.encode()
-        key = d.get("key")
-        if isinstance(key, str):
-            key = key.encode()
-        if topic not in producers:
-            producers[topic] = client.create_producer(topic)
-        producers[topic].send(value, key=key, txn=txn)
-        n += 1
+    for rb in batches:
+        values = _column(rb, "value")
+        if values is None:  # checked at plan time; an empty iterator may still get here
+            raise ConfigError("the sink needs a 'value' column")
+        keys = _column(rb, "key") or [None] * rb.num_rows
+        topics = rb.column("topic").to_pylist() if "topic" in rb.schema.names else None
+        for i, value in enumerate(values):
+            topic = (topics[i] if topics else None) or opts.topic
+            if not topic:
+                raise ConfigError(f"row {n}: no topic (the sink needs option 'topic' or a "
+                                  "non-null 'topic' column)")
+            if topic not in producers:
+                producers[topic] = client.create_producer(topic)
+            producers[topic].send(value, key=keys[i], txn=txn)
+            n += 1
     return n
+
+
+def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
+    """Plan-time check of the DataFrame being written; ``ConfigError`` names the column."""
+    types = {f.name: f.dataType for f in schema.fields}
+    bytes_like = (T.StringType, T.BinaryType)
+    if "value" not in types:
+        raise ConfigError(f"the txnstream sink needs a 'value' column (string or binary); "
+                          f"the DataFrame has {sorted(types)}")
+    for name in ("key", "value"):
+        if name in types and not isinstance(types[name], bytes_like):
+            raise ConfigError(f"column {name!r} must be string or binary, not "
+                              f"{types[name].simpleString()}; cast it first")
+    if "topic" in types and not isinstance(types["topic"], T.StringType):
+        raise ConfigError("column 'topic' must be a string")
+    if "topic" not in types and not opts.topic:
+        raise ConfigError("the txnstream sink needs option 'topic' or a 'topic' column")
+
+
+def pause_point(name: str, batch_id: int) -> None:
+    """Fault-test hook: hold the driver at a named point so a test can kill -9 it there.
+
+    Inert unless ``TXNSTREAM_PAUSE_AT=<name>:<batch id>:<flag file>`` is set: then, at
+    that point of that batch, it creates the flag file and sleeps until killed.
+    """
+    spec = os.environ.get("TXNSTREAM_PAUSE_AT")
+    if not spec:
+        return
+    want, bid, flag = spec.split(":", 2)
+    if want == name and int(bid) == batch_id:
+        Path(flag).write_text(f"{name} {batch_id} {os.getpid()}\n")
+        log.warning("paused at %s of batch %d (TXNSTREAM_PAUSE_AT)", name, batch_id)
+        time.sleep(3600)
 
 
 def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -> None:
@@ -338,13 +414,14 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
                     client.tc.request(TcOp.END, tc_id, txn_seq=s, commit=False)
 
 
-class TxnStreamStreamWriter(DataSourceStreamWriter):
+class TxnStreamStreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("txnstream")``: exactly once per micro-batch."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = SinkOptions.parse(options)
+        check_sink_schema(schema, self.opts)
 
-    def write(self, iterator: Iterator[Any]) -> TxnCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -354,20 +431,23 @@ class TxnStreamStreamWriter(DataSourceStreamWriter):
     def commit(self, messages: list[Any], batchId: int) -> None:
         qids = {m.query_id for m in messages if isinstance(m, TxnCommitMessage)}
         key = f"{next(iter(qids)) if qids else 'query'}/{batchId}"
+        pause_point("sink-commit-before-end", batchId)
         _end_group(self.opts, messages, key, commit=True)
+        pause_point("sink-commit-after-end", batchId)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
         _end_group(self.opts, messages, f"abort/{batchId}", commit=False)
 
 
-class TxnStreamBatchWriter(DataSourceWriter):
+class TxnStreamBatchWriter(DataSourceArrowWriter):
     """``df.write.format("txnstream")``: one group commit per job."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = SinkOptions.parse(options)
+        check_sink_schema(schema, self.opts)
         self.job_key = f"batch-{uuid.uuid4().hex}"
 
-    def write(self, iterator: Iterator[Any]) -> TxnCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage:
         return _write_rows(self.opts, iterator, self.job_key, tc_of=self.job_key)
 
     def commit(self, messages: list[Any]) -> None:
@@ -388,7 +468,7 @@ class TxnStreamDataSource(DataSource):
         # Resolved at load(): bad read options fail here, naming the option, before any
         # plan or task exists.
         if "subscribe" in self.options:
-            SourceOptions.parse(dict(self.options))
+            return _layout(SourceOptions.parse(dict(self.options)).value_schema)[0]
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -398,7 +478,7 @@ class TxnStreamDataSource(DataSource):
         return TxnStreamStreamReader(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return TxnStreamBatchWriter(dict(self.options))
+        return TxnStreamBatchWriter(dict(self.options), schema)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return TxnStreamStreamWriter(dict(self.options))
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return TxnStreamStreamWriter(dict(self.options), schema)
