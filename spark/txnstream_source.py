@@ -17,6 +17,7 @@ committed; the coordinator aborts the replay's transactions: exactly once.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -46,7 +47,7 @@ from pyspark.sql.types import StructType
 from spark.avro import ValueSchema, load_value_schema
 from spark.options import SinkOptions, SourceOptions
 from txnstream.config import Config
-from txnstream.errors import ConfigError
+from txnstream.errors import ConfigError, InvalidTxnStatusError, TransactionTimeoutError
 from txnstream.types import TopicPartition
 
 __all__ = ["TxnStreamDataSource", "SCHEMA"]
@@ -304,9 +305,17 @@ class TxnCommitMessage(WriterCommitMessage):
 
 
 def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: str,
-                tc_of: str) -> TxnCommitMessage:
+                tc_of: str) -> TxnCommitMessage | None:
+    """Write one task's rows in one transaction; None if the task has no rows.
+
+    The transaction opens at the first row, so upstream work does not eat into its timeout.
+    """
     from txnstream.client import Client
 
+    batches = (rb for rb in batches if rb.num_rows)
+    first = next(batches, None)
+    if first is None:
+        return None
     client = Client(config=opts.config)
     try:
         tc_id = zlib.crc32(tc_of.encode()) % client.tc.num_coordinators
@@ -314,7 +323,7 @@ def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: 
         producers: dict[str, Any] = {}
         n = 0
         try:
-            n = _send_all(opts, client, txn, batches, producers)
+            n = _send_all(opts, client, txn, itertools.chain([first], batches), producers)
             for p in producers.values():
                 p.flush_transaction(txn)
         except BaseException:
@@ -405,8 +414,16 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
             raise ConfigError(f"sink transactions of {key} span coordinators {sorted(by_tc)}")
         for tc_id, seqs in by_tc.items():
             if commit:
-                reply = client.tc.request(TcOp.END_GROUP, tc_id, group_key=key,
-                                          group_seqs=tuple(seqs), commit=True)
+                try:
+                    reply = client.tc.request(TcOp.END_GROUP, tc_id, group_key=key,
+                                              group_seqs=tuple(seqs), commit=True)
+                except InvalidTxnStatusError as exc:
+                    if "timeout" not in str(exc):
+                        raise
+                    raise TransactionTimeoutError(
+                        f"{exc}; the batch took longer than option "
+                        f"'txnstream.txnTimeoutSeconds' ({opts.txn_timeout_s:g} s): raise it. "
+                        "Restarting the query replays the batch.") from exc
                 if reply.already:
                     log.warning("batch %s was committed before: its replay was aborted", key)
             else:
@@ -421,7 +438,7 @@ class TxnStreamStreamWriter(DataSourceStreamArrowWriter):
         self.opts = SinkOptions.parse(options)
         check_sink_schema(schema, self.opts)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage | None:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -447,7 +464,7 @@ class TxnStreamBatchWriter(DataSourceArrowWriter):
         check_sink_schema(schema, self.opts)
         self.job_key = f"batch-{uuid.uuid4().hex}"
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage | None:
         return _write_rows(self.opts, iterator, self.job_key, tc_of=self.job_key)
 
     def commit(self, messages: list[Any]) -> None:

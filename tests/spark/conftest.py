@@ -39,3 +39,19 @@ def spark() -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+def drain(config, topic: str, idle_s: float = 15) -> list[bytes]:
+    """Every value of ``topic``, committed-only, until nothing arrives for ``idle_s``."""
+    import uuid
+
+    from txnstream import Client
+
+    out: list[bytes] = []
+    with Client(config=config) as reader:
+        c = reader.subscribe(topic, subscription=f"chk-{uuid.uuid4().hex[:6]}")
+        while (m := c.receive(timeout_s=idle_s)) is not None:
+            out.append(m.value)
+            c.acknowledge(m)
+        c.close()
+    return out

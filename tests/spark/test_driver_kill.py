@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.spark.conftest import make_topic
-from txnstream import Client
+from tests.spark.conftest import drain, make_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.fault]
 
@@ -24,10 +23,7 @@ ROWS = 3000
 def test_driver_killed_and_restarted_writes_every_row_exactly_once(config, worker, client,
                                                                    tmp_path, proc_reaper):
     src, dst = make_topic(config, 2, "src"), make_topic(config, 2, "dst")
-    p = client.create_producer(src)
-    with client.transaction() as txn:
-        for i in range(ROWS):
-            p.send(f"r{i}".encode(), key=str(i).encode(), txn=txn)
+    _fill(client, src, ROWS)
     ckpt = str(tmp_path / "ckpt")
     args = [sys.executable, JOB, config.bootstrap_servers, config.topics.prefix, src, dst, ckpt]
     rng = random.Random(5)
@@ -52,12 +48,56 @@ def test_driver_killed_and_restarted_writes_every_row_exactly_once(config, worke
     print("committed batches at each kill:", batches_at_kill)
     # at least one kill came after some batches committed and before the last (10 in all)
     assert any(0 < b < ROWS // 300 for b in batches_at_kill), batches_at_kill
-    with Client(config=config) as reader:
-        c = reader.subscribe(dst, subscription=f"chk-{uuid.uuid4().hex[:6]}")
-        out = []
-        while (m := c.receive(timeout_s=15)) is not None:
-            out.append(m.value)
-            c.acknowledge(m)
-        c.close()
+    out = drain(config, dst)
     assert len(out) - len(set(out)) == 0, "a row was written twice"
     assert set(out) == {f"R{i}".encode() for i in range(ROWS)}
+
+
+def _fill(client, src: str, rows: int) -> None:
+    p = client.create_producer(src)
+    with client.transaction() as txn:
+        for i in range(rows):
+            p.send(f"r{i}".encode(), key=str(i).encode(), txn=txn)
+
+
+@pytest.mark.parametrize("point", ["sink-commit-before-end", "sink-commit-after-end"])
+def test_driver_killed_inside_a_commit_writes_every_row_exactly_once(
+        point, config, worker, client, tmp_path, proc_reaper):
+    """kill -9 of the whole driver (JVM, Python driver and workers) while batch 2 commits.
+
+    before-end: the tasks' transactions are open, the group end not sent; the restart
+    replays batch 2 in new transactions and the orphans time out (aborted).
+    after-end: the coordinator has committed the group (query id, 2) but Spark has not
+    recorded the batch; the restart replays it, finds the key committed, and the
+    coordinator aborts the replay's transactions.
+    """
+    rows = 1500
+    src, dst = make_topic(config, 2, "src"), make_topic(config, 2, "dst")
+    _fill(client, src, rows)
+    ckpt = tmp_path / "ckpt"
+    flag = tmp_path / "paused"
+    args = [sys.executable, JOB, config.bootstrap_servers, config.topics.prefix, src, dst,
+            str(ckpt)]
+    env = dict(os.environ, TXNSTREAM_PAUSE_AT=f"{point}:2:{flag}")
+    with open(tmp_path / "crash.log", "ab") as log:
+        proc = proc_reaper.track(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                                  env=env, start_new_session=True))
+    deadline = time.monotonic() + 240
+    while not flag.exists():
+        assert proc.poll() is None, (tmp_path / "crash.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the job never reached the pause point"
+        time.sleep(0.2)
+    # inside the commit of batch 2: planned (offsets/2) but not recorded (commits/2)
+    assert (ckpt / "offsets" / "2").exists() and not (ckpt / "commits" / "2").exists()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    with open(tmp_path / "final.log", "ab") as log:
+        final = proc_reaper.track(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                                   start_new_session=True))
+        assert final.wait(300) == 0, (tmp_path / "final.log").read_text()[-3000:]
+    if point == "sink-commit-after-end":
+        assert "was committed before: its replay was aborted" in \
+            (tmp_path / "final.log").read_text(), "batch 2 was not replayed against its key"
+    out = drain(config, dst)
+    assert len(out) - len(set(out)) == 0, "a row was written twice"
+    assert set(out) == {f"R{i}".encode() for i in range(rows)}

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from tests.spark.conftest import make_topic
+from tests.spark.conftest import drain, make_topic
 
 pytestmark = pytest.mark.spark
 
@@ -134,3 +134,215 @@ def test_bad_options_name_the_option(spark, config, worker, options, needle):
     with pytest.raises(Exception) as exc:
         spark.read.format("txnstream").options(**o).load().collect()
     assert needle in str(exc.value)
+
+
+def _avro(records):
+    import io
+
+    import fastavro
+
+    from spark.avro import load_value_schema
+
+    parsed = load_value_schema("demo_event").parsed
+    out = []
+    for r in records:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, r)
+        out.append(buf.getvalue())
+    return out
+
+
+def _events(n):
+    import datetime as dt
+
+    t0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+    return [{"id": i, "user": f"u{i % 3}", "amount": i / 4, "ts": t0 + dt.timedelta(seconds=i),
+             "tags": [f"t{i % 2}"] * (i % 3), "note": None if i % 2 else f"n{i}"}
+            for i in range(n)]
+
+
+def test_value_schema_decodes_avro_values_into_columns(spark, config, worker, client):
+    topic = make_topic(config, 2)
+    events = _events(40)
+    p = client.create_producer(topic)
+    with client.transaction() as txn:
+        for e, v in zip(events, _avro(events), strict=True):
+            p.send(v, key=str(e["id"]).encode(), txn=txn)
+    df = spark.read.format("txnstream").options(
+        **opts(config, subscribe=topic, valueSchema="demo_event")).load()
+    assert df.columns[:7] == ["key", "id", "user", "amount", "ts", "tags", "note"]
+    assert "value" not in df.columns
+    got = sorted((r.asDict() for r in df.select("id", "user", "amount", "ts", "tags", "note")
+                  .collect()), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == list(range(40))
+    for r, e in zip(got, events, strict=True):
+        assert (r["user"], r["amount"], r["tags"], r["note"]) == \
+            (e["user"], e["amount"], e["tags"], e["note"])
+        assert r["ts"].timestamp() == e["ts"].timestamp()
+
+
+def test_value_schema_mismatch_names_the_record_and_writes_nothing(
+        spark, config, worker, client, tmp_path):
+    """A record of another shape fails the batch with its position; the sink commits none."""
+    from pyspark.sql import functions as F
+
+    src, dst = make_topic(config, 1), make_topic(config, 1)
+    p = client.create_producer(src)
+    with client.transaction() as txn:
+        for v in _avro(_events(10)):
+            p.send(v, txn=txn)
+        p.send(b"\x02not an event at all", txn=txn)
+    bad_offset = 10  # one partition: values 0..9, then the bad one
+    q = (spark.readStream.format("txnstream")
+         .options(**opts(config, subscribe=src, valueSchema="demo_event")).load()
+         .select(F.to_json(F.struct("id", "user")).alias("value"))
+         .writeStream.format("txnstream")
+         .options(**opts(config, topic=dst, **{"txnstream.txnTimeoutSeconds": "10"}))
+         .option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(availableNow=True).start())
+    with pytest.raises(Exception) as exc:
+        q.awaitTermination(120)
+    msg = str(exc.value)
+    assert f"{src}-0@{bad_offset}" in msg and "valueSchema" in msg, msg[-2000:]
+    assert drain(config, dst, idle_s=12) == [], "a half-written batch became visible"
+
+
+def test_sink_without_a_value_column_fails_naming_it(spark, config, worker):
+    dst = make_topic(config, 1)
+    with pytest.raises(Exception) as exc:
+        spark.range(5).selectExpr("cast(id as string) as payload").write.format("txnstream") \
+            .options(**opts(config, topic=dst)).mode("append").save()
+    assert "'value' column" in str(exc.value)
+
+
+def test_value_schema_option_unknown_names_the_option(spark, config, worker):
+    topic = make_topic(config, 1)
+    with pytest.raises(Exception) as exc:
+        spark.read.format("txnstream").options(
+            **opts(config, subscribe=topic, valueSchema="no_such_schema")).load().collect()
+    assert "valueSchema" in str(exc.value) and "no_such_schema" in str(exc.value)
+
+
+def test_stream_delivers_committed_only_while_producers_commit_and_abort(
+        spark, config, worker, tmp_path):
+    """Two producers commit and abort while the query runs; a third txn stays open.
+
+    Nothing aborted is ever delivered, nothing of the open txn until it commits, and in
+    the end every committed record exactly once.
+    """
+    import random
+    import threading
+    import time
+
+    from txnstream import Client
+
+    topic = make_topic(config, 2)
+    committed: set[bytes] = set()
+    aborted: set[bytes] = set()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            with Client(config=config) as c:
+                p = c.create_producer(topic)
+                t = 0
+                while not stop.is_set():
+                    txn = c.new_transaction()
+                    vals = [f"p{seed}-t{t}-{i}".encode() for i in range(rng.randint(1, 6))]
+                    for v in vals:
+                        p.send(v, txn=txn)
+                    if rng.random() < 0.3:
+                        txn.abort()
+                        aborted.update(vals)
+                    else:
+                        txn.commit()
+                        committed.update(vals)
+                    t += 1
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    seen: list[bytes] = []
+    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=topic)).load()
+         .writeStream.foreachBatch(
+             lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
+         .option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="300 milliseconds").start())
+    threads = [threading.Thread(target=produce, args=(s,)) for s in (1, 2)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(4)
+        with Client(config=config) as oc:
+            op = oc.create_producer(topic)
+            open_txn = oc.new_transaction(timeout_s=300)
+            open_vals = {b"open-0", b"open-1"}
+            op.send(b"open-0", txn=open_txn, partition=0)
+            op.send(b"open-1", txn=open_txn, partition=1)
+            op.flush_transaction(open_txn)
+            time.sleep(4)
+            stop.set()
+            for t in threads:
+                t.join(30)
+            assert not errors, errors
+            time.sleep(3)  # several more micro-batches with the txn still open
+            assert not open_vals & set(seen), "records of an open transaction were delivered"
+            held = len(committed - set(seen))
+            open_txn.commit()
+        committed |= open_vals
+        deadline = time.monotonic() + 60
+        while not committed <= set(seen) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        q.stop()
+    print(f"committed {len(committed)}, aborted {len(aborted)}, held behind the open txn "
+          f"{held}")
+    assert not aborted & set(seen), "an aborted record was delivered"
+    assert len(seen) == len(set(seen)), "a record was delivered twice"
+    assert set(seen) == committed
+    assert len(aborted) > 0 and len(committed) > 100
+
+
+def test_query_stopped_at_random_points_writes_every_row_exactly_once(
+        spark, config, worker, client, tmp_path):
+    """Stop the running query at random moments (mid-task, mid-commit, between batches),
+    restart it from its checkpoint each time; the output holds every row exactly once."""
+    import random
+    import time
+
+    from pyspark.sql import functions as F
+
+    src, dst = make_topic(config, 2), make_topic(config, 2)
+    rows = 2400
+    p = client.create_producer(src)
+    for start in range(0, rows, 200):
+        with client.transaction() as txn:
+            for i in range(start, start + 200):
+                p.send(f"r{i}".encode(), key=str(i).encode(), txn=txn)
+    ckpt = str(tmp_path / "ckpt")
+
+    def start_query(**trigger):
+        return (spark.readStream.format("txnstream")
+                .options(**opts(config, subscribe=src, maxRecordsPerTrigger="120")).load()
+                .select("key", F.upper(F.col("value").cast("string")).alias("value"))
+                .writeStream.format("txnstream")
+                .options(**opts(config, topic=dst, **{"txnstream.txnTimeoutSeconds": "10"}))
+                .option("checkpointLocation", ckpt).trigger(**trigger).start())
+
+    rng = random.Random(23)
+    stopped_at = []
+    for _ in range(6):
+        q = start_query(processingTime="100 milliseconds")
+        time.sleep(rng.uniform(0.5, 5.0))
+        stopped_at.append((q.lastProgress or {}).get("batchId"))
+        q.stop()
+    print("last completed batch at each stop:", stopped_at)
+    q = start_query(availableNow=True)
+    q.awaitTermination(180)
+    assert q.exception() is None, q.exception()
+    assert any(b is not None for b in stopped_at), "no stop came after a batch completed"
+    out = drain(config, dst)
+    assert len(out) - len(set(out)) == 0, "a row was written twice"
+    assert set(out) == {f"R{i}".encode() for i in range(rows)}

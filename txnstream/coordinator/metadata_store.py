@@ -361,7 +361,9 @@ class TransactionMetadataStore:
                 error = (f"transaction {TxnID(self.tc_id, seq)} is not known to "
                          f"coordinator {self.tc_id}")
             elif meta.status is not TxnStatus.OPEN:
-                error = f"transaction {meta.txn_id} is {meta.status.value}"
+                why = (f" (aborted at its timeout of {meta.timeout_ms} ms)"
+                       if meta.abort_reason == ABORT_TIMEOUT else "")
+                error = f"transaction {meta.txn_id} is {meta.status.value}{why}"
             elif now_ms >= meta.deadline_ms:
                 error = f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms"
             if error:
