@@ -41,7 +41,12 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from spark.avro import ValueSchema, load_value_schema
@@ -118,7 +123,9 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
         cols: dict[str, list[Any]] = {f.name: [] for f in schema}
         pos = p.start
         while pos < p.end:
-            batch = c.consume(5000, 5.0)
+            # ask for no more than the range holds: consume() waits its whole timeout
+            # for the count it was asked unless that many records come
+            batch = c.consume(min(5000, p.end - pos), 5.0)
             if not batch:
                 raise RuntimeError(f"{p.topic}-{p.partition}: no records between {pos} and "
                                    f"{p.end} within 5 s (deleted by retention?)")
@@ -234,11 +241,16 @@ class TxnStreamBatchReader(DataSourceReader):
         yield from _read_partition(partition)
 
 
-class TxnStreamStreamReader(DataSourceStreamReader):
-    """``spark.readStream.format("txnstream")``: committed-only micro-batches."""
+class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("txnstream")``: committed-only micro-batches.
+
+    Under ``Trigger.AvailableNow`` the query reads up to the committed ends it found at
+    start, in batches of at most ``maxRecordsPerTrigger``, then stops.
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
         self.opts = SourceOptions.parse(options)
+        self._target: dict[str, dict[str, int]] | None = None
         self._planner_: _Planner | None = None
         _ = self._planner  # fail fast on bad options (unknown topics) at query start
 
@@ -262,8 +274,15 @@ class TxnStreamStreamReader(DataSourceStreamReader):
             return ReadMaxRows(self.opts.max_records_per_trigger)
         return ReadAllAvailable()
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._planner.ends()
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._planner.ends()
+        if self._target is not None:  # AvailableNow: nothing committed after query start
+            ends = {t: {p: max(int(start.get(t, {}).get(p, 0)),
+                               min(e, self._target.get(t, {}).get(p, e)))
+                        for p, e in parts.items()} for t, parts in ends.items()}
         if not isinstance(limit, ReadMaxRows):
             return ends
         left = limit.max_rows
