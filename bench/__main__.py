@@ -32,6 +32,15 @@ def _md_table(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _sections(block: str) -> dict[str, str]:
+    """``### title`` -> its text, from the generated block of BENCHMARKS.md, in order."""
+    out: dict[str, str] = {}
+    for part in block.split("\n### ")[1:]:
+        title, _, text = part.partition("\n")
+        out[title.strip()] = text.strip("\n") + "\n"
+    return out
+
+
 def _show(title: str, rows: list[dict]) -> None:
     if not rows:
         return
@@ -98,18 +107,18 @@ def main(argv: list[str]) -> int:
     finally:
         if cluster is not None:
             cluster.down()
-    body = [BEGIN, "",
-            f"Run: `{' '.join(['python -m bench', *argv])}` on "
-            f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC.  ",
-            f"Machine: {machine()}; one local broker (KRaft, 1 node, 1 GB heap) on "
-            "the same machine as the clients and workers.", ""]
-    for title, rows in sections:
-        body += [f"### {title}", "", _md_table(rows)]
-    body.append(END)
     path = Path("BENCHMARKS.md")
     text = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
+    old, _, tail = rest.partition(END)
+    run = (f"Run: `{' '.join(['python -m bench', *argv])}` on "
+           f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC.  \n"
+           f"Machine: {machine()}; one local broker (KRaft, 1 node, 1 GB heap) on "
+           "the same machine as the clients and workers.\n")
+    kept = _sections(old)  # a partial run (--only) keeps the other sections' last results
+    for title, rows in sections:
+        kept[title] = run + "\n" + _md_table(rows)
+    body = [BEGIN, ""] + [f"### {title}\n\n{text}" for title, text in kept.items()] + [END]
     path.write_text(head + "\n".join(body) + tail)
     console.print(f"wrote {path}")
     return 0

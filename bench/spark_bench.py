@@ -1,0 +1,193 @@
+"""Issue 6 benchmark: the txnstream Spark source and sink against Spark's own Kafka connector.
+
+One run, one broker, Spark ``local[2]``:
+
+* source: rows/s of a batch read of N committed rows. Anchor: spark-sql-kafka with
+  ``kafka.isolation.level=read_committed`` on the same N rows written with Kafka's own
+  transactions; txnstream reads the same rows written with txnstream transactions.
+* sink: rows/s of ``df.write`` of the same cached N-row DataFrame. Anchor: Spark's own
+  (at-least-once) Kafka sink; txnstream: the exactly-once sink (one group commit).
+
+spark-sql-kafka comes from Maven Central (``bench/spark_kafka_pom.xml``), at pyspark's
+version when Central has it, else the newest release of the same major line (noted in
+the results). ``TXNSTREAM_BENCH_SPARK_ROWS`` sets N (default 200,000).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer as KafkaProducer
+
+from bench.common import make_topic, workers
+from txnstream import Client, Config
+
+ROOT = Path(__file__).resolve().parent.parent
+POM = Path(__file__).with_name("spark_kafka_pom.xml")
+CACHE = Path(os.environ.get("TXNSTREAM_CACHE", Path.home() / ".cache" / "txnstream"))
+VALUE = 100
+PER_TXN = 1000
+FALLBACK = ("4.2.0",)
+"""spark-sql-kafka releases to try when Central lacks pyspark's own version."""
+
+
+def _jars() -> tuple[list[str], str]:
+    """spark-sql-kafka and what it needs beyond pyspark's own jars; and its version."""
+    import pyspark
+
+    have = {_artifact(j) for j in os.listdir(Path(pyspark.__file__).parent / "jars")}
+    for version in (pyspark.__version__, *FALLBACK):
+        out = CACHE / f"spark-sql-kafka-{version}"
+        if not any(out.glob("spark-sql-kafka-*.jar")):
+            r = subprocess.run(["mvn", "-B", "-q", "-f", str(POM), f"-Dspark.version={version}",
+                                "dependency:copy-dependencies", f"-DoutputDirectory={out}",
+                                "-DincludeScope=runtime"], capture_output=True, text=True)
+            if r.returncode != 0:
+                continue
+        return ([str(j) for j in sorted(out.glob("*.jar")) if _artifact(j.name) not in have],
+                version)
+    raise RuntimeError(f"spark-sql-kafka {pyspark.__version__} (or {FALLBACK}) could not be "
+                       "fetched from Maven Central with mvn")
+
+
+def _artifact(jar: str) -> str:
+    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``."""
+    name = jar.removesuffix(".jar")
+    parts = name.split("-")
+    while parts and parts[-1][:1].isdigit():
+        parts.pop()
+    return "-".join(parts)
+
+
+def _session(jars: list[str]):
+    from pyspark.sql import SparkSession
+
+    from spark.txnstream_source import TxnStreamDataSource
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    s = (SparkSession.builder.master("local[2]").appName("txnstream-bench")
+         .config("spark.jars", ",".join(jars))
+         .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.memory", "2g")
+         .config("spark.executorEnv.PYTHONPATH", str(ROOT)).getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    s.dataSource.register(TxnStreamDataSource)
+    return s
+
+
+def _value(i: int) -> bytes:
+    return f"{i:012d}".encode().ljust(VALUE, b"x")
+
+
+def _fill_kafka_txn(cfg: Config, topic: str, n: int) -> None:
+    p = KafkaProducer({**cfg.producer(), "transactional.id": f"bench-{uuid.uuid4().hex[:8]}"})
+    p.init_transactions(30)
+    for start in range(0, n, PER_TXN):
+        p.begin_transaction()
+        for i in range(start, min(n, start + PER_TXN)):
+            while True:
+                try:
+                    p.produce(topic, _value(i), str(i).encode())
+                    break
+                except BufferError:
+                    p.poll(0.01)
+        p.commit_transaction(60)
+
+
+def _fill_txnstream(cfg: Config, topic: str, n: int) -> None:
+    with Client(config=cfg) as client:
+        p = client.create_producer(topic)
+        for start in range(0, n, PER_TXN):
+            with client.transaction() as txn:
+                for i in range(start, min(n, start + PER_TXN)):
+                    p.send(_value(i), key=str(i).encode(), txn=txn)
+
+
+def _opts(cfg: Config, **extra: str) -> dict[str, str]:
+    return {"kafka.bootstrap.servers": cfg.bootstrap_servers,
+            "txnstream.prefix": cfg.topics.prefix, **extra}
+
+
+def _read(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
+    """Rows read and seconds: the best of two full reads (count + sum of value lengths)."""
+    best = float("inf")
+    rows = 0
+    for _ in range(2):
+        t0 = time.perf_counter()
+        r = spark.read.format(fmt).options(**options).load() \
+            .selectExpr("count(*) AS n", "sum(length(value)) AS b").collect()[0]
+        best = min(best, time.perf_counter() - t0)
+        rows = r.n
+    return rows, best
+
+
+def _row(measure: str, ours: float, anchor: str, theirs: float, goal: float) -> dict:
+    ratio = ours / theirs if theirs else float("nan")
+    return {"measure": measure, "txnstream": f"{ours:,.0f}", "anchor": anchor,
+            "anchor value": f"{theirs:,.0f}", "ratio": f"{ratio:.2f}x", "goal": f">= {goal}x",
+            "met": "yes" if ratio >= goal else "no"}
+
+
+def run(cfg: Config) -> list[dict]:
+    """Source and sink rows/s, side by side with spark-sql-kafka."""
+    n = int(os.environ.get("TXNSTREAM_BENCH_SPARK_ROWS", "200000"))
+    jars, version = _jars()
+    anchor = f"spark-sql-kafka {version}"
+    rows: list[dict] = []
+    with workers(cfg, 1):
+        spark = _session(jars)
+        try:
+            kafka_src, ours_src = make_topic(cfg, 2), make_topic(cfg, 2)
+            _fill_kafka_txn(cfg, kafka_src, n)
+            _fill_txnstream(cfg, ours_src, n)
+            warm_k, warm_t = make_topic(cfg, 2), make_topic(cfg, 2)
+            _fill_kafka_txn(cfg, warm_k, 1000)
+            _fill_txnstream(cfg, warm_t, 1000)
+            kafka_read = {"kafka.bootstrap.servers": cfg.bootstrap_servers,
+                          "kafka.isolation.level": "read_committed"}
+            _read(spark, "kafka", {**kafka_read, "subscribe": warm_k})
+            _read(spark, "txnstream", _opts(cfg, subscribe=warm_t))
+            got_k, secs_k = _read(spark, "kafka", {**kafka_read, "subscribe": kafka_src})
+            got_t, secs_t = _read(spark, "txnstream", _opts(cfg, subscribe=ours_src))
+            if got_k != n or got_t != n:
+                raise RuntimeError(f"source read {got_k} (kafka) / {got_t} (txnstream) of {n}")
+            rows.append(_row(f"source rows/s ({n:,} rows, batch read)", n / secs_t,
+                             f"{anchor}, read_committed", n / secs_k, 1.0))
+
+            df = spark.range(0, n, numPartitions=2).selectExpr(
+                "cast(id AS string) AS key",
+                f"rpad(lpad(cast(id AS string), 12, '0'), {VALUE}, 'x') AS value").cache()
+            df.count()
+            df.limit(10).write.format("kafka").option(
+                "kafka.bootstrap.servers", cfg.bootstrap_servers).option(
+                "topic", make_topic(cfg, 2)).save()  # warm-up
+            df.limit(10).write.format("txnstream").options(
+                **_opts(cfg, topic=make_topic(cfg, 2))).mode("append").save()
+            dst_k, dst_t = make_topic(cfg, 2), make_topic(cfg, 2)
+            t0 = time.perf_counter()
+            df.write.format("kafka").option("kafka.bootstrap.servers", cfg.bootstrap_servers) \
+                .option("topic", dst_k).save()
+            secs_k = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            df.write.format("txnstream").options(**_opts(cfg, topic=dst_t)).mode("append").save()
+            secs_t = time.perf_counter() - t0
+            out_k = spark.read.format("kafka").option(
+                "kafka.bootstrap.servers", cfg.bootstrap_servers).option("subscribe", dst_k) \
+                .load().count()
+            out_t = spark.read.format("txnstream").options(**_opts(cfg, subscribe=dst_t)) \
+                .load().count()
+            if out_k != n or out_t != n:
+                raise RuntimeError(f"sink wrote {out_k} (kafka) / {out_t} (txnstream) of {n}")
+            rows.append(_row(f"sink rows/s ({n:,} rows, batch write)", n / secs_t,
+                             f"{anchor} sink (at-least-once)", n / secs_k, 0.8))
+        finally:
+            spark.stop()
+    return rows
