@@ -110,11 +110,13 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTP
 
-    from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, classify_headers
+    from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+    from txnstream.types import TxnID
 
     if p.end <= p.start:
         return
     skip = set(p.skip)
+    txn_names: dict[bytes, str] = {}
     vs = _value_schema(p.value_schema)
     schema = _layout(p.value_schema)[1]
     c = Consumer(p.config.consumer(f"spark-{uuid.uuid4().hex[:8]}"))
@@ -139,25 +141,37 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
                 pos = off + 1
                 if off in skip:
                     continue
-                headers = m.headers() or []
-                try:
-                    _, txn_id = classify_headers(headers)
-                except Exception:
-                    continue  # undecodable txn headers are never delivered
-                cols["key"].append(m.key())
-                if vs is None:
-                    cols["value"].append(m.value())
+                txn_raw, user_headers = None, []
+                for k, v in m.headers() or ():
+                    if k == TXN_ID_HEADER:
+                        txn_raw = v
+                    elif k == TXN_MARKER_HEADER:
+                        break
+                    else:
+                        user_headers.append({"key": k, "value": v})
                 else:
-                    rec = vs.decode(m.value(), f"{p.topic}-{p.partition}@{off}")
-                    for f in vs.fields:
-                        cols[f].append(rec.get(f))
-                cols["topic"].append(p.topic)
-                cols["partition"].append(p.partition)
-                cols["offset"].append(off)
-                cols["timestamp"].append(m.timestamp()[1] * 1000)
-                cols["headers"].append([{"key": k, "value": v} for k, v in headers
-                                        if k not in (TXN_ID_HEADER, TXN_MARKER_HEADER)])
-                cols["txn_id"].append(str(txn_id) if txn_id else None)
+                    txn_id = None
+                    if txn_raw is not None:  # one parse per transaction, not per record
+                        txn_id = txn_names.get(txn_raw)
+                        if txn_id is None:
+                            try:
+                                txn_id = txn_names[txn_raw] = str(TxnID.from_bytes(txn_raw))
+                            except ValueError:
+                                continue  # an undecodable txn.id is never delivered
+                    cols["key"].append(m.key())
+                    if vs is None:
+                        cols["value"].append(m.value())
+                    else:
+                        rec = vs.decode(m.value(), f"{p.topic}-{p.partition}@{off}")
+                        for f in vs.fields:
+                            cols[f].append(rec.get(f))
+                    cols["topic"].append(p.topic)
+                    cols["partition"].append(p.partition)
+                    cols["offset"].append(off)
+                    cols["timestamp"].append(m.timestamp()[1] * 1000)
+                    cols["headers"].append(user_headers)
+                    cols["txn_id"].append(txn_id)
+                # a marker (break above) is never delivered, even if not in the skip list
                 if len(cols["offset"]) >= BATCH_ROWS:
                     yield pa.RecordBatch.from_pydict(cols, schema=schema)
                     cols = {f.name: [] for f in schema}
