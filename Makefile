@@ -20,11 +20,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[spark,test,dev]'
 	touch $(STAMP)
 
-# Start a local broker unless one answers, create the topics, run the demo pipeline.
+# Start a local broker unless one answers, create the topics, run the demo round trip,
+# then the Spark example: committed-only read -> windowed count -> exactly-once write.
 demo: $(STAMP)
 	@$(PY) -m txnstream.demo.ensure_broker $(BOOTSTRAP)
 	$(TXN) --bootstrap $(BOOTSTRAP) init
 	$(TXN) --bootstrap $(BOOTSTRAP) demo
+	$(PY) -m spark.example_pipeline --bootstrap $(BOOTSTRAP) --input txnstream-demo \
+		--output txnstream-demo-windows --checkpoint .txnstream/ckpt-demo-windows \
+		--mode windowed --window "500 milliseconds" --watermark "0 seconds" --with-worker --check
 
 # The test session starts (and stops) its own broker unless TXNSTREAM_BOOTSTRAP is set.
 test: $(STAMP)

@@ -3,8 +3,12 @@ r"""Example pipeline: committed-only read -> transform or windowed count -> exac
     python -m spark.example_pipeline --bootstrap 127.0.0.1:9092 --input txnstream-demo \\
         --output txnstream-demo-counts --checkpoint .txnstream/ckpt-demo
 
-Runs one ``availableNow`` trigger (everything committed so far) and exits; run it again
-to pick up from the checkpoint. Each window's count is written exactly once per batch.
+Reads everything committed so far and exits (transform: one ``availableNow`` run;
+windowed: micro-batches until idle, so the watermark closes windows); run it again to
+pick up from the checkpoint. Each window's count is written exactly once per batch.
+``--with-worker`` runs a coordinator worker in-process for the run (the demo does);
+otherwise ``txnstream worker`` must be running. ``--check`` reads the output back,
+committed-only, and prints what was written (``make demo`` uses both, windowed).
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
     ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--window", default="10 seconds")
+    ap.add_argument("--window", default="10 seconds", help="event-time window (windowed)")
+    ap.add_argument("--watermark", default=None,
+                    help="how late a record may come (windowed; default: --window)")
+    ap.add_argument("--with-worker", action="store_true",
+                    help="run a coordinator worker in this process for the run")
+    ap.add_argument("--check", action="store_true",
+                    help="read the output back (committed-only) and print a check")
     ap.add_argument("--mode", choices=("transform", "windowed"), default="transform",
                     help="transform: upper-case every committed value (default); windowed: "
                          "count per key and event-time window")
@@ -62,19 +72,95 @@ def main(argv: list[str]) -> int:
         # Append is the only output mode of Python stream writers: a window is written
         # once the watermark (max event time - window) has passed its end, i.e. after
         # newer records arrived; each window exactly once.
-        out = (source.withWatermark("timestamp", args.window)
+        out = (source.withWatermark("timestamp", args.watermark or args.window)
                .groupBy(F.window("timestamp", args.window), F.col("key")).count()
                .select(F.col("key"), F.to_json(F.struct(F.col("window.start").alias("start"),
                                                         F.col("count"))).alias("value")))
     else:
         out = source.select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
-    query = (out.writeStream.format("txnstream")
-             .options(**common, topic=args.output)
-             .option("checkpointLocation", args.checkpoint)
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
-    spark.stop()
-    return 0
+    from txnstream.config import Config, TopicNames
+
+    config = Config(bootstrap_servers=args.bootstrap,
+                    topics=TopicNames(args.prefix) if args.prefix else TopicNames())
+    worker = _start_worker(config) if args.with_worker else None
+    try:
+        writer = (out.writeStream.format("txnstream").options(**common, topic=args.output)
+                  .option("checkpointLocation", args.checkpoint))
+        if args.mode == "windowed":
+            # availableNow runs no batch after the last data, so windows the final
+            # watermark closes would wait for the next run: micro-batches every second
+            # instead, until no input came for a few batches.
+            _run_until_idle(writer.trigger(processingTime="1 second").start())
+        else:
+            writer.trigger(availableNow=True).start().awaitTermination()
+        spark.stop()
+        ok = _check(config, args.output, args.mode) if args.check else True
+    finally:
+        if worker is not None:
+            worker.stop()
+    return 0 if ok else 1
+
+
+def _run_until_idle(query, idle_s: float = 6.0) -> None:
+    """Let ``query`` run until a batch has run and none came for ``idle_s``, then stop.
+
+    Spark runs a batch only when there is new input or the watermark moved (which closes
+    windows), so a quiet spell means everything committed so far has been written.
+    """
+    import time
+
+    last, since = None, time.monotonic()
+    while last is None or time.monotonic() - since < idle_s:
+        query.awaitTermination(0.5)
+        if query.exception() is not None:
+            raise query.exception()
+        prog = query.lastProgress
+        if prog and prog["batchId"] != last:
+            last, since = prog["batchId"], time.monotonic()
+    query.stop()
+
+
+def _start_worker(config):
+    import time
+
+    from txnstream.coordinator.worker import CoordinatorWorker
+
+    worker = CoordinatorWorker(config).start()
+    deadline = time.monotonic() + 60
+    while len(worker.serving()) < config.num_coordinators:
+        if time.monotonic() > deadline:
+            worker.stop()
+            raise SystemExit("the coordinator worker did not start serving in 60 s")
+        time.sleep(0.1)
+    return worker
+
+
+def _check(config, topic: str, mode: str) -> bool:
+    """Read the output committed-only; windowed: no (key, window) written twice."""
+    import json
+    import uuid
+
+    from rich.console import Console
+
+    from txnstream.cli._common import table
+    from txnstream.client import Client
+
+    values: list[bytes] = []
+    with Client(config=config) as client:
+        c = client.subscribe(topic, subscription=f"example-check-{uuid.uuid4().hex[:6]}")
+        while (m := c.receive(timeout_s=5)) is not None:
+            values.append(bytes(m.key or b"") + b"|" + (m.value or b""))
+            c.acknowledge(m)
+        c.close()
+    dupes = len(values) - len(set(values))
+    rows = [("records in the output (all runs)", str(len(values)), "yes"),
+            ("written twice", str(dupes), "yes" if dupes == 0 else "NO")]
+    if mode == "windowed":
+        counts = [json.loads(v.split(b"|", 1)[1])["count"] for v in values]
+        rows.append(("records counted in closed windows", str(sum(counts)), "yes"))
+    Console().print(table(f"example pipeline output ({topic}, {mode})",
+                          ("check", "result", "ok"), rows))
+    return dupes == 0
 
 
 if __name__ == "__main__":

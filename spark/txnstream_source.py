@@ -327,6 +327,10 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 # ---------------------------------------------------------------------------- sink
 
 
+NO_TXN = -1
+"""``tc_id``/``txn_seq`` of the commit message of a task that wrote no rows."""
+
+
 @dataclass
 class TxnCommitMessage(WriterCommitMessage):
     """What one task attempt wrote: its transaction, and the query/batch it belongs to."""
@@ -338,8 +342,8 @@ class TxnCommitMessage(WriterCommitMessage):
 
 
 def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: str,
-                tc_of: str) -> TxnCommitMessage | None:
-    """Write one task's rows in one transaction; None if the task has no rows.
+                tc_of: str) -> TxnCommitMessage:
+    """Write one task's rows in one transaction; a task with no rows opens none.
 
     The transaction opens at the first row, so upstream work does not eat into its timeout.
     """
@@ -347,8 +351,8 @@ def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: 
 
     batches = (rb for rb in batches if rb.num_rows)
     first = next(batches, None)
-    if first is None:
-        return None
+    if first is None:  # Spark wants a message from every task: one that names no txn
+        return TxnCommitMessage(NO_TXN, NO_TXN, 0, query_id)
     client = Client(config=opts.config)
     try:
         tc_id = zlib.crc32(tc_of.encode()) % client.tc.num_coordinators
@@ -436,7 +440,7 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
     from txnstream.client import Client
     from txnstream.coordinator.protocol import TcOp
 
-    msgs = [m for m in messages if isinstance(m, TxnCommitMessage)]
+    msgs = [m for m in messages if isinstance(m, TxnCommitMessage) and m.txn_seq != NO_TXN]
     if not msgs:
         return
     with Client(config=opts.config) as client:
@@ -471,7 +475,7 @@ class TxnStreamStreamWriter(DataSourceStreamArrowWriter):
         self.opts = SinkOptions.parse(options)
         check_sink_schema(schema, self.opts)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage | None:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -497,7 +501,7 @@ class TxnStreamBatchWriter(DataSourceArrowWriter):
         check_sink_schema(schema, self.opts)
         self.job_key = f"batch-{uuid.uuid4().hex}"
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage | None:
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage:
         return _write_rows(self.opts, iterator, self.job_key, tc_of=self.job_key)
 
     def commit(self, messages: list[Any]) -> None:

@@ -27,18 +27,26 @@ def test_driver_killed_and_restarted_writes_every_row_exactly_once(config, worke
     ckpt = str(tmp_path / "ckpt")
     args = [sys.executable, JOB, config.bootstrap_servers, config.topics.prefix, src, dst, ckpt]
     rng = random.Random(5)
+    commits = Path(ckpt) / "commits"
+
+    def committed() -> int:
+        return len([f for f in commits.iterdir() if f.name.isdigit()]) if commits.exists() else 0
+
     kills = 0
     batches_at_kill: list[int] = []
     for attempt in range(3):
         log = open(tmp_path / f"run{attempt}.log", "ab")
         proc = proc_reaper.track(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True))
-        time.sleep(rng.uniform(22, 32))      # Spark start-up (~20 s here), then mid-batches
+        # kill once the job has committed attempt+1 batches in all (whatever its start-up
+        # takes on a busy machine), a random moment later: mid-batch or mid-commit
+        deadline = time.monotonic() + 240
+        while committed() < attempt + 1 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(rng.uniform(0, 1.5))
         if proc.poll() is None:
-            commits = Path(ckpt) / "commits"
-            batches_at_kill.append(len([f for f in commits.iterdir() if f.name.isdigit()])
-                                   if commits.exists() else 0)
-            proc.send_signal(signal.SIGKILL)
+            batches_at_kill.append(committed())
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole driver: Python, JVM, workers
             proc.wait(10)
             kills += 1
     final = proc_reaper.track(subprocess.Popen(args, stdout=open(tmp_path / "final.log", "ab"),
