@@ -360,3 +360,27 @@ def test_query_stopped_at_random_points_writes_every_row_exactly_once(
     assert not missing, (f"{len(missing)} rows lost: {missing[:20]} ... {missing[-5:]} "
                          f"(dst {dst}, prefix {config.topics.prefix})")
     assert len(out) == rows
+
+
+def test_tasks_without_rows_commit_nothing_and_break_nothing(spark, config, worker, client,
+                                                             tmp_path):
+    """Most of the 4 write tasks get no rows (batch and stream): they open no transaction,
+    and the batch still commits every row once."""
+    dst = make_topic(config, 1)
+    spark.range(0, 40, numPartitions=4).filter("id < 3") \
+        .selectExpr("cast(id as string) as value") \
+        .write.format("txnstream").options(**opts(config, topic=dst)).mode("append").save()
+    assert sorted(drain(config, dst, idle_s=5)) == [b"0", b"1", b"2"]
+
+    src, dst2 = make_topic(config, 1), make_topic(config, 1)
+    p = client.create_producer(src)
+    with client.transaction() as txn:
+        p.send(b"only-row", txn=txn)
+    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=src)).load()
+         .repartition(4).select("value")
+         .writeStream.format("txnstream").options(**opts(config, topic=dst2))
+         .option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    assert q.exception() is None, q.exception()
+    assert drain(config, dst2, idle_s=5) == [b"only-row"]

@@ -60,7 +60,8 @@ def test_1000_random_transactions_end_as_told(config, worker, client):
     markers = markers_by_txn(config, topic)
     for txn_id, status in told.items():
         want = MarkerKind.COMMIT if status is TxnStatus.COMMITTED else MarkerKind.ABORT
-        assert markers.get(txn_id) == {want}, f"{txn_id} told {status}, markers {markers.get(txn_id)}"
+        assert markers.get(txn_id) == {want}, \
+            f"{txn_id} told {status}, markers {markers.get(txn_id)}"
 
 
 def test_context_manager_commits_and_aborts(config, worker, client):
