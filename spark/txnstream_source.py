@@ -455,7 +455,7 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
                     reply = client.tc.request(TcOp.END_GROUP, tc_id, group_key=key,
                                               group_seqs=tuple(seqs), commit=True)
                 except InvalidTxnStatusError as exc:
-                    if "timeout" not in str(exc):
+                    if not any(w in str(exc) for w in ("timeout", "timed out")):
                         raise
                     raise TransactionTimeoutError(
                         f"{exc}; the batch took longer than option "
