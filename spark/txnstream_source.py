@@ -224,11 +224,18 @@ class _Planner:
         return out
 
     def partitions(self, start: dict, end: dict) -> list[TxnStreamPartition]:
-        bufs = self.folder.catch_up(self.tps)
-        parts = []
+        ranges = {}
         for tp in self.tps:
             s = int(start.get(tp.topic, {}).get(str(tp.partition), 0))
-            e = int(end.get(tp.topic, {}).get(str(tp.partition), s))
+            ranges[tp] = s, int(end.get(tp.topic, {}).get(str(tp.partition), s))
+        bufs = self.folder.buffers
+        if any(tp not in bufs or bufs[tp].last_offset < e - 1 for tp, (_, e) in ranges.items()):
+            bufs = self.folder.catch_up(self.tps)  # not folded that far yet (a restart)
+        parts = []
+        for tp, (s, e) in ranges.items():
+            # never past the committed end: a range beyond it (endingOffsets, an offset
+            # from elsewhere) would hold records of transactions that have not ended
+            e = min(e, bufs[tp].max_read_position + 1)
             if e > s:
                 skip = sorted(bufs[tp].invisible_in_range(s, e))
                 parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,

@@ -57,6 +57,26 @@ def test_batch_read_is_committed_only_and_hides_open_txns(spark, config, worker,
     assert later == committed | {b"open-1"}
 
 
+def test_ending_offsets_past_an_open_txn_stop_at_the_committed_end(spark, config, worker,
+                                                                     client):
+    import json
+
+    topic = make_topic(config, 1)
+    p = client.create_producer(topic)
+    with client.transaction() as txn:
+        p.send(b"before", txn=txn)
+    open_txn = client.new_transaction()
+    p.send(b"open", txn=open_txn)
+    p.flush_transaction(open_txn)
+    with client.transaction() as txn:
+        p.send(b"after", txn=txn)  # committed, but behind the open txn
+    far = json.dumps({topic: {"0": 1000}})
+    rows = spark.read.format("txnstream").options(
+        **opts(config, subscribe=topic, endingOffsets=far)).load().select("value").collect()
+    assert [bytes(r.value) for r in rows] == [b"before"]
+    open_txn.abort()
+
+
 def test_stream_restart_from_checkpoint_resumes_without_loss_or_repeat(
         spark, config, worker, client, tmp_path):
     topic = make_topic(config, 2)

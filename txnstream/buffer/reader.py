@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Message
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.snapshot import restore
@@ -56,33 +56,34 @@ class PartitionFolder:
         ends = {}
         assign = []
         for tp in tps:
-            meta = self._consumer.list_topics(tp.topic, timeout=self.config.admin_timeout_s)
-            t = meta.topics.get(tp.topic)
-            if t is None or t.error is not None or tp.partition not in t.partitions:
-                raise ConfigError(f"unknown topic partition {tp}")
-            buf = self.buffers.get(tp) or self._start(tp)
+            buf = self.buffers.get(tp)
+            if buf is None:  # a partition seen for the first time: check it exists
+                meta = self._consumer.list_topics(tp.topic, timeout=self.config.admin_timeout_s)
+                t = meta.topics.get(tp.topic)
+                if t is None or t.error is not None or tp.partition not in t.partitions:
+                    raise ConfigError(f"unknown topic partition {tp}")
+                buf = self._start(tp)
             _, high = self._consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
                                                            timeout=self.config.admin_timeout_s)
             if high - 1 > buf.last_offset:
-                ends[tp] = high - 1
+                ends[(tp.topic, tp.partition)] = high - 1
                 assign.append(KafkaTP(tp.topic, tp.partition, buf.last_offset + 1))
         if not assign:
             return {tp: self.buffers[tp] for tp in tps}
+        by_key = {(tp.topic, tp.partition): self.buffers[tp] for tp in tps}
         self._consumer.assign(assign)
         deadline = time.monotonic() + timeout_s
         try:
             while ends and time.monotonic() < deadline:
+                runs: dict[tuple[str, int], list[Message]] = {}
                 for m in self._consumer.consume(5000, 0.2):
-                    if m.error():
-                        continue
-                    tp = TopicPartition(m.topic(), m.partition())
-                    buf = self.buffers[tp]
-                    if m.offset() <= buf.last_offset:
-                        continue
-                    ts = m.timestamp()[1]
-                    buf.fold(m.offset(), m.headers(), m.value(), ts if ts > 0 else None)
-                    if buf.last_offset >= ends.get(tp, -1):
-                        ends.pop(tp, None)
+                    if m.error() is None:
+                        runs.setdefault((m.topic(), m.partition()), []).append(m)
+                for key, msgs in runs.items():
+                    buf = by_key[key]
+                    buf.fold_messages(msgs)
+                    if buf.last_offset >= ends.get(key, -1):
+                        ends.pop(key, None)
         finally:
             self._consumer.unassign()
         return {tp: self.buffers[tp] for tp in tps}

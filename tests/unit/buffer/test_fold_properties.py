@@ -99,3 +99,63 @@ def test_snapshot_plus_replay_equals_full_fold(log, cut):
     full = fold(log)
     assert take_snapshot(resumed) == take_snapshot(full)
     assert all(resumed.is_visible(o) == full.is_visible(o) for o in range(len(log)))
+
+
+class _Msg:
+    """A record as confluent-kafka's ``Message`` shows it."""
+
+    def __init__(self, offset, headers, value):
+        self._o, self._h, self._v = offset, headers, value
+
+    def offset(self):
+        return self._o
+
+    def headers(self):
+        return self._h
+
+    def value(self):
+        return self._v
+
+    def timestamp(self):
+        return (1, 1000 + self._o)
+
+
+richer_events = st.lists(st.one_of(
+    st.just(("plain",)),
+    st.tuples(st.just("txn"), txn_ids),
+    st.tuples(st.just("txn"), txn_ids),
+    st.tuples(st.just("txn"), txn_ids),
+    st.tuples(st.just("txn+user"), txn_ids),
+    st.tuples(st.just("corrupt"), st.binary(max_size=20)),
+    st.tuples(st.just("marker"), txn_ids, st.sampled_from(list(MarkerKind)), st.integers(0, 6)),
+), max_size=80)
+
+
+def to_rich_record(e):
+    if e[0] == "txn+user":
+        return [("user", b"u"), (TXN_ID_HEADER, e[1].to_bytes())], b"x"
+    if e[0] == "corrupt":
+        return [(TXN_ID_HEADER, e[1])], b"x"
+    return to_record(e)
+
+
+@settings(max_examples=300, deadline=None)
+@given(richer_events, st.lists(st.integers(1, 10), max_size=10))
+def test_fold_messages_equals_fold_one_by_one(log, cuts):
+    records = [_Msg(o, *to_rich_record(e)) for o, e in enumerate(log)]
+    one = TransactionBuffer(TP)
+    for m in records:
+        ts = m.timestamp()[1]
+        one.fold(m.offset(), m.headers(), m.value(), ts)
+    many = TransactionBuffer(TP)
+    i = 0
+    for c in [*cuts, len(records)]:  # in chunks, each re-delivering part of the last
+        many.fold_messages(records[max(0, i - 2):i + c])
+        i += c
+    assert take_snapshot(many) == take_snapshot(one)
+    assert many.invisible == one.invisible
+    assert many.max_read_position == one.max_read_position
+    assert many.last_offset == one.last_offset
+    assert {t: (e.first_offset, e.offsets, e.first_timestamp_ms)
+            for t, e in many.ongoing.items()} == {
+        t: (e.first_offset, e.offsets, e.first_timestamp_ms) for t, e in one.ongoing.items()}
