@@ -56,8 +56,7 @@ Headers = Sequence[tuple[str, bytes | None]] | None
 
 
 class Record(Protocol):
-    """What :meth:`TransactionBuffer.fold_messages` reads of a record: a confluent-kafka
-    ``Message`` has it."""
+    """What :meth:`TransactionBuffer.fold_messages` reads of a record (a Kafka ``Message``)."""
 
     def offset(self) -> int: ...
     def headers(self) -> Headers: ...
