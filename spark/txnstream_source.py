@@ -110,19 +110,13 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTP
 
-    from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
-    from txnstream.types import TxnID
-
     if p.end <= p.start:
         return
-    skip = set(p.skip)
-    txn_names: dict[bytes, str] = {}
     vs = _value_schema(p.value_schema)
-    schema = _layout(p.value_schema)[1]
+    rows = _Rows(p, vs)
     c = Consumer(p.config.consumer(f"spark-{uuid.uuid4().hex[:8]}"))
     try:
         c.assign([KafkaTP(p.topic, p.partition, p.start)])
-        cols: dict[str, list[Any]] = {f.name: [] for f in schema}
         pos = p.start
         while pos < p.end:
             # ask for no more than the range holds: consume() waits its whole timeout
@@ -131,54 +125,111 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
             if not batch:
                 raise RuntimeError(f"{p.topic}-{p.partition}: no records between {pos} and "
                                    f"{p.end} within 5 s (deleted by retention?)")
-            for m in batch:
-                if m.error():
-                    continue
-                off = m.offset()
-                if off >= p.end:
-                    pos = p.end
-                    break
-                pos = off + 1
-                if off in skip:
-                    continue
-                txn_raw, user_headers = None, []
-                for k, v in m.headers() or ():
-                    if k == TXN_ID_HEADER:
-                        txn_raw = v
-                    elif k == TXN_MARKER_HEADER:
-                        break
-                    else:
-                        user_headers.append({"key": k, "value": v})
-                else:
-                    txn_id = None
-                    if txn_raw is not None:  # one parse per transaction, not per record
-                        txn_id = txn_names.get(txn_raw)
-                        if txn_id is None:
-                            try:
-                                txn_id = txn_names[txn_raw] = str(TxnID.from_bytes(txn_raw))
-                            except ValueError:
-                                continue  # an undecodable txn.id is never delivered
-                    cols["key"].append(m.key())
-                    if vs is None:
-                        cols["value"].append(m.value())
-                    else:
-                        rec = vs.decode(m.value(), f"{p.topic}-{p.partition}@{off}")
-                        for f in vs.fields:
-                            cols[f].append(rec.get(f))
-                    cols["topic"].append(p.topic)
-                    cols["partition"].append(p.partition)
-                    cols["offset"].append(off)
-                    cols["timestamp"].append(m.timestamp()[1] * 1000)
-                    cols["headers"].append(user_headers)
-                    cols["txn_id"].append(txn_id)
-                # a marker (break above) is never delivered, even if not in the skip list
-                if len(cols["offset"]) >= BATCH_ROWS:
-                    yield pa.RecordBatch.from_pydict(cols, schema=schema)
-                    cols = {f.name: [] for f in schema}
-        if cols["offset"]:
-            yield pa.RecordBatch.from_pydict(cols, schema=schema)
+            pos = rows.add(batch, pos)
+            if len(rows) >= BATCH_ROWS:
+                yield rows.flush()
+        if len(rows):
+            yield rows.flush()
     finally:
         c.close()
+
+
+class _Rows:
+    """Columns of the deliverable records of one input partition, built batch by batch."""
+
+    def __init__(self, p: TxnStreamPartition, vs: ValueSchema | None) -> None:
+        self.p = p
+        self.vs = vs
+        self.skip = frozenset(p.skip)
+        self.schema = _layout(p.value_schema)[1]
+        self.txn_names: dict[bytes, str | None] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[Any] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.headers: list[list[dict[str, Any]]] = []
+        self.txn_ids: list[str | None] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def _txn_name(self, raw: bytes) -> str | None:
+        """The text form of a ``txn.id`` header; None if it does not parse (not delivered)."""
+        from txnstream.types import TxnID
+
+        try:
+            name = self.txn_names[raw] = str(TxnID.from_bytes(raw))
+        except ValueError:
+            name = self.txn_names[raw] = None
+        return name
+
+    def add(self, batch: list[Any], pos: int) -> int:
+        """Take the deliverable records of ``batch``; returns the next position to read."""
+        from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+
+        end, skip, names = self.p.end, self.skip, self.txn_names
+        keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
+        stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
+        for m in batch:
+            if m.error() is not None:
+                continue
+            off = m.offset()
+            if off >= end:
+                return end
+            pos = off + 1
+            if off in skip:
+                continue
+            h = m.headers()
+            if h is not None and len(h) == 1 and h[0][0] == TXN_ID_HEADER:  # the common case
+                user: list[dict[str, Any]] = []
+                raw = h[0][1]
+                txn = names[raw] if raw in names else self._txn_name(raw)
+                if txn is None:
+                    continue  # an undecodable txn.id is never delivered
+            else:
+                user, txn = [], None
+                for k, v in h or ():
+                    if k == TXN_ID_HEADER:
+                        txn = names[v] if v in names else self._txn_name(v)
+                        if txn is None:
+                            break
+                    elif k == TXN_MARKER_HEADER:
+                        break  # a marker is never delivered, even if not in the skip list
+                    else:
+                        user.append({"key": k, "value": v})
+                else:
+                    h = None
+                if h is not None:
+                    continue
+            keys(m.key())
+            values(m.value())
+            offsets(off)
+            stamps(m.timestamp()[1])
+            headers(user)
+            txn_ids(txn)
+        return pos
+
+    def flush(self) -> pa.RecordBatch:
+        """The columns gathered so far as one Arrow batch; starts afresh."""
+        n = len(self.offsets)
+        cols: dict[str, Any] = {"key": self.keys}
+        if self.vs is None:
+            cols["value"] = self.values
+        else:
+            p = self.p
+            recs = [self.vs.decode(v, f"{p.topic}-{p.partition}@{o}")
+                    for v, o in zip(self.values, self.offsets, strict=True)]
+            for f in self.vs.fields:
+                cols[f] = [r.get(f) for r in recs]
+        cols.update(topic=[self.p.topic] * n, partition=[self.p.partition] * n,
+                    offset=self.offsets, timestamp=[t * 1000 for t in self.timestamps],
+                    headers=self.headers, txn_id=self.txn_ids)
+        rb = pa.RecordBatch.from_pydict(cols, schema=self.schema)
+        self._reset()
+        return rb
 
 
 class _Planner:
