@@ -429,35 +429,62 @@ def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: 
         client.close()
 
 
-def _column(rb: pa.RecordBatch, name: str) -> list[Any] | None:
-    """A column as Python values, str encoded to bytes; None if the batch has none."""
+def _binary(rb: pa.RecordBatch, name: str) -> pa.Array | None:
+    """A string or binary column as binary (strings as their UTF-8); None if absent."""
     i = rb.schema.get_field_index(name)
     if i < 0:
         return None
     col = rb.column(i)
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        col = col.cast(pa.binary())
-    return col.to_pylist()
+    return col if pa.types.is_binary(col.type) else col.cast(pa.binary())
+
+
+def _by_topic(rb: pa.RecordBatch, default: str | None, done: int
+              ) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The batch's rows per destination: the ``topic`` column, else option ``topic``."""
+    import pyarrow.compute as pc
+
+    i = rb.schema.get_field_index("topic")
+    if i < 0:
+        col = None
+    else:
+        col = rb.column(i)
+        if default is not None:
+            col = pc.fill_null(col, default)
+    if col is None or col.null_count == 0 and len(pc.unique(col)) == 1:
+        topic = default if col is None else col[0].as_py()
+        if topic is None:
+            raise ConfigError(f"row {done}: no topic (the sink needs option 'topic' or a "
+                              "non-null 'topic' column)")
+        yield topic, rb
+        return
+    if col.null_count:
+        first = pc.index(pc.is_null(col), True).as_py()
+        raise ConfigError(f"row {done + first}: no topic (the sink needs option 'topic' or "
+                          "a non-null 'topic' column)")
+    for topic in pc.unique(col).to_pylist():
+        yield topic, rb.filter(pc.equal(col, topic))
 
 
 def _send_all(opts: SinkOptions, client: Any, txn: Any, batches: Iterator[pa.RecordBatch],
               producers: dict[str, Any]) -> int:
+    """Send every row in ``txn``; keyed rows go where Kafka's default partitioner puts them."""
+    from spark.partitioner import partitions_for
+
     n = 0
+    rr: dict[str, int] = {}
     for rb in batches:
-        values = _column(rb, "value")
-        if values is None:  # checked at plan time; an empty iterator may still get here
+        if rb.schema.get_field_index("value") < 0:  # checked at plan time; guard anyway
             raise ConfigError("the sink needs a 'value' column")
-        keys = _column(rb, "key") or [None] * rb.num_rows
-        topics = rb.column("topic").to_pylist() if "topic" in rb.schema.names else None
-        for i, value in enumerate(values):
-            topic = (topics[i] if topics else None) or opts.topic
-            if not topic:
-                raise ConfigError(f"row {n}: no topic (the sink needs option 'topic' or a "
-                                  "non-null 'topic' column)")
+        for topic, rows in _by_topic(rb, opts.topic, n):
             if topic not in producers:
                 producers[topic] = client.create_producer(topic)
-            producers[topic].send(value, key=keys[i], txn=txn)
-            n += 1
+            producer = producers[topic]
+            keys = _binary(rows, "key")
+            parts, rr[topic] = partitions_for(keys, rows.num_rows, producer.num_partitions,
+                                              rr.get(topic, 0))
+            producer.send_batch(_binary(rows, "value").to_pylist(), parts, txn,
+                                keys=None if keys is None else keys.to_pylist())
+        n += rb.num_rows
     return n
 
 

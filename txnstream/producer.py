@@ -17,6 +17,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -78,6 +79,14 @@ def murmur2_partition(key: bytes, num_partitions: int) -> int:
     return (_murmur2(key) & 0x7FFFFFFF) % num_partitions
 
 
+@dataclass(slots=True)
+class _BatchSends:
+    """The sends of one ``send_batch``: all acknowledged when ``len(acks) == expected``."""
+
+    expected: int
+    acks: list[KafkaError | None] = field(default_factory=list)
+
+
 class Producer:
     """Sends to one topic; thread-safe; use ``client.create_producer(topic)``."""
 
@@ -95,6 +104,7 @@ class Producer:
         self._lock = threading.Lock()
         self._outstanding: dict[TxnID, int] = defaultdict(int)
         self._flushers: dict[TxnID, Callable[[], None]] = {}
+        self._batches: dict[TxnID, list[_BatchSends]] = defaultdict(list)
         self._sends = 0
 
     def _partition_for(self, key: bytes | None, partition: int | None) -> int:
@@ -126,23 +136,8 @@ class Producer:
             self._kafka.poll(0)
             return part
         txn.register_partitions([TopicPartition(self.topic, part)])
-        txn_id = txn.id
-        hdrs.append((TXN_ID_HEADER, txn_id.to_bytes()))
-        with self._lock:
-            first_send = txn_id not in self._outstanding
-            self._outstanding[txn_id] += 1
-        if first_send:  # one flusher per producer and txn, not one per record
-            txn.add_flusher(self._flusher_for(txn))
-
-        def delivered(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                txn.mark_abort_only(TxnStreamError(f"send to {self.topic}-{part} failed: {err}",
-                                                   txn_id))
-            with self._lock:
-                self._outstanding[txn_id] -= 1
-                if self._outstanding[txn_id] <= 0:
-                    del self._outstanding[txn_id]
-
+        hdrs.append((TXN_ID_HEADER, txn.id.to_bytes()))
+        delivered = self._track(txn, 1)
         try:
             self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs,
                                 on_delivery=delivered)
@@ -150,10 +145,93 @@ class Producer:
             self._kafka.poll(0.1)
             self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs,
                                 on_delivery=delivered)
+        except BaseException:
+            self._untrack(txn.id, 1)
+            raise
         self._sends += 1
         if self._sends % POLL_EVERY == 0:  # callbacks are also served by the txn's flush
             self._kafka.poll(0)
         return part
+
+    def send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
+                   txn: Transaction, keys: Sequence[bytes | None] | None = None) -> None:
+        """Send many records of ``txn``, ``values[i]`` to ``partitions[i]`` (asynchronously).
+
+        What :meth:`send` does for each, at a fraction of the cost: the distinct
+        partitions are registered in one request and one delivery callback serves all.
+        The caller chooses the partitions (:func:`murmur2_partition` for keyed records).
+        """
+        n = len(values)
+        if len(partitions) != n or (keys is not None and len(keys) != n):
+            raise ValueError(f"send_batch: {n} values, {len(partitions)} partitions and "
+                             f"{'no' if keys is None else len(keys)} keys")
+        if not n:
+            return
+        used = sorted(set(partitions))
+        if used[0] < 0 or used[-1] >= self.num_partitions:
+            bad = used[0] if used[0] < 0 else used[-1]
+            raise ConfigError(f"partition {bad} does not exist: {self.topic} has "
+                              f"{self.num_partitions} (0..{self.num_partitions - 1})")
+        txn.register_partitions([TopicPartition(self.topic, p) for p in used])
+        hdrs = [(TXN_ID_HEADER, txn.id.to_bytes())]
+        sends = _BatchSends(n)
+        with self._lock:
+            self._batches[txn.id].append(sends)
+        txn.add_flusher(self._flusher_for(txn))
+        delivered = self._batch_callback(txn, sends)
+        produce, poll, topic = self._kafka.produce, self._kafka.poll, self.topic
+        sent = 0
+        try:
+            for value, key, part in zip(values, keys if keys is not None else [None] * n,
+                                        partitions, strict=True):
+                while True:
+                    try:
+                        produce(topic, value, key, partition=part, headers=hdrs,
+                                on_delivery=delivered)
+                        break
+                    except BufferError:  # librdkafka's queue is full: let it drain
+                        poll(0.05)
+                sent += 1
+                if sent % POLL_EVERY == 0:
+                    poll(0)
+        except BaseException:
+            sends.expected = sent
+            raise
+
+    def _batch_callback(self, txn: Transaction, sends: _BatchSends
+                        ) -> Callable[[KafkaError | None, Message], None]:
+        ack = sends.acks.append  # atomic: no lock per record
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            ack(err)
+            if err is not None:
+                txn.mark_abort_only(TxnStreamError(
+                    f"send to {self.topic}-{msg.partition()} failed: {err}", txn.id))
+
+        return delivered
+
+    def _track(self, txn: Transaction, n: int) -> Callable[[KafkaError | None, Message], None]:
+        """Count ``n`` sends of ``txn`` as outstanding; the delivery callback for them."""
+        txn_id = txn.id
+        with self._lock:
+            first_send = txn_id not in self._outstanding
+            self._outstanding[txn_id] += n
+        if first_send:  # one flusher per producer and txn, not one per record
+            txn.add_flusher(self._flusher_for(txn))
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                txn.mark_abort_only(TxnStreamError(
+                    f"send to {self.topic}-{msg.partition()} failed: {err}", txn_id))
+            self._untrack(txn_id, 1)
+
+        return delivered
+
+    def _untrack(self, txn_id: TxnID, n: int) -> None:
+        with self._lock:
+            self._outstanding[txn_id] -= n
+            if self._outstanding[txn_id] <= 0:
+                del self._outstanding[txn_id]
 
     def _flusher_for(self, txn: Transaction) -> Callable[[], None]:
         flusher = self._flushers.get(txn.id)
@@ -171,7 +249,10 @@ class Producer:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                left = self._outstanding.get(txn_id, 0)
+                left = self._outstanding.get(txn_id, 0) + sum(
+                    b.expected - len(b.acks) for b in self._batches.get(txn_id, ()))
+                if not left:
+                    self._batches.pop(txn_id, None)
             if not left:
                 self._flushers.pop(txn_id, None)
                 return

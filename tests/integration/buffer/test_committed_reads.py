@@ -9,11 +9,12 @@ import uuid
 from collections import defaultdict
 
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka import Producer as KafkaProducer
 
 from tests.integration.buffer.conftest import make_topic
 from txnstream import Client, TopicPartition, TxnID
-from txnstream.errors import InvalidTxnStatusError
+from txnstream.errors import ConfigError, InvalidTxnStatusError
 from txnstream.markers import MarkerKind, TxnMarker
 
 pytestmark = pytest.mark.integration
@@ -171,3 +172,49 @@ def test_send_with_ended_transaction_writes_nothing(config, worker, client):
     from tests.integration.buffer.conftest import read_all
 
     assert read_all(config, topic) == []
+
+
+def test_send_batch_commits_and_aborts_as_one_and_puts_keys_where_send_does(
+        config, worker, client):
+    from txnstream.producer import murmur2_partition
+
+    topic = make_topic(config, 3)
+    producer = client.create_producer(topic)
+    keys = [f"k{i}".encode() for i in range(300)]
+    parts = [murmur2_partition(k, 3) for k in keys]
+    kept = client.new_transaction()
+    producer.send_batch([b"c" + k for k in keys], parts, kept, keys=keys)
+    dropped = client.new_transaction()
+    producer.send_batch([b"a" + k for k in keys], parts, dropped, keys=keys)
+    dropped.abort()
+    kept.commit()
+    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    got = drain(c, want=300)
+    c.close()
+    assert sorted(v for _, _, v in got) == sorted(b"c" + k for k in keys)
+    where = {v[1:]: p for p, _, v in got}
+    assert all(where[k] == parts[i] for i, k in enumerate(keys))
+    for p in range(3):  # order kept within each partition
+        offs = [o for q, o, _ in got if q == p]
+        vals = [v for q, _, v in got if q == p]
+        assert vals == [b"c" + k for k, q in zip(keys, parts, strict=True) if q == p]
+        assert offs == sorted(offs)
+
+
+def test_send_batch_that_fails_midway_names_the_partition_and_the_txn_still_aborts(
+        config, worker, client):
+    topic = make_topic(config, 2)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction()
+    with pytest.raises(ConfigError, match="partition 7 does not exist"):
+        producer.send_batch([b"x", b"y"], [0, 7], txn)
+    big = b"z" * (2 * 1024 * 1024)  # over librdkafka's message.max.bytes: refused at produce
+    with pytest.raises(KafkaException, match="MSG_SIZE_TOO_LARGE"):
+        producer.send_batch([b"ok"] * 10 + [big] + [b"never"] * 10, [0] * 21, txn)
+    t0 = time.monotonic()
+    producer.flush_transaction(txn, timeout_s=10)  # waits for what was sent, not the rest
+    assert time.monotonic() - t0 < 10
+    txn.abort()
+    from tests.integration.buffer.conftest import read_all
+
+    assert [m for m in read_all(config, topic) if m.value() == b"never"] == []
