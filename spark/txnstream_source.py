@@ -92,11 +92,18 @@ def _layout(value_schema: str | None) -> tuple[T.StructType, pa.Schema]:
 
 
 class TxnStreamPartition(InputPartition):
-    """One topic partition's range ``[start, end)`` and the offsets in it to skip."""
+    """One topic partition's range ``[start, end)`` and the offsets in it to skip.
+
+    ``skip=None``: the task folds the partition itself and delivers what is committed
+    (a batch read); else the driver folded it and ``skip`` lists what not to deliver.
+    """
 
     def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
-                 skip: list[int], value_schema: str | None = None) -> None:
+                 skip: list[int] | None, value_schema: str | None = None,
+                 fold_to: int | None = None) -> None:
         super().__init__((topic, partition, start, end))
+        self.fold_to = max(end, fold_to or end)
+        """How far a folding task may read to learn the fate of records before ``end``."""
         self.config = config
         self.value_schema = value_schema
         self.topic = topic
@@ -111,6 +118,9 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import TopicPartition as KafkaTP
 
     if p.end <= p.start:
+        return
+    if p.skip is None:
+        yield from _read_folding(p)
         return
     vs = _value_schema(p.value_schema)
     rows = _Rows(p, vs)
@@ -134,13 +144,72 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
         c.close()
 
 
+MAX_HELD = 100_000
+"""Records a folding read holds while an open transaction blocks; past it, it re-reads."""
+
+
+def _offset(m: Any) -> int:
+    return m.offset()
+
+
+def _read_folding(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
+    """A batch read's task: fold the partition and deliver what is decided, in one pass.
+
+    Records at or below the buffer's max read position are decided (committed, plain,
+    or never to deliver); the rest wait for their transaction's end. Records of a
+    transaction still open at the range's end are not delivered, exactly as when the
+    driver plans the range. If an open transaction holds back more than ``MAX_HELD``
+    records, they are let go and re-read, filtered, once the fold has reached the end.
+    """
+    from bisect import bisect_right
+
+    from txnstream.buffer.reader import PartitionFolder
+
+    rows = _Rows(p, _value_schema(p.value_schema))
+    folder = PartitionFolder(p.config)
+    held: list[Any] = []
+    reread_from: int | None = None
+    buf = None
+    try:
+        for buf, batch in folder.scan(TopicPartition(p.topic, p.partition), p.start,
+                                      p.fold_to):
+            if reread_from is not None:
+                if buf.max_read_position >= p.end - 1:
+                    break  # every record before the end is decided
+                continue
+            if batch and (batch[0].offset() < p.start or batch[-1].offset() >= p.end):
+                batch = [m for m in batch if p.start <= m.offset() < p.end]
+            held += batch
+            ready = bisect_right(held, buf.max_read_position, key=_offset)
+            if ready:
+                rows.skip = buf.invisible
+                rows.add(held[:ready], p.start)
+                del held[:ready]
+                if len(rows) >= BATCH_ROWS:
+                    yield rows.flush()
+            if len(held) > MAX_HELD:
+                reread_from, held = held[0].offset(), []
+            if buf.max_read_position >= p.end - 1:
+                break  # every record before the end is decided (and delivered)
+    finally:
+        folder.close()
+    if len(rows):
+        yield rows.flush()
+    if reread_from is not None and buf is not None:
+        end = min(p.end, buf.max_read_position + 1)
+        if end > reread_from:
+            yield from _read_partition(TxnStreamPartition(
+                p.config, p.topic, p.partition, reread_from, end,
+                sorted(buf.invisible_in_range(reread_from, end)), p.value_schema))
+
+
 class _Rows:
     """Columns of the deliverable records of one input partition, built batch by batch."""
 
     def __init__(self, p: TxnStreamPartition, vs: ValueSchema | None) -> None:
         self.p = p
         self.vs = vs
-        self.skip = frozenset(p.skip)
+        self.skip: set[int] | frozenset[int] = frozenset(p.skip or ())
         self.schema = _layout(p.value_schema)[1]
         self.txn_names: dict[bytes, str | None] = {}
         self._reset()
@@ -274,6 +343,33 @@ class _Planner:
                 out[t].update(parts)
         return out
 
+    def high_watermarks(self) -> dict[str, dict[str, int]]:
+        """Each partition's end right now (a batch read's executors fold up to it)."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        out: dict[str, dict[str, int]] = {}
+        for tp in self.tps:
+            _, high = self.folder._consumer.get_watermark_offsets(
+                KafkaTP(tp.topic, tp.partition), timeout=self.opts.config.admin_timeout_s)
+            out.setdefault(tp.topic, {})[str(tp.partition)] = high
+        return out
+
+    def folding_partitions(self, start: dict, end: dict, high: dict
+                           ) -> list[TxnStreamPartition]:
+        """Ranges whose tasks fold as they read (no skip list): a batch read's plan.
+
+        A task reads at most to ``high`` (the ends now) to learn its records' fates.
+        """
+        parts = []
+        for tp in self.tps:
+            s = int(start.get(tp.topic, {}).get(str(tp.partition), 0))
+            hw = high[tp.topic][str(tp.partition)]
+            e = min(int(end.get(tp.topic, {}).get(str(tp.partition), s)), hw)
+            if e > s:
+                parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
+                                                None, self.opts.value_schema, fold_to=hw))
+        return parts
+
     def partitions(self, start: dict, end: dict) -> list[TxnStreamPartition]:
         ranges = {}
         for tp in self.tps:
@@ -301,8 +397,11 @@ class TxnStreamBatchReader(DataSourceReader):
         opts = SourceOptions.parse(options)
         planner = _Planner(opts)
         start = planner.starts(opts.starting)
-        end = planner.ends() if opts.ending == "latest" else opts.ending
-        self._parts = planner.partitions(start, end)
+        # Each task folds its partition as it reads (one pass, in parallel), up to the
+        # end found now; a stream's driver folds instead, as its offsets need the end.
+        high = planner.high_watermarks()
+        end = high if opts.ending == "latest" else opts.ending
+        self._parts = planner.folding_partitions(start, end, high)
         planner.folder.close()
 
     def partitions(self) -> Sequence[InputPartition]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 
 from confluent_kafka import Consumer, Message
 from confluent_kafka import TopicPartition as KafkaTP
@@ -33,13 +34,13 @@ class PartitionFolder:
         self._snapshots = TransactionBufferSnapshotStore(config) if use_snapshots else None
         self.buffers: dict[TopicPartition, TransactionBuffer] = {}
 
-    def _start(self, tp: TopicPartition) -> TransactionBuffer:
+    def _start(self, tp: TopicPartition, at_or_before: int | None = None) -> TransactionBuffer:
         low, _ = self._consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
                                                       timeout=self.config.admin_timeout_s)
         buf = TransactionBuffer(tp)
         if self._snapshots is not None:
             try:
-                snap = self._snapshots.latest(tp)
+                snap = self._snapshots.latest(tp, at_or_before)
             except Exception:  # no snapshot topic, or unreadable: fold from the start
                 snap = None
             if snap is not None and snap.position >= low - 1:
@@ -87,6 +88,41 @@ class PartitionFolder:
         finally:
             self._consumer.unassign()
         return {tp: self.buffers[tp] for tp in tps}
+
+    def scan(self, tp: TopicPartition, since: int, until: int, timeout_s: float = 5.0
+             ) -> Iterator[tuple[TransactionBuffer, list[Message]]]:
+        """Fold ``tp`` up to offset ``until`` (exclusive), batch by batch, as it is read.
+
+        Starts from a snapshot folded to before ``since`` (else the log start), so every
+        record from ``since`` on passes through the yielded batches. Yields the buffer
+        right after folding each batch, with the batch: a reader that delivers as it
+        folds (Spark's batch read) emits what the buffer has decided. Raises
+        ``RuntimeError`` if the partition yields nothing for ``timeout_s``.
+        """
+        buf = self.buffers.get(tp)
+        if buf is None or buf.last_offset >= since:
+            buf = self._start(tp, at_or_before=since - 1)
+        pos = buf.last_offset + 1
+        if pos >= until:
+            return
+        self._consumer.assign([KafkaTP(tp.topic, tp.partition, pos)])
+        try:
+            while pos < until:
+                msgs = self._consumer.consume(min(5000, until - pos), timeout_s)
+                if not msgs:
+                    raise RuntimeError(f"{tp}: no records between {pos} and {until} within "
+                                       f"{timeout_s:g} s (deleted by retention?)")
+                batch = [m for m in msgs if m.error() is None]
+                if not batch:
+                    continue
+                last = batch[-1].offset()
+                if last >= until:
+                    batch = [m for m in batch if m.offset() < until]
+                buf.fold_messages(batch)
+                pos = last + 1
+                yield buf, batch
+        finally:
+            self._consumer.unassign()
 
     def close(self) -> None:
         """Release the consumer."""
