@@ -5,8 +5,9 @@ One run, one broker, Spark ``local[2]``:
 * source: rows/s of a batch read of N committed rows. Anchor: spark-sql-kafka with
   ``kafka.isolation.level=read_committed`` on the same N rows written with Kafka's own
   transactions; txnstream reads the same rows written with txnstream transactions.
-* sink: rows/s of ``df.write`` of the same cached N-row DataFrame. Anchor: Spark's own
-  (at-least-once) Kafka sink; txnstream: the exactly-once sink (one group commit).
+* sink: rows/s of ``df.write`` of the same cached N-row DataFrame, the best of two writes
+  to new topics, each checked. Anchor: Spark's own (at-least-once) Kafka sink;
+  txnstream: the exactly-once sink (one group commit).
 
 spark-sql-kafka comes from Maven Central (``bench/spark_kafka_pom.xml``), at pyspark's
 version when Central has it, else the newest release of the same major line (noted in
@@ -129,6 +130,20 @@ def _read(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
     return rows, best
 
 
+def _write(spark, df, fmt: str, options, count, n: int) -> float:
+    """Seconds of the best of two full writes of ``df``, each to a new topic, each checked."""
+    best = float("inf")
+    for _ in range(2):
+        opts = options()
+        t0 = time.perf_counter()
+        df.write.format(fmt).options(**opts).mode("append").save()
+        best = min(best, time.perf_counter() - t0)
+        dst = opts["topic"]
+        if (got := count(dst)) != n:
+            raise RuntimeError(f"{fmt} sink wrote {got} of {n} rows to {dst}")
+    return best
+
+
 def _row(measure: str, ours: float, anchor: str, theirs: float, goal: float) -> dict:
     ratio = ours / theirs if theirs else float("nan")
     return {"measure": measure, "txnstream": f"{ours:,.0f}", "anchor": anchor,
@@ -171,21 +186,14 @@ def run(cfg: Config) -> list[dict]:
                 "topic", make_topic(cfg, 2)).save()  # warm-up
             df.limit(10).write.format("txnstream").options(
                 **_opts(cfg, topic=make_topic(cfg, 2))).mode("append").save()
-            dst_k, dst_t = make_topic(cfg, 2), make_topic(cfg, 2)
-            t0 = time.perf_counter()
-            df.write.format("kafka").option("kafka.bootstrap.servers", cfg.bootstrap_servers) \
-                .option("topic", dst_k).save()
-            secs_k = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            df.write.format("txnstream").options(**_opts(cfg, topic=dst_t)).mode("append").save()
-            secs_t = time.perf_counter() - t0
-            out_k = spark.read.format("kafka").option(
-                "kafka.bootstrap.servers", cfg.bootstrap_servers).option("subscribe", dst_k) \
-                .load().count()
-            out_t = spark.read.format("txnstream").options(**_opts(cfg, subscribe=dst_t)) \
-                .load().count()
-            if out_k != n or out_t != n:
-                raise RuntimeError(f"sink wrote {out_k} (kafka) / {out_t} (txnstream) of {n}")
+            secs_k = _write(spark, df, "kafka", lambda: {
+                "kafka.bootstrap.servers": cfg.bootstrap_servers, "topic": make_topic(cfg, 2)},
+                lambda dst: spark.read.format("kafka").option(
+                    "kafka.bootstrap.servers", cfg.bootstrap_servers).option(
+                    "subscribe", dst).load().count(), n)
+            secs_t = _write(spark, df, "txnstream", lambda: _opts(cfg, topic=make_topic(cfg, 2)),
+                            lambda dst: spark.read.format("txnstream").options(
+                                **_opts(cfg, subscribe=dst)).load().count(), n)
             rows.append(_row(f"sink rows/s ({n:,} rows, batch write)", n / secs_t,
                              f"{anchor} sink (at-least-once)", n / secs_k, 0.8))
         finally:
