@@ -498,34 +498,54 @@ class TxnCommitMessage(WriterCommitMessage):
     query_id: str
 
 
+_CLIENTS: dict[str, tuple[Any, dict[str, Any]]] = {}
+"""This Python worker's clients and their producers, by config. Spark reuses a worker for
+later tasks (and batches), so they skip the connection set-up and the producer's id
+handshake, as Spark's own Kafka sink caches its producers. Dropped after any failure."""
+
+
+def _client_for(config: Config) -> tuple[Any, dict[str, Any]]:
+    from txnstream.client import Client
+
+    key = repr(config)
+    if key not in _CLIENTS:
+        _CLIENTS[key] = (Client(config=config), {})
+    return _CLIENTS[key]
+
+
+def _drop_client(config: Config) -> None:
+    client, _ = _CLIENTS.pop(repr(config), (None, None))
+    if client is not None:
+        try:
+            client.close()
+        except Exception:  # already failing: the cause is what the task reports
+            log.warning("closing a failed sink client", exc_info=True)
+
+
 def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: str,
                 tc_of: str) -> TxnCommitMessage:
     """Write one task's rows in one transaction; a task with no rows opens none.
 
     The transaction opens at the first row, so upstream work does not eat into its timeout.
     """
-    from txnstream.client import Client
-
     batches = (rb for rb in batches if rb.num_rows)
     first = next(batches, None)
     if first is None:  # Spark wants a message from every task: one that names no txn
         return TxnCommitMessage(NO_TXN, NO_TXN, 0, query_id)
-    client = Client(config=opts.config)
+    client, producers = _client_for(opts.config)
     try:
         tc_id = zlib.crc32(tc_of.encode()) % client.tc.num_coordinators
         txn = client.new_transaction(timeout_s=opts.txn_timeout_s, tc_id=tc_id)
-        producers: dict[str, Any] = {}
-        n = 0
         try:
             n = _send_all(opts, client, txn, itertools.chain([first], batches), producers)
-            for p in producers.values():
-                p.flush_transaction(txn)
+            txn.flush()  # every row acknowledged, or the task fails (its retry writes anew)
         except BaseException:
             txn.abort()  # a failed attempt's rows never show; the retry writes its own txn
             raise
-        return TxnCommitMessage(tc_id, txn.id.least_bits, n, query_id)
-    finally:
-        client.close()
+    except BaseException:
+        _drop_client(opts.config)
+        raise
+    return TxnCommitMessage(tc_id, txn.id.least_bits, n, query_id)
 
 
 def _binary(rb: pa.RecordBatch, name: str) -> pa.Array | None:
@@ -621,13 +641,13 @@ def pause_point(name: str, batch_id: int) -> None:
 
 
 def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -> None:
-    from txnstream.client import Client
     from txnstream.coordinator.protocol import TcOp
 
     msgs = [m for m in messages if isinstance(m, TxnCommitMessage) and m.txn_seq != NO_TXN]
     if not msgs:
         return
-    with Client(config=opts.config) as client:
+    client, _ = _client_for(opts.config)
+    try:
         by_tc: dict[int, list[int]] = {}
         for m in msgs:
             by_tc.setdefault(m.tc_id, []).append(m.txn_seq)
@@ -650,6 +670,9 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
             else:
                 for s in seqs:
                     client.tc.request(TcOp.END, tc_id, txn_seq=s, commit=False)
+    except BaseException:
+        _drop_client(opts.config)
+        raise
 
 
 class TxnStreamStreamWriter(DataSourceStreamArrowWriter):

@@ -88,6 +88,21 @@ class Transaction:
             if self._abort_only is None:
                 self._abort_only = cause
 
+    def flush(self) -> None:
+        """Wait for this txn's sends; ``TxnStreamError`` if any failed (it is abort-only).
+
+        What :meth:`commit` checks before committing, for writers whose commit is done
+        elsewhere (the Spark sink's tasks, whose driver commits them as a group).
+        """
+        with self._lock:
+            flushers = list(self._flushers)
+        for flush in flushers:
+            flush()
+        cause = self._abort_only
+        if cause is not None:
+            raise TxnStreamError(f"transaction {self.id} can only abort: {cause}",
+                                 self.id) from cause
+
     def commit(self) -> None:
         """Flush this txn's sends, then commit. Raises (after aborting) if abort-only."""
         with self._lock:

@@ -140,6 +140,20 @@ def test_batch_write_commits_once(spark, config, worker, client):
     assert out == list(range(50))
 
 
+def test_a_row_the_broker_refuses_fails_the_write_and_commits_nothing(spark, config, worker):
+    dst = make_topic(config, 1)
+    # the clients let a 2 MB record through; the broker (1 MB per record) refuses it, so
+    # the task's delivery fails after its other rows were written
+    df = spark.range(0, 20, numPartitions=1).selectExpr(
+        "cast(id as string) as key",
+        "case when id = 10 then repeat('x', 2000000) else cast(id as string) end as value")
+    with pytest.raises(Exception, match=f"send to {dst}-0 failed"):
+        df.write.format("txnstream").options(
+            **opts(config, topic=dst, **{"kafka.message.max.bytes": "5000000"})) \
+            .mode("append").save()
+    assert drain(config, dst, idle_s=5) == []
+
+
 @pytest.mark.parametrize("options,needle", [
     ({"subscribe": "x"}, "kafka.bootstrap.servers"),
     ({"subscribe": f"missing-{uuid.uuid4().hex[:6]}", "_boot": 1}, "does not exist"),

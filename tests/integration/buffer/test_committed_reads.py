@@ -14,7 +14,7 @@ from confluent_kafka import Producer as KafkaProducer
 
 from tests.integration.buffer.conftest import make_topic
 from txnstream import Client, TopicPartition, TxnID
-from txnstream.errors import ConfigError, InvalidTxnStatusError
+from txnstream.errors import ConfigError, InvalidTxnStatusError, TxnStreamError
 from txnstream.markers import MarkerKind, TxnMarker
 
 pytestmark = pytest.mark.integration
@@ -218,3 +218,16 @@ def test_send_batch_that_fails_midway_names_the_partition_and_the_txn_still_abor
     from tests.integration.buffer.conftest import read_all
 
     assert [m for m in read_all(config, topic) if m.value() == b"never"] == []
+
+
+def test_a_send_the_broker_refuses_makes_flush_raise_naming_the_partition(
+        config, worker, client):
+    topic = make_topic(config, 1)
+    # the client lets 2 MB through; the broker (1 MB per record by default) refuses it
+    producer = client.create_producer(topic, **{"message.max.bytes": 5_000_000})
+    txn = client.new_transaction()
+    producer.send_batch([b"ok", b"z" * 2_000_000, b"ok"], [0, 0, 0], txn)
+    with pytest.raises(TxnStreamError, match=f"send to {topic}-0 failed"):
+        txn.flush()
+    with pytest.raises(TxnStreamError, match="aborted instead of committed"):
+        txn.commit()
