@@ -2,11 +2,13 @@
 
 One run, one broker, Spark ``local[2]``:
 
+Each measure is the median of three, the two sides taking turns.
+
 * source: rows/s of a batch read of N committed rows. Anchor: spark-sql-kafka with
   ``kafka.isolation.level=read_committed`` on the same N rows written with Kafka's own
   transactions; txnstream reads the same rows written with txnstream transactions.
-* sink: rows/s of ``df.write`` of the same cached N-row DataFrame, the best of two writes
-  to new topics, each checked. Anchor: Spark's own (at-least-once) Kafka sink;
+* sink: rows/s of ``df.write`` of the same cached N-row DataFrame, each write to a new
+  topic and checked. Anchor: Spark's own (at-least-once) Kafka sink;
   txnstream: the exactly-once sink (one group commit).
 
 spark-sql-kafka comes from Maven Central (``bench/spark_kafka_pom.xml``), at pyspark's
@@ -17,6 +19,7 @@ the results). ``TXNSTREAM_BENCH_SPARK_ROWS`` sets N (default 200,000).
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -117,31 +120,26 @@ def _opts(cfg: Config, **extra: str) -> dict[str, str]:
             "txnstream.prefix": cfg.topics.prefix, **extra}
 
 
+ROUNDS = 3
+"""Each side is measured this many times, the two sides taking turns; the median counts."""
+
+
 def _read(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
-    """Rows read and seconds: the best of two full reads (count + sum of value lengths)."""
-    best = float("inf")
-    rows = 0
-    for _ in range(2):
-        t0 = time.perf_counter()
-        r = spark.read.format(fmt).options(**options).load() \
-            .selectExpr("count(*) AS n", "sum(length(value)) AS b").collect()[0]
-        best = min(best, time.perf_counter() - t0)
-        rows = r.n
-    return rows, best
+    """Rows read and seconds of one full read (count + sum of value lengths)."""
+    t0 = time.perf_counter()
+    r = spark.read.format(fmt).options(**options).load() \
+        .selectExpr("count(*) AS n", "sum(length(value)) AS b").collect()[0]
+    return r.n, time.perf_counter() - t0
 
 
-def _write(spark, df, fmt: str, options, count, n: int) -> float:
-    """Seconds of the best of two full writes of ``df``, each to a new topic, each checked."""
-    best = float("inf")
-    for _ in range(2):
-        opts = options()
-        t0 = time.perf_counter()
-        df.write.format(fmt).options(**opts).mode("append").save()
-        best = min(best, time.perf_counter() - t0)
-        dst = opts["topic"]
-        if (got := count(dst)) != n:
-            raise RuntimeError(f"{fmt} sink wrote {got} of {n} rows to {dst}")
-    return best
+def _write(df, fmt: str, options: dict[str, str], count, n: int) -> float:
+    """Seconds of one full write of ``df`` to the topic in ``options``, checked after."""
+    t0 = time.perf_counter()
+    df.write.format(fmt).options(**options).mode("append").save()
+    secs = time.perf_counter() - t0
+    if (got := count(options["topic"])) != n:
+        raise RuntimeError(f"{fmt} sink wrote {got} of {n} rows to {options['topic']}")
+    return secs
 
 
 def _row(measure: str, ours: float, anchor: str, theirs: float, goal: float) -> dict:
@@ -170,11 +168,17 @@ def run(cfg: Config) -> list[dict]:
                           "kafka.isolation.level": "read_committed"}
             _read(spark, "kafka", {**kafka_read, "subscribe": warm_k})
             _read(spark, "txnstream", _opts(cfg, subscribe=warm_t))
-            got_k, secs_k = _read(spark, "kafka", {**kafka_read, "subscribe": kafka_src})
-            got_t, secs_t = _read(spark, "txnstream", _opts(cfg, subscribe=ours_src))
-            if got_k != n or got_t != n:
-                raise RuntimeError(f"source read {got_k} (kafka) / {got_t} (txnstream) of {n}")
-            rows.append(_row(f"source rows/s ({n:,} rows, batch read)", n / secs_t,
+            times_k, times_t = [], []
+            for _ in range(ROUNDS):
+                got_k, secs = _read(spark, "kafka", {**kafka_read, "subscribe": kafka_src})
+                times_k.append(secs)
+                got_t, secs = _read(spark, "txnstream", _opts(cfg, subscribe=ours_src))
+                times_t.append(secs)
+                if got_k != n or got_t != n:
+                    raise RuntimeError(f"source read {got_k} (kafka) / {got_t} (txnstream) "
+                                       f"of {n}")
+            secs_k, secs_t = statistics.median(times_k), statistics.median(times_t)
+            rows.append(_row(f"source rows/s ({n:,} rows, batch read, median of {ROUNDS})", n / secs_t,
                              f"{anchor}, read_committed", n / secs_k, 1.0))
 
             df = spark.range(0, n, numPartitions=2).selectExpr(
@@ -186,15 +190,20 @@ def run(cfg: Config) -> list[dict]:
                 "topic", make_topic(cfg, 2)).save()  # warm-up
             df.limit(10).write.format("txnstream").options(
                 **_opts(cfg, topic=make_topic(cfg, 2))).mode("append").save()
-            secs_k = _write(spark, df, "kafka", lambda: {
-                "kafka.bootstrap.servers": cfg.bootstrap_servers, "topic": make_topic(cfg, 2)},
-                lambda dst: spark.read.format("kafka").option(
-                    "kafka.bootstrap.servers", cfg.bootstrap_servers).option(
-                    "subscribe", dst).load().count(), n)
-            secs_t = _write(spark, df, "txnstream", lambda: _opts(cfg, topic=make_topic(cfg, 2)),
-                            lambda dst: spark.read.format("txnstream").options(
-                                **_opts(cfg, subscribe=dst)).load().count(), n)
-            rows.append(_row(f"sink rows/s ({n:,} rows, batch write)", n / secs_t,
+            times_k, times_t = [], []
+            for _ in range(ROUNDS):
+                times_k.append(_write(
+                    df, "kafka", {"kafka.bootstrap.servers": cfg.bootstrap_servers,
+                                  "topic": make_topic(cfg, 2)},
+                    lambda dst: spark.read.format("kafka").option(
+                        "kafka.bootstrap.servers", cfg.bootstrap_servers).option(
+                        "subscribe", dst).load().count(), n))
+                times_t.append(_write(
+                    df, "txnstream", _opts(cfg, topic=make_topic(cfg, 2)),
+                    lambda dst: spark.read.format("txnstream").options(
+                        **_opts(cfg, subscribe=dst)).load().count(), n))
+            secs_k, secs_t = statistics.median(times_k), statistics.median(times_t)
+            rows.append(_row(f"sink rows/s ({n:,} rows, batch write, median of {ROUNDS})", n / secs_t,
                              f"{anchor} sink (at-least-once)", n / secs_k, 0.8))
         finally:
             spark.stop()
