@@ -178,7 +178,8 @@ def run(cfg: Config) -> list[dict]:
                     raise RuntimeError(f"source read {got_k} (kafka) / {got_t} (txnstream) "
                                        f"of {n}")
             secs_k, secs_t = statistics.median(times_k), statistics.median(times_t)
-            rows.append(_row(f"source rows/s ({n:,} rows, batch read, median of {ROUNDS})", n / secs_t,
+            rows.append(_row(f"source rows/s ({n:,} rows, batch read, median of {ROUNDS})",
+                             n / secs_t,
                              f"{anchor}, read_committed", n / secs_k, 1.0))
 
             df = spark.range(0, n, numPartitions=2).selectExpr(
@@ -203,7 +204,8 @@ def run(cfg: Config) -> list[dict]:
                     lambda dst: spark.read.format("txnstream").options(
                         **_opts(cfg, subscribe=dst)).load().count(), n))
             secs_k, secs_t = statistics.median(times_k), statistics.median(times_t)
-            rows.append(_row(f"sink rows/s ({n:,} rows, batch write, median of {ROUNDS})", n / secs_t,
+            rows.append(_row(f"sink rows/s ({n:,} rows, batch write, median of {ROUNDS})",
+                             n / secs_t,
                              f"{anchor} sink (at-least-once)", n / secs_k, 0.8))
         finally:
             spark.stop()
