@@ -523,10 +523,12 @@ def _drop_client(config: Config) -> None:
 
 
 def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: str,
-                tc_of: str) -> TxnCommitMessage:
+                tc_of: str, group_key: str | None) -> TxnCommitMessage:
     """Write one task's rows in one transaction; a task with no rows opens none.
 
     The transaction opens at the first row, so upstream work does not eat into its timeout.
+    It is opened for ``group_key``, the key its driver will commit it under, so that
+    commit also aborts the transactions of attempts whose driver died (kill -9).
     """
     batches = (rb for rb in batches if rb.num_rows)
     first = next(batches, None)
@@ -535,7 +537,8 @@ def _write_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], query_id: 
     client, producers = _client_for(opts.config)
     try:
         tc_id = zlib.crc32(tc_of.encode()) % client.tc.num_coordinators
-        txn = client.new_transaction(timeout_s=opts.txn_timeout_s, tc_id=tc_id)
+        txn = client.new_transaction(timeout_s=opts.txn_timeout_s, tc_id=tc_id,
+                                     group_key=group_key)
         try:
             n = _send_all(opts, client, txn, itertools.chain([first], batches), producers)
             txn.flush()  # every row acknowledged, or the task fails (its retry writes anew)
@@ -675,6 +678,11 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
         raise
 
 
+def _group_key(query_id: str, batch_id: int | str) -> str:
+    """The group commit key of one micro-batch: the same on the tasks and the driver."""
+    return f"{query_id}/{int(batch_id)}"
+
+
 class TxnStreamStreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("txnstream")``: exactly once per micro-batch."""
 
@@ -687,11 +695,13 @@ class TxnStreamStreamWriter(DataSourceStreamArrowWriter):
 
         ctx = TaskContext.get()
         query_id = (ctx.getLocalProperty("sql.streaming.queryId") if ctx else None) or "query"
-        return _write_rows(self.opts, iterator, query_id, tc_of=query_id)
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        return _write_rows(self.opts, iterator, query_id, tc_of=query_id,
+                           group_key=_group_key(query_id, batch_id) if batch_id else None)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         qids = {m.query_id for m in messages if isinstance(m, TxnCommitMessage)}
-        key = f"{next(iter(qids)) if qids else 'query'}/{batchId}"
+        key = _group_key(next(iter(qids)) if qids else "query", batchId)
         pause_point("sink-commit-before-end", batchId)
         _end_group(self.opts, messages, key, commit=True)
         pause_point("sink-commit-after-end", batchId)
@@ -709,7 +719,8 @@ class TxnStreamBatchWriter(DataSourceArrowWriter):
         self.job_key = f"batch-{uuid.uuid4().hex}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TxnCommitMessage:
-        return _write_rows(self.opts, iterator, self.job_key, tc_of=self.job_key)
+        return _write_rows(self.opts, iterator, self.job_key, tc_of=self.job_key,
+                           group_key=self.job_key)
 
     def commit(self, messages: list[Any]) -> None:
         _end_group(self.opts, messages, self.job_key, commit=True)

@@ -48,15 +48,20 @@ class Client:
                 self._tc = TransactionCoordinatorClient(self.config)
             return self._tc
 
-    def new_transaction(self, timeout_s: float | None = None,
-                        tc_id: int | None = None) -> Transaction:
-        """Open a transaction on the next coordinator (round-robin), or on ``tc_id``."""
+    def new_transaction(self, timeout_s: float | None = None, tc_id: int | None = None,
+                        group_key: str | None = None) -> Transaction:
+        """Open a transaction on the next coordinator (round-robin), or on ``tc_id``.
+
+        ``group_key`` names the group commit (``END_GROUP``) it is meant for: when that
+        group ends, the coordinator aborts every txn of the key left OPEN outside it.
+        """
         timeout = timeout_s if timeout_s is not None else self.config.default_txn_timeout_s
         if timeout <= 0:
             raise ConfigError(f"timeout_s must be positive, got {timeout}")
         if tc_id is None:
             tc_id = self.tc.pick_coordinator()
-        reply = self.tc.request(TcOp.NEW, tc_id, timeout_ms=int(timeout * 1000))
+        reply = self.tc.request(TcOp.NEW, tc_id, timeout_ms=int(timeout * 1000),
+                                group_key=group_key)
         return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout)
 
     @contextmanager

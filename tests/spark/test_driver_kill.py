@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.spark.conftest import drain, make_topic
+from txnstream import TxnStatus
 
 pytestmark = [pytest.mark.spark, pytest.mark.fault]
 
@@ -74,7 +75,8 @@ def test_driver_killed_inside_a_commit_writes_every_row_exactly_once(
     """kill -9 of the whole driver (JVM, Python driver and workers) while batch 2 commits.
 
     before-end: the tasks' transactions are open, the group end not sent; the restart
-    replays batch 2 in new transactions and the orphans time out (aborted).
+    replays batch 2 in new transactions, and its group end aborts the orphans (they were
+    opened for the same key), long before their 600 s timeout would.
     after-end: the coordinator has committed the group (query id, 2) but Spark has not
     recorded the batch; the restart replays it, finds the key committed, and the
     coordinator aborts the replay's transactions.
@@ -109,3 +111,12 @@ def test_driver_killed_inside_a_commit_writes_every_row_exactly_once(
     out = drain(config, dst)
     assert len(out) - len(set(out)) == 0, "a row was written twice"
     assert set(out) == {f"R{i}".encode() for i in range(rows)}
+    batch2 = [t for t in client.admin.list_transactions()
+              if t.group_key and t.group_key.endswith("/2")]
+    committed = [t for t in batch2 if t.status is TxnStatus.COMMITTED]
+    aborted = [t for t in batch2 if t.status is not TxnStatus.COMMITTED]
+    assert committed, "batch 2 committed nothing"
+    assert aborted, "no orphan or replayed transaction of batch 2"
+    # ended by batch 2's group end, not by their timeout: readers were never held 600 s
+    assert all(t.status is TxnStatus.ABORTED and t.abort_reason == "group" for t in aborted), \
+        [(str(t.txn_id), t.status.value, t.abort_reason) for t in aborted]

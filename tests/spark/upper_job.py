@@ -28,7 +28,7 @@ o = {"kafka.bootstrap.servers": boot, "txnstream.prefix": prefix}
 q = (spark.readStream.format("txnstream").options(**o, subscribe=src, maxRecordsPerTrigger="300")
      .load().select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
      .writeStream.format("txnstream")
-     .options(**o, topic=dst, **{"txnstream.txnTimeoutSeconds": "30"})
+     .options(**o, topic=dst, **{"txnstream.txnTimeoutSeconds": "600"})
      .option("checkpointLocation", ckpt).trigger(processingTime="1 second").start())
 last_batch, last_change = None, time.monotonic()
 # drained = a batch has completed and no new one came for 8 s

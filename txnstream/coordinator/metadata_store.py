@@ -187,7 +187,7 @@ class TransactionMetadataStore:
         if meta is None:
             if entry.status is TxnStatus.OPEN and entry.timeout_ms > 0:
                 meta = TxnMeta(TxnID(self.tc_id, seq), TxnStatus.OPEN, entry.open_time_ms,
-                               entry.timeout_ms)
+                               entry.timeout_ms, group_key=entry.group_key)
                 self.txns[seq] = meta
                 self.timeouts.track(seq, meta.deadline_ms)
                 if entry.request_id:
@@ -254,15 +254,22 @@ class TransactionMetadataStore:
                 "(never opened, or ended and truncated)", TxnID(self.tc_id, seq))
         return meta
 
-    def new_txn(self, request_id: str, timeout_ms: int,
-                now_ms: int) -> tuple[TxnMeta, TransactionLogEntry | None]:
-        """Open a txn; a repeated request id returns the txn it opened before."""
+    def new_txn(self, request_id: str, timeout_ms: int, now_ms: int,
+                group_key: str | None = None) -> tuple[TxnMeta, TransactionLogEntry | None]:
+        """Open a txn; a repeated request id returns the txn it opened before.
+
+        ``group_key``: the group commit this txn is meant for (a Spark sink task's
+        ``(query id, batch id)``). When that group ends, every other txn still OPEN under
+        the same key is aborted: the txns of attempts whose driver died before
+        reporting them, which would otherwise block readers until their timeout.
+        """
         seen = self._requests.get(request_id)
         if seen is not None and seen in self.txns:
             return self.txns[seen], None
         seq = self.next_sequence
         entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
-                            status=TxnStatus.OPEN, open_time_ms=now_ms, timeout_ms=timeout_ms)
+                            status=TxnStatus.OPEN, open_time_ms=now_ms, timeout_ms=timeout_ms,
+                            group_key=group_key)
         self.apply(entry, now_ms)
         return self.txns[seq], entry
 
@@ -346,13 +353,18 @@ class TransactionMetadataStore:
         2. Committing needs every txn OPEN and alive. If one is not, every OPEN txn of
            the group is aborted and the error names the culprit: all or none.
         3. Otherwise one GROUP_END record moves them all to COMMITTING (or ABORTING).
+
+        In every case, txns opened for ``key`` (see :meth:`new_txn`) that are still OPEN
+        and not in the group are aborted: orphans of earlier attempts.
         """
         seqs = tuple(sorted(set(seqs)))
         target = TxnStatus.COMMITTING if commit else TxnStatus.ABORTING
+        orphans = [s for s, m in self.txns.items() if m.group_key == key and s not in seqs
+                   and m.status is TxnStatus.OPEN]
         prior = self.groups.get(key)
         if prior is not None:
             extra = [s for s in seqs if s not in prior.seqs]
-            entries = self._abort_open(extra, now_ms, ABORT_GROUP)
+            entries = self._abort_open([*extra, *orphans], now_ms, ABORT_GROUP)
             return GroupEndResult(prior.status, prior.seqs, tuple(entries), already=True)
         error = None
         for seq in seqs:
@@ -370,12 +382,15 @@ class TransactionMetadataStore:
                 break
         if error is not None or not commit:
             entries = self._abort_open(seqs, now_ms, ABORT_GROUP if commit else ABORT_CLIENT)
+            entries += self._abort_open(orphans, now_ms, ABORT_GROUP)
             return GroupEndResult(TxnStatus.ABORTING, seqs, tuple(entries), already=False,
                                   error=error)
         entry = self._entry(kind=LogEntryKind.GROUP_END, request_id=request_id, status=target,
                             group_key=key, group_seqs=seqs)
         self.apply(entry, now_ms)
-        return GroupEndResult(target, seqs, (entry,), already=False)
+        return GroupEndResult(target, seqs,
+                              (entry, *self._abort_open(orphans, now_ms, ABORT_GROUP)),
+                              already=False)
 
     def _abort_open(self, seqs: Iterable[int], now_ms: int,
                     reason: str) -> list[TransactionLogEntry]:

@@ -425,7 +425,7 @@ class CoordinatorWorker:
             if req.op is TcOp.NEW:
                 timeout = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
                               int(self.config.max_txn_timeout_s * 1000))
-                meta, entry = store.new_txn(req.request_id, timeout, now_ms)
+                meta, entry = store.new_txn(req.request_id, timeout, now_ms, req.group_key)
                 out.extend([entry] if entry else [])
                 return TcReply(req.request_id, req.client_id, tc.tc_id,
                                txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id)

@@ -137,6 +137,35 @@ def test_group_end_is_all_or_none_and_idempotent(config, worker, client):
     wait_until(lambda: status(a) is TxnStatus.ABORTED, 10, "group member aborted")
 
 
+def test_group_end_aborts_the_orphans_of_its_key_so_readers_are_not_blocked(
+        config, worker, client):
+    import uuid
+
+    topic = make_topic(config, 1)
+    p = client.create_producer(topic)
+    # an attempt whose driver died: open, written, never reported; timeout far away
+    orphan = client.new_transaction(timeout_s=600, tc_id=0, group_key="q9/3")
+    p.send(b"orphan", txn=orphan, partition=0)
+    member = client.new_transaction(timeout_s=600, tc_id=0, group_key="q9/3")
+    p.send(b"member", txn=member, partition=0)
+    other = client.new_transaction(timeout_s=600, tc_id=0, group_key="q9/4")
+    p.flush_transaction(orphan)
+    p.flush_transaction(member)
+    member.flush()
+    client.tc.request(TcOp.END_GROUP, 0, group_key="q9/3",
+                      group_seqs=(member.id.least_bits,), commit=True)
+    wait_until(lambda: client.admin.get_transaction(orphan.id).status is TxnStatus.ABORTED,
+               15, "orphan aborted at the group end")
+    assert client.admin.get_transaction(orphan.id).abort_reason == "group"
+    assert client.admin.get_transaction(other.id).status is TxnStatus.OPEN
+    # the orphan no longer blocks the partition: the member's record is delivered
+    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    m = c.receive(timeout_s=15)
+    c.close()
+    assert m is not None and m.value == b"member"
+    other.abort()
+
+
 def test_clear_errors_for_unknown_txn_wrong_status_and_missing_coordinator(config, worker, client):
     with pytest.raises(TransactionNotFoundError) as e1:
         client.admin.get_transaction(TxnID(0, 999_999))

@@ -217,6 +217,39 @@ def test_group_end_all_or_none_idempotent_and_survives_truncation():
     assert fresh.groups["q/1"] == GroupOutcome("q/1", S.COMMITTING, tuple(seqs))
 
 
+def test_group_end_aborts_orphans_of_its_key_and_nothing_else_even_after_replay():
+    log = Log()
+    s = owner(log)
+
+    def new(rid, key):
+        m, e = s.new_txn(rid, 9_000, 0, group_key=key)
+        log.append(e)
+        return m
+
+    orphan = new("dead-attempt", "q/1")      # its driver died before reporting it
+    members = [new(f"m{i}", "q/1") for i in range(2)]
+    other_batch = new("next", "q/2")
+    untagged = new("plain", None)
+    # a new owner replays the log: the keys of OPEN txns come back with them
+    fresh = TransactionMetadataStore(0, "w2")
+    for off, e in log.records:
+        fresh.replay(off, e)
+    for store in (s, fresh):
+        g = store.end_group("q/1", [m.txn_id.least_bits for m in members], True, 0)
+        assert not g.already and g.status is S.COMMITTING
+        assert store.txns[orphan.txn_id.least_bits].status is S.ABORTING
+        assert store.txns[orphan.txn_id.least_bits].abort_reason == "group"
+        assert all(store.txns[m.txn_id.least_bits].status is S.COMMITTING for m in members)
+        assert store.txns[other_batch.txn_id.least_bits].status is S.OPEN
+        assert store.txns[untagged.txn_id.least_bits].status is S.OPEN
+        assert len(g.entries) == 2  # the GROUP_END and the orphan's abort
+    # a replay of q/1 that finds it committed aborts its own txns and any new orphan
+    late_orphan, replayed = new("late", "q/1"), new("replayed", "q/1")
+    again = s.end_group("q/1", [replayed.txn_id.least_bits], True, 0)
+    assert again.already
+    assert late_orphan.status is S.ABORTING and replayed.status is S.ABORTING
+
+
 def test_errors_for_unknown_and_ended_txns():
     s = owner(Log())
     with pytest.raises(TransactionNotFoundError, match=r"\(0,77\)"):
