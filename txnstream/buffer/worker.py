@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.snapshot import restore, take_snapshot
@@ -106,18 +106,18 @@ class BufferWorker:
         next_lwm = time.monotonic() + self.lwm_check_interval_s
         try:
             while not self._stop.is_set():
+                runs: dict[tuple[str, int], list[Message]] = {}
                 for m in self._consumer.consume(2000, 0.2):
                     if m.error():
                         if m.error().code() != KafkaError._PARTITION_EOF:
                             log.warning("buffer worker: %s", m.error())
                         continue
-                    tp = TopicPartition(m.topic(), m.partition())
+                    runs.setdefault((m.topic(), m.partition()), []).append(m)
+                for (topic, partition), msgs in runs.items():
+                    tp = TopicPartition(topic, partition)
                     buf = self.buffers.get(tp)
-                    if buf is None or m.offset() <= buf.last_offset:
-                        continue
-                    ts = m.timestamp()[1]
-                    buf.fold(m.offset(), m.headers(), m.value(), ts if ts > 0 else None)
-                    self._dirty.add(tp)
+                    if buf is not None and buf.fold_messages(msgs):
+                        self._dirty.add(tp)
                 now = time.monotonic()
                 if now >= next_snap:
                     self._publish()
