@@ -7,7 +7,10 @@ retriable (retry with backoff inside a deadline), abort-the-transaction, or fata
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+import logging
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, KafkaException
 
 if TYPE_CHECKING:
     from txnstream.types import TxnID, TxnStatus
@@ -20,11 +23,15 @@ __all__ = [
     "TransactionNotFoundError",
     "CoordinatorNotFoundError",
     "RequestTimeoutError",
+    "TransactionOutcomeUnknownError",
+    "KafkaClientError",
     "ClusterError",
     "ConfigError",
     "CorruptRecordError",
     "KafkaErrorKind",
     "classify_kafka_error",
+    "is_retriable_kafka_error",
+    "message_error",
 ]
 
 
@@ -74,6 +81,23 @@ class RequestTimeoutError(TxnStreamError):
     """A coordinator request got no reply inside its deadline (its outcome is unknown)."""
 
 
+class TransactionOutcomeUnknownError(RequestTimeoutError):
+    """A commit or abort got no answer: the transaction may have ended either way.
+
+    The transaction's status stays undecided (COMMITTING or ABORTING) until the
+    coordinator answers; call ``commit()`` again (idempotent) to learn the outcome.
+    Never treat it as aborted: work retried on that assumption would be written twice.
+    """
+
+
+class KafkaClientError(TxnStreamError):
+    """A Kafka error that retrying will not cure (classified fatal); names where it rose."""
+
+    def __init__(self, message: str, kind: KafkaErrorKind, txn_id: TxnID | None = None) -> None:
+        super().__init__(message, txn_id)
+        self.kind = kind
+
+
 class ClusterError(TxnStreamError):
     """The local broker could not be set up, started, or reached."""
 
@@ -90,8 +114,11 @@ class KafkaErrorKind(enum.Enum):
     """How to react to a Kafka error."""
 
     RETRIABLE = "retriable"
+    """Transient (leader moving, broker busy, timeout): retry with backoff in a deadline."""
     ABORT_TXN = "abort"
+    """The transaction cannot commit any more: abort it, then carry on."""
     FATAL = "fatal"
+    """Retrying cannot help (bad config, authorization, fenced client): raise."""
 
 
 def classify_kafka_error(err: object) -> KafkaErrorKind:
@@ -109,3 +136,39 @@ def classify_kafka_error(err: object) -> KafkaErrorKind:
     if getattr(kerr, "retriable", lambda: False)():
         return KafkaErrorKind.RETRIABLE
     return KafkaErrorKind.FATAL
+
+
+_INFORMATIONAL = {
+    KafkaError._PARTITION_EOF,  # end of a partition, not a failure
+    KafkaError._TIMED_OUT,  # a poll/metadata wait ended; the client retries by itself
+    KafkaError._TRANSPORT,  # a connection dropped; librdkafka reconnects
+    KafkaError._ALL_BROKERS_DOWN,  # likewise, until the brokers come back
+}
+"""Consumer-side errors librdkafka reports but recovers from by itself."""
+
+
+def is_retriable_kafka_error(exc: BaseException) -> bool:
+    """For retry predicates (tenacity): a Kafka error classified RETRIABLE."""
+    return isinstance(exc, KafkaException) and classify_kafka_error(exc) is KafkaErrorKind.RETRIABLE
+
+
+def message_error(msg: Any, where: str, logger: logging.Logger | None = None) -> bool:
+    """Whether a consumed message carries an error instead of a record.
+
+    Every consume loop asks this instead of reading ``msg.error()`` itself, so a
+    consumed error is classified in one place: end-of-partition and errors librdkafka
+    recovers from by itself pass quietly (debug), other non-fatal ones are logged with
+    ``where`` (the loop that met them), and a fatal one raises ``KafkaClientError``.
+    """
+    err = msg.error()
+    if err is None:
+        return False
+    lg = logger or logging.getLogger("txnstream")
+    kind = classify_kafka_error(err)
+    if kind is KafkaErrorKind.FATAL and getattr(err, "fatal", lambda: False)():
+        raise KafkaClientError(f"{where}: fatal Kafka error: {err}", kind)
+    if err.code() in _INFORMATIONAL:
+        lg.debug("%s: %s", where, err)
+    else:
+        lg.warning("%s: Kafka error (%s): %s", where, kind.value, err)
+    return True
