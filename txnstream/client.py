@@ -11,10 +11,10 @@ from txnstream.admin import Admin
 from txnstream.config import Config
 from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.protocol import TcOp
-from txnstream.errors import ConfigError
+from txnstream.errors import ConfigError, InvalidTxnStatusError
 from txnstream.producer import Producer
 from txnstream.transaction import Transaction
-from txnstream.types import TxnID
+from txnstream.types import TxnID, TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.consumer import Consumer
@@ -63,6 +63,23 @@ class Client:
         reply = self.tc.request(TcOp.NEW, tc_id, timeout_ms=int(timeout * 1000),
                                 group_key=group_key)
         return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout)
+
+    def attach_transaction(self, txn_id: TxnID | str) -> Transaction:
+        """A handle on an OPEN transaction another process opened (it passed the TxnID).
+
+        Sends and acks through it join that transaction. Before telling the committer
+        it is done, the writer calls ``txn.flush()``: it waits for the sends and checks
+        with the coordinator that the transaction was still OPEN after they landed, so
+        no record can trail the transaction's markers unnoticed (such a record would be
+        dropped by every reader).
+        """
+        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
+        info = self.tc.request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits).txns[0]
+        if info.status is not TxnStatus.OPEN:
+            raise InvalidTxnStatusError(tid, TxnStatus.OPEN, info.status,
+                                        f"cannot attach to transaction {tid}: it is "
+                                        f"{info.status.value}")
+        return Transaction(self.tc, tid, info.timeout_ms / 1000, attached=True)
 
     @contextmanager
     def transaction(self, timeout_s: float | None = None) -> Iterator[Transaction]:

@@ -30,13 +30,19 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaException
 from confluent_kafka import Message as KafkaMessage
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer import TransactionBuffer
 from txnstream.coordinator.log_entry import SubscriptionRef
-from txnstream.errors import ConfigError, TxnStreamError
+from txnstream.errors import (
+    ConfigError,
+    KafkaErrorKind,
+    TxnStreamError,
+    classify_kafka_error,
+    message_error,
+)
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, classify_headers
 from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
@@ -57,6 +63,12 @@ READ_BACK_TIMEOUT_S = 30.0
 """How long a commit waits to read its own ack records back; a healthy tail takes ms."""
 COMMIT_INTERVAL_S = 0.5
 """Cursor commits are batched: at most two offset commits a second per consumer."""
+RETAKE_AFTER_S = 10.0
+"""After a newer owner fenced this member on a partition the group still assigns to it,
+wait this long (about a session timeout: the group settles who owns it meanwhile, and
+a revoke cancels the retake) before replaying and claiming it again."""
+CLAIM_RETRY_S = 1.0
+"""A takeover that failed (log not readable yet) is tried again after this long."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +118,9 @@ class _PartitionReader:
     """Delivered messages acked in a still-open txn: redelivered if it aborts."""
     held_back: dict[int, Message] = field(default_factory=dict)
     """Messages a previous owner's open txn acked: delivered only if that txn aborts."""
+    reseeking: bool = False
+    """Sought back to re-read what the hold dropped: the rest of the current fetch batch
+    for this partition is from before the seek and must be ignored (it comes again)."""
 
     def cursor(self) -> int:
         """The group offset to commit: below every unacked or pending offset."""
@@ -144,47 +159,109 @@ class Consumer:
         self.member_id = f"{subscription}-{uuid.uuid4().hex[:8]}"
         self._acks = PendingAckStore(client.config, subscription, self.member_id)
         self._txns: dict[TxnID, Transaction] = {}
+        """Txns that acked through this consumer, until they end (bounded by txns in
+        flight: ended ones are dropped at their mark or at their local end)."""
+        self._txn_tps: dict[TxnID, set[TopicPartition]] = {}
+        self._owned: set[TopicPartition] = set()
+        """Partitions the group assigns to this member (whether or not claimed yet)."""
+        self._retake: dict[TopicPartition, float] = {}
+        """Owned partitions to (re)claim, with when: failed takeovers and fenced ones."""
         self._kafka = KafkaConsumer(client.config.consumer(
             subscription, **{"auto.offset.reset": initial_position,
                              "partition.assignment.strategy": "cooperative-sticky"}, **kafka))
         self._kafka.subscribe(self.topics, on_assign=self._on_assign,
-                              on_revoke=self._on_revoke, on_lost=self._on_revoke)
+                              on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     # ------------------------------------------------------------ assignment
 
     def _on_assign(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
-        committed = consumer.committed(parts, timeout=self._client.config.admin_timeout_s)
-        seek = []
-        for p in committed:
+        # A rebalance callback must never raise (it would surface from poll() and end the
+        # caller): a takeover that fails is retried from receive().
+        for p in parts:
             tp = TopicPartition(p.topic, p.partition)
-            low, high = consumer.get_watermark_offsets(
-                KafkaTP(p.topic, p.partition), timeout=self._client.config.admin_timeout_s)
-            if p.offset >= 0:
-                start = p.offset
-            else:
-                start = low if self._initial == "earliest" else high
-            # Fold from the log start: txns that began before ``start`` must be known.
-            # Rebuild the pending acks before delivering anything, then claim the partition.
-            handle = self._acks.replay(tp)
-            start = max(start, handle.cursor)
-            self._acks.claim(handle, cursor=start)
-            reader = _PartitionReader(tp, TransactionBuffer(tp), deliver_pos=start,
-                                      fold_pos=low, committed=p.offset, handle=handle)
             with self._lock:
-                self._readers[tp] = reader
-            seek.append(KafkaTP(p.topic, p.partition, low if low < start else start))
-            if low >= start:
-                reader.fold_pos = start
-        consumer.incremental_assign(seek)
+                self._owned.add(tp)
+            try:
+                self._take(tp)
+            except (TxnStreamError, KafkaException) as exc:
+                log.warning("%s: cannot take %s yet (%s); retrying in %.0fs", self.member_id,
+                            tp, exc, CLAIM_RETRY_S)
+                with self._lock:
+                    self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
+
+    def _take(self, tp: TopicPartition) -> None:
+        """Become the owner of ``tp``: replay its pending acks, claim it, start reading.
+
+        Nothing is delivered before the claim's OWNER record is in the log and every
+        record before it is folded (a zombie's late ack included).
+        """
+        timeout = self._client.config.admin_timeout_s
+        ktp = KafkaTP(tp.topic, tp.partition)
+        committed = self._kafka.committed([ktp], timeout=timeout)[0].offset
+        low, high = self._kafka.get_watermark_offsets(ktp, timeout=timeout)
+        if committed >= 0:
+            start = committed
+        else:
+            start = low if self._initial == "earliest" else high
+        # Fold from the log start: txns that began before ``start`` must be known.
+        # Rebuild the pending acks before delivering anything, then claim the partition.
+        handle = self._acks.replay(tp)
+        start = max(start, handle.cursor)
+        self._acks.claim(handle, cursor=start)
+        reader = _PartitionReader(tp, TransactionBuffer(tp), deliver_pos=start,
+                                  fold_pos=low, committed=committed, handle=handle)
+        if low >= start:
+            reader.fold_pos = start
+        with self._lock:
+            if tp not in self._owned:
+                return  # revoked meanwhile
+            self._readers[tp] = reader
+            self._retake.pop(tp, None)
+        self._kafka.incremental_assign([KafkaTP(tp.topic, tp.partition, min(low, start))])
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
+        """A clean revoke: our acks are made durable and the cursor committed first."""
+        self._acks.flush()  # acks land before the next owner's OWNER: they stay valid
         with self._lock:
             self._commit(force=True)
-            for p in parts:
-                tp = TopicPartition(p.topic, p.partition)
-                self._readers.pop(tp, None)
-                self._ready = deque(m for m in self._ready if m.tp != tp)
-        consumer.incremental_unassign(parts)
+        self._release_partitions(consumer, parts, lost=False)
+
+    def _on_lost(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
+        """Lost (the session timed out, e.g. this process was paused past it).
+
+        Another member may own these already, so nothing is committed for them, and our
+        txns that acked on them can only abort (their acks may land after the new
+        owner's OWNER).
+        """
+        self._release_partitions(consumer, parts, lost=True)
+
+    def _release_partitions(self, consumer: KafkaConsumer, parts: list[KafkaTP],
+                            lost: bool) -> None:
+        tps = {TopicPartition(p.topic, p.partition) for p in parts}
+        with self._lock:
+            for tp in tps:
+                self._owned.discard(tp)
+                self._retake.pop(tp, None)
+                self._drop_reader(tp, f"partition {'lost' if lost else 'revoked'}",
+                                  fence_txns=lost)
+        assigned = {(p.topic, p.partition) for p in consumer.assignment()}
+        mine = [p for p in parts if (p.topic, p.partition) in assigned]
+        if mine:
+            consumer.incremental_unassign(mine)
+
+    def _drop_reader(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
+        """Stop delivering ``tp`` (consumer lock held); its undelivered messages go."""
+        self._readers.pop(tp, None)
+        self._ready = deque(m for m in self._ready if m.tp != tp)
+        self._nacked = [n for n in self._nacked if n[2].tp != tp]
+        heapq.heapify(self._nacked)
+        if fence_txns:
+            for txn_id, tps in self._txn_tps.items():
+                txn = self._txns.get(txn_id)
+                if tp in tps and txn is not None:
+                    txn.mark_abort_only(TxnStreamError(
+                        f"consumer {self.member_id} of {self.subscription!r} lost {tp} "
+                        f"({why}) while {txn_id} held acks on it", txn_id))
 
     # ------------------------------------------------------------ reading
 
@@ -199,13 +276,32 @@ class Consumer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
+            self._retake_due()
             first = self._kafka.poll(min(left, 0.1))
             batch = [first, *self._kafka.consume(1000, 0)] if first is not None else []
             with self._lock:
                 for m in batch:
                     self._ingest(m)
+                for r in self._readers.values():
+                    r.reseeking = False  # later fetches start at the seek
                 self._apply_marks()
                 self._commit()
+
+    def _retake_due(self) -> None:
+        """(Re)claim owned partitions whose takeover failed or whose claim was fenced."""
+        if not self._retake:
+            return
+        now = time.monotonic()
+        with self._lock:
+            due = [tp for tp, at in self._retake.items() if at <= now and tp in self._owned]
+            for tp in due:
+                self._retake[tp] = now + CLAIM_RETRY_S  # until _take succeeds
+        for tp in due:
+            try:
+                self._take(tp)
+                log.info("%s: took %s (again)", self.member_id, tp)
+            except (TxnStreamError, KafkaException) as exc:
+                log.warning("%s: cannot take %s yet (%s)", self.member_id, tp, exc)
 
     def _next_ready(self) -> Message | None:
         if self._nacked and self._nacked[0][0] <= time.monotonic():
@@ -215,13 +311,11 @@ class Consumer:
         return None
 
     def _ingest(self, m: KafkaMessage) -> None:
-        if m.error():
-            if m.error().code() != KafkaError._PARTITION_EOF:
-                log.warning("consumer %s: %s", self.subscription, m.error())
+        if message_error(m, f"consumer {self.subscription}", log):
             return
         tp = TopicPartition(m.topic(), m.partition())
         r = self._readers.get(tp)
-        if r is None:
+        if r is None or r.reseeking:
             return
         off = m.offset()
         if off >= r.fold_pos:
@@ -262,8 +356,12 @@ class Consumer:
                 self._ready.append(msg)
                 r.unacked[off] = msg  # queued counts as unacked: the cursor stays below it
         if not r.held and r.overflow and limit >= r.deliver_pos:
-            # The blocking txn ended: re-read what could not be held.
+            # The blocking txn ended: re-read what could not be held. Records after this
+            # one in the current fetch batch predate the seek: they are ignored until
+            # the batch ends, else one of them would move deliver_pos past the re-read
+            # range and the re-read records would be skipped (lost).
             r.overflow = False
+            r.reseeking = True
             self._kafka.seek(KafkaTP(r.tp.topic, r.tp.partition, r.deliver_pos))
 
     # ------------------------------------------------------------ acks
@@ -290,13 +388,14 @@ class Consumer:
                 raise TxnStreamError(
                     f"cannot ack {msg.tp}@{msg.offset}: not a message delivered to this "
                     f"consumer of {self.subscription!r}")
-            covered = sorted(o for o in r.unacked if o <= msg.offset) if cumulative else [
-                msg.offset]
         if txn is not None:
             txn.register_subscriptions([SubscriptionRef(msg.topic, msg.partition,
                                                         self.subscription)])
         with self._lock:
+            r = self._reader_for(msg)  # may have been revoked while registering
             assert r.handle is not None
+            covered = sorted(o for o in r.unacked if o <= msg.offset) if cumulative else [
+                msg.offset]
             try:
                 if cumulative:
                     r.handle.ack_cumulative(msg.offset, txn.id if txn else None)
@@ -312,13 +411,21 @@ class Consumer:
                 self._acks.append(PendingAckEntry(
                     kind, self.subscription, msg.topic, msg.partition, txn.id, (msg.offset,),
                     r.handle.generation, self.member_id))
+                self._txn_tps.setdefault(txn.id, set()).add(msg.tp)
                 if txn.id not in self._txns:
                     self._txns[txn.id] = txn
-                    txn.add_flusher(partial(self._confirm_acks, txn.id))
+                    txn.add_flusher(partial(self._confirm_acks, txn.id), key=self)
+                    txn.add_end_listener(partial(self._on_txn_end, txn.id), key=self)
                 for o in covered:
                     if o in r.unacked:
                         r.inflight[o] = r.unacked.pop(o)
             else:
+                if not cumulative and msg.offset > r.handle.cursor:
+                    # Above the cursor: the group offset cannot say it; the log keeps it.
+                    self._acks.append_plain(PendingAckEntry(
+                        PendingAckKind.ACK_INDIVIDUAL, self.subscription, msg.topic,
+                        msg.partition, None, (msg.offset,), r.handle.generation,
+                        self.member_id))
                 for o in covered:
                     r.unacked.pop(o, None)
             self._commit()
@@ -341,43 +448,94 @@ class Consumer:
             time.sleep(0.002)
         with self._lock:
             self._apply_marks()
+
+    def _on_txn_end(self, txn_id: TxnID, committed: bool) -> None:
+        """The coordinator confirmed ``txn_id``'s end, after writing its marks.
+
+        Applied now, so the next ack or receive sees it; the mark read later is a no-op.
+        """
+        with self._lock:
+            for tp in self._txn_tps.get(txn_id, ()):
+                self._end_acks(tp, txn_id, committed)
+            self._forget_txn(txn_id)
+
+    def _forget_txn(self, txn_id: TxnID) -> None:
+        self._txns.pop(txn_id, None)
+        self._txn_tps.pop(txn_id, None)
         self._acks.forget(txn_id)
+
+    def _end_acks(self, tp: TopicPartition, txn_id: TxnID, committed: bool) -> None:
+        """Apply ``txn_id``'s outcome to the acks it holds on ``tp`` (idempotent)."""
+        r = self._readers.get(tp)
+        if r is None or r.handle is None:
+            return
+        if committed:
+            eff = r.handle.commit(txn_id)
+            for o in [o for o in r.inflight if o < eff.cursor or o in eff.acked
+                      or o in r.handle.acked]:
+                del r.inflight[o]
+            for o in [o for o in r.held_back if not r.handle.is_deliverable(o)
+                      and r.handle.pending_txn(o) is None]:
+                del r.held_back[o]
+            return
+        eff = r.handle.abort(txn_id)
+        back = []
+        for o in eff.redeliver:
+            m = r.inflight.pop(o, None) or r.held_back.pop(o, None)
+            if m is not None:
+                back.append(m)
+                r.unacked[o] = m
+        if back:
+            # Redelivered in offset order, ahead of later records not yet received
+            # (Pulsar redelivers 0, 1, 2 before 3, 4).
+            self._ready = deque(sorted([*self._ready, *back],
+                                       key=lambda m: (m.topic, m.partition, m.offset)))
 
     def _apply_marks(self) -> None:
         """Coordinator marks end pending acks; a newer OWNER fences this member."""
         for e in self._acks.poll_marks():
-            r = self._readers.get(e.tp)
-            if r is None or r.handle is None:
-                continue
             if e.kind is PendingAckKind.OWNER:
-                if e.member_id != self.member_id and e.generation > r.handle.generation:
-                    log.warning("%s: fenced on %s by %s (generation %d)", self.member_id, e.tp,
-                                e.member_id, e.generation)
-                    for t in set(r.handle.pending.values()):
-                        if t in self._txns:
-                            self._txns[t].mark_abort_only(TxnStreamError(
-                                f"consumer lost {e.tp} to a newer owner", t))
-                    self._readers.pop(e.tp, None)
+                if e.member_id != self.member_id:
+                    self._fenced(e)
                 continue
             if e.txn_id is None or e.kind not in (PendingAckKind.COMMIT_MARK,
                                                   PendingAckKind.ABORT_MARK):
                 continue
-            if e.kind is PendingAckKind.COMMIT_MARK:
-                eff = r.handle.commit(e.txn_id)
-                for o in [o for o in r.inflight if o < eff.cursor or o in eff.acked
-                          or o in r.handle.acked]:
-                    del r.inflight[o]
-                for o in [o for o in r.held_back if not r.handle.is_deliverable(o)
-                          and r.handle.pending_txn(o) is None]:
-                    del r.held_back[o]
-            else:
-                eff = r.handle.abort(e.txn_id)
-                for o in eff.redeliver:
-                    back = r.inflight.pop(o, None) or r.held_back.pop(o, None)
-                    if back is not None:
-                        self._ready.append(back)
-                        r.unacked[o] = back
-            self._txns.pop(e.txn_id, None)
+            self._end_acks(e.tp, e.txn_id, e.kind is PendingAckKind.COMMIT_MARK)
+            tps = self._txn_tps.get(e.txn_id)
+            if tps is not None:
+                tps.discard(e.tp)
+                if not tps:
+                    self._forget_txn(e.txn_id)
+
+    def _fenced(self, owner: PendingAckEntry) -> None:
+        """Another member claimed ``owner.tp``: our txns that acked there can only abort.
+
+        That is every txn with an individual or a cumulative pending ack there, or acks
+        not yet read back; this member stops delivering the partition. If the group
+        still assigns the partition here after :data:`RETAKE_AFTER_S`, it is replayed
+        and claimed again (the other claim was a zombie's); a revoke cancels that.
+        """
+        tp = owner.tp
+        r = self._readers.get(tp)
+        mine = r is not None and r.handle is not None and owner.generation > r.handle.generation
+        for txn_id, tps in self._txn_tps.items():
+            txn = self._txns.get(txn_id)
+            if tp in tps and txn is not None and (mine or r is None):
+                txn.mark_abort_only(TxnStreamError(
+                    f"consumer lost {tp} to a newer owner {owner.member_id} "
+                    f"(generation {owner.generation})", txn_id))
+        if not mine:
+            return
+        log.warning("%s: fenced on %s by %s (generation %d)", self.member_id, tp,
+                    owner.member_id, owner.generation)
+        self._drop_reader(tp, "fenced", fence_txns=False)
+        try:
+            self._kafka.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
+        except KafkaException as exc:
+            log.debug("unassign %s: %s", tp, exc)
+        if tp in self._owned:
+            self._retake[tp] = time.monotonic() + RETAKE_AFTER_S
 
     def negative_acknowledge(self, msg: Message) -> None:
         """Redeliver ``msg`` after the nack delay."""
@@ -403,11 +561,25 @@ class Consumer:
         for r in self._readers.values():
             c = r.cursor()
             if c > r.committed:
-                offsets.append(KafkaTP(r.tp.topic, r.tp.partition, c))
-                r.committed = c
-        if offsets:
-            self._kafka.commit(offsets=offsets, asynchronous=not force)
+                offsets.append((r, c))
+            r.buffer.trim(min(c, r.deliver_pos))  # below the cursor nothing is asked again
         self._last_commit = now
+        if not offsets:
+            return
+        try:
+            self._kafka.commit(offsets=[KafkaTP(r.tp.topic, r.tp.partition, c)
+                                        for r, c in offsets], asynchronous=not force)
+        except KafkaException as exc:
+            # The group moved on (member unknown, rebalance in progress): the next owner
+            # starts from the last committed cursor and the pending-ack log, so nothing
+            # is lost; a fatal error still surfaces.
+            if classify_kafka_error(exc) is KafkaErrorKind.FATAL and exc.args[0].fatal():
+                raise
+            log.warning("%s: cursor commit failed (%s); the next commit retries",
+                        self.member_id, exc)
+            return
+        for r, c in offsets:
+            r.committed = c
 
     def close(self) -> None:
         """Commit the cursor and leave the group."""

@@ -41,6 +41,10 @@ FLUSH_TIMEOUT_S = 30.0
 would be pointless, shorter would abort healthy but slow transactions."""
 
 
+QUEUE_FULL_TIMEOUT_S = 30.0
+"""How long a send waits for room in librdkafka's queue before ``BufferError`` reaches
+the caller; as long as a commit would wait for the same sends."""
+
 POLL_EVERY = 256
 """Serve delivery callbacks every this many transactional sends: poll() per send cost
 more than the produce itself, and commit() serves the rest while it waits."""
@@ -103,7 +107,6 @@ class Producer:
         self._rr = itertools.count()
         self._lock = threading.Lock()
         self._outstanding: dict[TxnID, int] = defaultdict(int)
-        self._flushers: dict[TxnID, Callable[[], None]] = {}
         self._batches: dict[TxnID, list[_BatchSends]] = defaultdict(list)
         self._sends = 0
 
@@ -137,21 +140,32 @@ class Producer:
             return part
         txn.register_partitions([TopicPartition(self.topic, part)])
         hdrs.append((TXN_ID_HEADER, txn.id.to_bytes()))
-        delivered = self._track(txn, 1)
-        try:
-            self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs,
-                                on_delivery=delivered)
-        except BufferError:
-            self._kafka.poll(0.1)
-            self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs,
-                                on_delivery=delivered)
-        except BaseException:
-            self._untrack(txn.id, 1)
-            raise
+        with txn.sending():  # an end waits for this block; none starts after it
+            delivered = self._track(txn, 1)
+            try:
+                self._produce(value, kbytes, part, hdrs, delivered)
+            except BaseException:
+                self._untrack(txn.id, 1)  # never handed to librdkafka: not outstanding
+                raise
         self._sends += 1
         if self._sends % POLL_EVERY == 0:  # callbacks are also served by the txn's flush
             self._kafka.poll(0)
         return part
+
+    def _produce(self, value: bytes | None, key: bytes | None, part: int,
+                 headers: list[tuple[str, bytes]],
+                 on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
+        """``produce()``, waiting while librdkafka's queue is full (up to a deadline)."""
+        deadline = time.monotonic() + QUEUE_FULL_TIMEOUT_S
+        while True:
+            try:
+                self._kafka.produce(self.topic, value, key, partition=part, headers=headers,
+                                    on_delivery=on_delivery)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise
+                self._kafka.poll(0.05)  # let it drain
 
     def send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
                    txn: Transaction, keys: Sequence[bytes | None] | None = None) -> None:
@@ -173,11 +187,17 @@ class Producer:
             raise ConfigError(f"partition {bad} does not exist: {self.topic} has "
                               f"{self.num_partitions} (0..{self.num_partitions - 1})")
         txn.register_partitions([TopicPartition(self.topic, p) for p in used])
+        with txn.sending(n):
+            self._send_batch(values, partitions, txn, keys, n)
+
+    def _send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
+                    txn: Transaction, keys: Sequence[bytes | None] | None, n: int) -> None:
         hdrs = [(TXN_ID_HEADER, txn.id.to_bytes())]
         sends = _BatchSends(n)
         with self._lock:
+            self._sweep_batches()
             self._batches[txn.id].append(sends)
-        txn.add_flusher(self._flusher_for(txn))
+        self._add_flusher(txn)
         delivered = self._batch_callback(txn, sends)
         produce, poll, topic = self._kafka.produce, self._kafka.poll, self.topic
         sent = 0
@@ -217,7 +237,7 @@ class Producer:
             first_send = txn_id not in self._outstanding
             self._outstanding[txn_id] += n
         if first_send:  # one flusher per producer and txn, not one per record
-            txn.add_flusher(self._flusher_for(txn))
+            self._add_flusher(txn)
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
@@ -233,11 +253,23 @@ class Producer:
             if self._outstanding[txn_id] <= 0:
                 del self._outstanding[txn_id]
 
-    def _flusher_for(self, txn: Transaction) -> Callable[[], None]:
-        flusher = self._flushers.get(txn.id)
-        if flusher is None:
-            flusher = self._flushers[txn.id] = partial(self.flush_transaction, txn)
-        return flusher
+    def _add_flusher(self, txn: Transaction) -> None:
+        txn.add_flusher(partial(self.flush_transaction, txn), key=self)
+
+    def _sweep_batches(self) -> None:
+        """Drop batch bookkeeping of txns whose sends are all acknowledged (lock held).
+
+        So a txn that is never flushed (abandoned, timed out) leaves nothing behind.
+        """
+        done = [t for t, bs in self._batches.items()
+                if all(len(b.acks) >= b.expected for b in bs)]
+        for t in done:
+            del self._batches[t]
+
+    def tracked_txns(self) -> int:
+        """Txns with outstanding sends or batch bookkeeping (a bound test reads it)."""
+        with self._lock:
+            return len(set(self._outstanding) | set(self._batches))
 
     def flush_transaction(self, txn: Transaction, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait until every send of ``txn`` through this producer is acknowledged.
@@ -254,7 +286,6 @@ class Producer:
                 if not left:
                     self._batches.pop(txn_id, None)
             if not left:
-                self._flushers.pop(txn_id, None)
                 return
             if time.monotonic() > deadline:
                 raise TxnStreamError(f"{left} sends of {txn_id} to {self.topic} not "

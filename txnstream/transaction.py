@@ -4,17 +4,42 @@ Produced partitions and acked subscriptions are registered with the coordinator 
 the first write/ack to them (once per transaction, cached here). ``commit()`` first
 waits for the transaction's outstanding sends; a failed send makes the transaction
 abort-only, so its commit raises and aborts instead.
+
+Sends racing an end: a send checks that the transaction is OPEN and hands its record to
+librdkafka inside one guarded section (:meth:`sending`); ``commit()``/``abort()`` leave
+OPEN first and then wait for the sends already inside it, so every send either is
+counted by the flush that precedes the END or fails with ``InvalidTxnStatusError``
+naming the transaction and its state (Pulsar rejects such sends too). A record written
+after the COMMIT marker would be dropped by every reader as a straggler while its
+sender was told it succeeded. Other processes writing into the same TxnID (a handle
+from ``client.attach_transaction``) cannot see this process's status: their
+:meth:`flush` asks the coordinator, after their sends are durable, whether the
+transaction is still OPEN, and raises if it is not.
+
+Locks: ``_lock`` serialises the ends (commit/abort) and registrations and is held while
+flushers and end listeners run (they take a consumer's or producer's lock).
+``_state_lock`` is a leaf: consumers and producers call :meth:`mark_abort_only`,
+:meth:`add_flusher`, :meth:`add_end_listener` and :meth:`sending` under their own locks,
+and those take only ``_state_lock``, so no lock order cycle exists.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.protocol import TcOp, TxnInfo
-from txnstream.errors import InvalidTxnStatusError, TxnStreamError
+from txnstream.errors import (
+    InvalidTxnStatusError,
+    RequestTimeoutError,
+    TransactionOutcomeUnknownError,
+    TransactionTimeoutError,
+    TxnStreamError,
+)
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 if TYPE_CHECKING:
@@ -22,27 +47,44 @@ if TYPE_CHECKING:
 
 __all__ = ["Transaction"]
 
+ABORT_FLUSH_TIMEOUT_S = 10.0
+"""How long ``abort()`` waits for the txn's outstanding sends (Pulsar's abort waits for
+them too); their records are dropped by readers either way, so it need not wait long."""
+SEND_DRAIN_TIMEOUT_S = 30.0
+"""How long an end waits for sends that passed the OPEN check to reach librdkafka; a
+send holds the guard only for one ``produce()`` call (plus librdkafka back-pressure)."""
+
 
 class Transaction:
     """One open transaction; usable from many threads, producers and consumers at once."""
 
-    def __init__(self, tc: TransactionCoordinatorClient, txn_id: TxnID, timeout_s: float) -> None:
+    def __init__(self, tc: TransactionCoordinatorClient, txn_id: TxnID, timeout_s: float,
+                 attached: bool = False) -> None:
         self._tc = tc
         self.id = txn_id
         self.timeout_s = timeout_s
+        self.attached = attached
+        """True for a handle on a txn another process opened (``attach_transaction``)."""
         self._status = TxnStatus.OPEN
         self._partitions: set[TopicPartition] = set()
         self._subscriptions: set[SubscriptionRef] = set()
         self._lock = threading.RLock()
+        self._state_lock = threading.Condition(threading.Lock())
+        self._sending = 0
         self._abort_only: BaseException | None = None
-        self._flushers: list[Callable[[], None]] = []
+        self._flushers: dict[object, Callable[[], None]] = {}
+        self._end_listeners: dict[object, Callable[[bool], None]] = {}
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self._status.value})"
 
     @property
     def status(self) -> TxnStatus:
-        """The client's view of the status (the coordinator's is ``info().status``)."""
+        """The client's view of the status (the coordinator's is ``info().status``).
+
+        COMMITTING or ABORTING after an end raised ``TransactionOutcomeUnknownError``:
+        the outcome is not known yet; ``commit()`` (or ``abort()``) again asks.
+        """
         return self._status
 
     def _check_open(self, what: str) -> None:
@@ -50,6 +92,38 @@ class Transaction:
             raise InvalidTxnStatusError(
                 self.id, TxnStatus.OPEN, self._status,
                 f"cannot {what} with transaction {self.id}: it is {self._status.value}")
+
+    def _set_status(self, status: TxnStatus) -> None:
+        with self._state_lock:
+            self._status = status
+
+    # ------------------------------------------------------------ writers
+
+    @contextmanager
+    def sending(self, n: int = 1) -> Iterator[None]:
+        """Guard ``n`` sends: ``InvalidTxnStatusError`` unless OPEN.
+
+        An end waits until the guarded block (the ``produce()`` calls) is done.
+        """
+        with self._state_lock:
+            self._check_open("produce")
+            self._sending += n
+        try:
+            yield
+        finally:
+            with self._state_lock:
+                self._sending -= n
+                if not self._sending:
+                    self._state_lock.notify_all()
+
+    def _leave_open(self, status: TxnStatus) -> None:
+        """Move to COMMITTING/ABORTING; wait for sends that passed the OPEN check."""
+        with self._state_lock:
+            self._status = status
+            if not self._state_lock.wait_for(lambda: not self._sending,
+                                             SEND_DRAIN_TIMEOUT_S):
+                raise TxnStreamError(f"{self._sending} sends of {self.id} did not finish "
+                                     f"within {SEND_DRAIN_TIMEOUT_S:.0f}s", self.id)
 
     def register_partitions(self, tps: Iterable[TopicPartition]) -> None:
         """Tell the coordinator about produced partitions (before writing to them)."""
@@ -76,69 +150,143 @@ class Transaction:
                              subscriptions=tuple(sorted(new)))
             self._subscriptions |= new
 
-    def add_flusher(self, flush: Callable[[], None]) -> None:
-        """Called by producers: ``flush`` waits for this txn's outstanding sends."""
-        with self._lock:
-            if flush not in self._flushers:
-                self._flushers.append(flush)
+    def add_flusher(self, flush: Callable[[], None], key: object = None) -> None:
+        """Called by producers and consumers: ``flush`` waits for this txn's sends/acks.
+
+        One flusher per ``key`` (the producer or consumer); a new one replaces the old.
+        """
+        with self._state_lock:
+            self._flushers[flush if key is None else key] = flush
+
+    def add_end_listener(self, listener: Callable[[bool], None], key: object) -> None:
+        """``listener(committed)`` runs once the coordinator confirmed the end."""
+        with self._state_lock:
+            self._end_listeners[key] = listener
 
     def mark_abort_only(self, cause: BaseException) -> None:
         """A send or ack failed: the transaction can only abort now."""
-        with self._lock:
+        with self._state_lock:
             if self._abort_only is None:
                 self._abort_only = cause
+
+    def _run_flushers(self) -> None:
+        with self._state_lock:
+            flushers = list(self._flushers.values())
+        for flush in flushers:
+            flush()
 
     def flush(self) -> None:
         """Wait for this txn's sends; ``TxnStreamError`` if any failed (it is abort-only).
 
         What :meth:`commit` checks before committing, for writers whose commit is done
-        elsewhere (the Spark sink's tasks, whose driver commits them as a group).
+        elsewhere (the Spark sink's tasks, whose driver commits them as a group, or a
+        process writing into a txn another one commits). For an attached handle it then
+        asks the coordinator whether the txn is still OPEN: if it is, every record just
+        flushed precedes the txn's markers; if not, some may follow them and be dropped,
+        and this raises ``InvalidTxnStatusError`` naming the state.
         """
-        with self._lock:
-            flushers = list(self._flushers)
-        for flush in flushers:
-            flush()
+        self._run_flushers()
         cause = self._abort_only
         if cause is not None:
             raise TxnStreamError(f"transaction {self.id} can only abort: {cause}",
                                  self.id) from cause
+        if self.attached:
+            status = self.info().status
+            if status is not TxnStatus.OPEN:
+                raise InvalidTxnStatusError(
+                    self.id, TxnStatus.OPEN, status,
+                    f"transaction {self.id} is {status.value}: records sent to it after it "
+                    f"ended are dropped by every reader; they were not part of it")
+
+    # ------------------------------------------------------------ ends
 
     def commit(self) -> None:
-        """Flush this txn's sends, then commit. Raises (after aborting) if abort-only."""
+        """Flush this txn's sends, then commit. Raises (after aborting) if abort-only.
+
+        ``TransactionOutcomeUnknownError`` if the coordinator did not answer: the status
+        stays COMMITTING and a later ``commit()`` asks again (idempotent).
+        """
         with self._lock:
             if self._status is TxnStatus.COMMITTED:
                 return
-            self._check_open("commit")
+            if self._status is not TxnStatus.COMMITTING:  # a retry skips straight to END
+                self._check_open("commit")
+                self._leave_open(TxnStatus.COMMITTING)
+                try:
+                    self._run_flushers()
+                except Exception as exc:
+                    self.mark_abort_only(exc)
+                if self._abort_only is not None:
+                    cause = self._abort_only
+                    self._set_status(TxnStatus.ABORTING)
+                    self._send_abort()
+                    raise TxnStreamError(
+                        f"transaction {self.id} was aborted instead of committed: {cause}",
+                        self.id) from cause
             try:
-                for flush in self._flushers:
-                    flush()
-            except Exception as exc:
-                self.mark_abort_only(exc)
-            if self._abort_only is not None:
-                cause = self._abort_only
-                self.abort()
-                raise TxnStreamError(
-                    f"transaction {self.id} was aborted instead of committed: {cause}",
-                    self.id) from cause
-            self._status = TxnStatus.COMMITTING
-            try:
-                self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits, commit=True)
-            except TxnStreamError:
-                self._status = TxnStatus.ABORTED
-                raise
-            self._status = TxnStatus.COMMITTED
+                self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits,
+                                 commit=True)
+            except RequestTimeoutError as exc:
+                raise TransactionOutcomeUnknownError(
+                    f"commit of {self.id} got no answer: it may have committed or not; "
+                    f"call commit() again to learn which (never redo its work as if it "
+                    f"aborted)", self.id) from exc
+            except (TransactionTimeoutError, InvalidTxnStatusError) as exc:
+                self._ended(TxnStatus.ABORTED)  # the coordinator says it is not committed
+                raise exc
+            self._ended(TxnStatus.COMMITTED)
 
     def abort(self) -> None:
-        """Abort; its writes are never delivered and its acks are undone."""
+        """Abort; its writes are never delivered and its acks are undone.
+
+        Waits (briefly) for the txn's outstanding sends first, as Pulsar's abort does.
+        ``TransactionOutcomeUnknownError`` if the coordinator did not answer: the status
+        stays ABORTING (COMMITTING if a commit's outcome was unknown) and a later
+        ``abort()`` asks again.
+        """
         with self._lock:
             if self._status is TxnStatus.ABORTED:
                 return
             if self._status is TxnStatus.COMMITTED:
                 raise InvalidTxnStatusError(self.id, TxnStatus.OPEN, self._status)
-            self._status = TxnStatus.ABORTING
-            # Aborting an already aborted txn (timeout, admin) succeeds; a committed one raises.
-            self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits, commit=False)
-            self._status = TxnStatus.ABORTED
+            if self._status is TxnStatus.OPEN:
+                self._leave_open(TxnStatus.ABORTING)
+                deadline = time.monotonic() + ABORT_FLUSH_TIMEOUT_S
+                with self._state_lock:
+                    flushers = list(self._flushers.values())
+                for flush in flushers:
+                    if time.monotonic() > deadline:
+                        break
+                    try:
+                        flush()
+                    except Exception:  # noqa: BLE001 - failed sends are dropped anyway
+                        pass
+            self._send_abort()
+
+    def _send_abort(self) -> None:
+        # Aborting an already aborted txn (timeout, admin) succeeds; the coordinator
+        # refuses to abort a committing or committed one (InvalidTxnStatusError).
+        try:
+            self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits,
+                             commit=False)
+        except RequestTimeoutError as exc:
+            raise TransactionOutcomeUnknownError(
+                f"abort of {self.id} got no answer; call abort() again (the "
+                f"coordinator also aborts it at its timeout)", self.id) from exc
+        except InvalidTxnStatusError:
+            self._ended(TxnStatus.COMMITTED)
+            raise
+        self._ended(TxnStatus.ABORTED)
+
+    def _ended(self, status: TxnStatus) -> None:
+        """The coordinator confirmed the outcome: record it, tell the listeners once."""
+        with self._state_lock:
+            self._status = status
+            listeners = list(self._end_listeners.values())
+            self._end_listeners.clear()
+            self._flushers.clear()
+        for listener in listeners:
+            listener(status is TxnStatus.COMMITTED)
 
     def info(self) -> TxnInfo:
         """The coordinator's view of this transaction."""

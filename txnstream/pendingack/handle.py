@@ -80,6 +80,8 @@ class PendingAckHandle:
     cumulative: tuple[TxnID, int] | None = None
     ended: dict[TxnID, TxnStatus] = field(default_factory=dict)
     generation: int = -1
+    owner: str = ""
+    """Member id of the latest valid OWNER record."""
 
     # ------------------------------------------------------------ acks
 
@@ -199,6 +201,7 @@ class PendingAckHandle:
             if entry.generation <= self.generation:
                 return False
             self.generation = entry.generation
+            self.owner = entry.member_id
             self.cursor = max(self.cursor, entry.cursor)
             self._advance()
             return True
@@ -208,10 +211,12 @@ class PendingAckHandle:
         if k is PendingAckKind.ABORT_MARK and entry.txn_id is not None:
             self.abort(entry.txn_id)
             return True
-        if entry.generation != self.generation or entry.txn_id is None:
+        if entry.generation != self.generation:
             return False  # written by a fenced owner
+        if entry.txn_id is None and k is not PendingAckKind.ACK_INDIVIDUAL:
+            return False
         try:
-            if k is PendingAckKind.ACK_INDIVIDUAL:
+            if k is PendingAckKind.ACK_INDIVIDUAL:  # txn None: a plain ack above the cursor
                 self.ack_individual(entry.offsets, entry.txn_id)
             elif k is PendingAckKind.ACK_CUMULATIVE and entry.offsets:
                 self.ack_cumulative(entry.offsets[-1], entry.txn_id)

@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
-from txnstream.errors import CorruptRecordError, TxnStreamError
+from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind, key_of
 from txnstream.producer import murmur2_partition
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 FLUSH_TIMEOUT_S = 30.0
 """How long a commit waits for its ack records to be durable."""
+REPLAY_TIMEOUT_S = 120.0
+"""How long a new owner may take to fold its log range before it gives the claim up
+(and retries it); replay is bounded by the log's retention and checkpoints."""
 
 
 class PendingAckStore:
@@ -68,42 +71,58 @@ class PendingAckStore:
         self._written: dict[TxnID, dict[int, int]] = defaultdict(dict)
         """txn -> log partition -> highest offset of its ack records there."""
         self._tail_pos: dict[int, int] = {}
+        self._replayed_to: dict[TopicPartition, int] = {}
 
     def log_partition(self, tp: TopicPartition) -> int:
         """The log partition that holds ``tp``'s records for this subscription."""
         return murmur2_partition(key_of(self.subscription, tp), self.partitions)
 
     def replay(self, tp: TopicPartition) -> PendingAckHandle:
-        """Fold every record of ``tp`` from the log start; then tail from the end seen."""
+        """Fold every record of ``tp`` from the log start to its current end.
+
+        The end read up to is remembered: :meth:`claim` folds what lands after it.
+        """
         handle = PendingAckHandle(self.subscription, tp)
         part = self.log_partition(tp)
-        key = key_of(self.subscription, tp)
+        with self._lock:
+            self._replayed_to[tp] = self._fold_range(handle, part, None, None)
+        return handle
+
+    def _fold_range(self, handle: PendingAckHandle, part: int, start: int | None,
+                    through: int | None) -> int:
+        """Fold ``handle``'s records of log partition ``part``; the next offset to read.
+
+        From ``start`` (default: the log start) through offset ``through`` (default: the
+        end found now).
+        """
+        key = key_of(self.subscription, handle.tp)
         c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-pr-{uuid.uuid4().hex}"))
         try:
             ktp = KafkaTP(self.topic, part)
             low, high = c.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
-            if high > low:
-                ktp.offset = low
+            pos = low if start is None else max(start, low)
+            end = high if through is None else through + 1
+            if end > pos:
+                ktp.offset = pos
                 c.assign([ktp])
-                pos = low
-                deadline = time.monotonic() + 120
-                while pos < high and time.monotonic() < deadline:
+                deadline = time.monotonic() + REPLAY_TIMEOUT_S
+                while pos < end and time.monotonic() < deadline:
                     for m in c.consume(5000, 0.5):
-                        if m.error():
+                        if message_error(m, f"pending-ack replay of {handle.tp}", log):
                             continue
+                        if m.offset() >= end:
+                            break
                         pos = m.offset() + 1
                         if m.key() == key:
                             self._apply(handle, m)
-                if pos < high:
-                    raise TxnStreamError(f"could not replay the pending-ack log of {tp} "
-                                         f"({self.topic}[{part}] up to {high})")
+                if pos < end:
+                    raise TxnStreamError(
+                        f"could not replay the pending-ack log of {handle.tp} "
+                        f"({self.topic}[{part}] from {start} up to {end}) in "
+                        f"{REPLAY_TIMEOUT_S:.0f}s")
+            return max(pos, end)
         finally:
             c.close()
-        with self._lock:
-            if part not in self._tailing:
-                self._tailing.add(part)
-                self._tail.incremental_assign([KafkaTP(self.topic, part, high)])
-        return handle
 
     def _apply(self, handle: PendingAckHandle, m: Message) -> PendingAckEntry | None:
         try:
@@ -116,15 +135,44 @@ class PendingAckStore:
         return entry
 
     def claim(self, handle: PendingAckHandle, cursor: int) -> None:
-        """Append this member's OWNER record (next generation) and wait for it."""
+        """Append this member's OWNER record (next generation); fold up to it; tail on.
+
+        Records that landed between the end :meth:`replay` read to and this OWNER are
+        valid in the log (a zombie's late ack is one: it precedes the OWNER, so the
+        zombie's read-back finds no OWNER before it and its txn commits). They are
+        folded here, before anything is delivered, so the new owner holds such a
+        message back instead of delivering it a second time.
+        """
         entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, handle.tp.topic,
                                 handle.tp.partition, generation=handle.generation + 1,
                                 member_id=self.member_id, cursor=cursor)
-        self._producer.produce(self.topic, entry.encode(), key=entry.key(),
-                               partition=self.log_partition(handle.tp))
-        if self._producer.flush(FLUSH_TIMEOUT_S):
-            raise TxnStreamError(f"could not claim {handle.tp} in {self.topic}")
-        handle.apply(entry)
+        part = self.log_partition(handle.tp)
+        written: list[int] = []
+        failed: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, m: Message) -> None:
+            if err is not None:
+                failed.append(err)
+            else:
+                written.append(m.offset())
+
+        self._producer.produce(self.topic, entry.encode(), key=entry.key(), partition=part,
+                               on_delivery=delivered)
+        if self._producer.flush(FLUSH_TIMEOUT_S) or failed or not written:
+            raise TxnStreamError(f"could not claim {handle.tp} in {self.topic}: "
+                                 f"{failed[0] if failed else 'not acknowledged in time'}")
+        owner_at = written[0]
+        with self._lock:
+            start = self._replayed_to.pop(handle.tp, None)
+        self._fold_range(handle, part, start, owner_at)
+        if handle.generation != entry.generation or handle.owner != self.member_id:
+            raise TxnStreamError(f"claim of {handle.tp} lost to a concurrent owner "
+                                 f"(generation {handle.generation})")
+        with self._lock:
+            if part not in self._tailing:
+                self._tailing.add(part)
+                self._tail.incremental_assign([KafkaTP(self.topic, part, owner_at + 1)])
+                self._tail_pos[part] = owner_at + 1
 
     def append(self, entry: PendingAckEntry) -> None:
         """Log a transactional ack; its txn's commit waits for it (:meth:`flush_txn`)."""
@@ -146,6 +194,19 @@ class PendingAckStore:
 
         self._producer.produce(self.topic, entry.encode(), key=entry.key(),
                                partition=self.log_partition(entry.tp), on_delivery=delivered)
+
+    def append_plain(self, entry: PendingAckEntry) -> None:
+        """Log a plain individual ack above the cursor: kept across a rebalance.
+
+        DESIGN section 7. Fire and forget: a lost one only means one redelivery.
+        """
+        self._producer.produce(self.topic, entry.encode(), key=entry.key(),
+                               partition=self.log_partition(entry.tp))
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Wait until every record written so far is durable; False if some were not."""
+        return self._producer.flush(timeout_s) == 0
 
     def flush_txn(self, txn: TxnID) -> None:
         """Wait until every ack record of ``txn`` is durable; raise if one failed."""
@@ -169,9 +230,15 @@ class PendingAckStore:
         return all(self._tail_pos.get(p, -1) > off for p, off in written.items())
 
     def forget(self, txn: TxnID) -> None:
-        """Drop bookkeeping of a txn whose acks were read back."""
+        """Drop the bookkeeping of a txn: its acks were read back, or it ended."""
         with self._lock:
             self._written.pop(txn, None)
+            self._failed.pop(txn, None)
+
+    def tracked_txns(self) -> int:
+        """Txns with bookkeeping here (bounded by the txns in flight: a test checks it)."""
+        with self._lock:
+            return len(set(self._written) | set(self._failed) | set(self._outstanding))
 
     def poll_marks(self) -> list[PendingAckEntry]:
         """New records of the tailed log partitions (marks, OWNER claims, acks)."""
@@ -179,7 +246,7 @@ class PendingAckStore:
             return []
         out = []
         for m in self._tail.consume(1000, 0):
-            if m.error():
+            if message_error(m, f"pending-ack tail of {self.subscription}", log):
                 continue
             self._tail_pos[m.partition()] = m.offset() + 1
             try:
