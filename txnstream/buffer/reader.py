@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,17 +14,22 @@ from txnstream.buffer.snapshot import restore
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.transaction_buffer import TransactionBuffer
 from txnstream.config import Config
-from txnstream.errors import ConfigError
+from txnstream.errors import ConfigError, message_error
 from txnstream.types import TopicPartition
 
 __all__ = ["PartitionFolder"]
+
+log = logging.getLogger(__name__)
 
 
 class PartitionFolder:
     """Keeps buffers of several partitions current by folding new records on demand.
 
     Starts from the latest published snapshot if there is one (else the log start), then
-    folds every record up to the partition's end at each :meth:`catch_up`.
+    folds every record up to the partition's end at each :meth:`catch_up`. Each buffer
+    is trimmed below its partition's log start whenever that is read (no reader can
+    start below it); a reader that delivers trims below what it delivered itself
+    (``buffers[tp].trim(below)``), so the state stays bounded by what is still ahead.
     """
 
     def __init__(self, config: Config, use_snapshots: bool = True) -> None:
@@ -45,6 +51,7 @@ class PartitionFolder:
                 snap = None
             if snap is not None and snap.position >= low - 1:
                 buf = restore(snap)
+        buf.trim(low)
         if buf.last_offset < low - 1:
             buf.last_offset = low - 1
             buf.max_read_position = max(buf.max_read_position, low - 1)
@@ -64,8 +71,9 @@ class PartitionFolder:
                 if t is None or t.error is not None or tp.partition not in t.partitions:
                     raise ConfigError(f"unknown topic partition {tp}")
                 buf = self._start(tp)
-            _, high = self._consumer.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
-                                                           timeout=self.config.admin_timeout_s)
+            low, high = self._consumer.get_watermark_offsets(
+                KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)
+            buf.trim(low)
             if high - 1 > buf.last_offset:
                 ends[(tp.topic, tp.partition)] = high - 1
                 assign.append(KafkaTP(tp.topic, tp.partition, buf.last_offset + 1))
@@ -78,7 +86,7 @@ class PartitionFolder:
             while ends and time.monotonic() < deadline:
                 runs: dict[tuple[str, int], list[Message]] = {}
                 for m in self._consumer.consume(5000, 0.2):
-                    if m.error() is None:
+                    if not message_error(m, "partition folder", log):
                         runs.setdefault((m.topic(), m.partition()), []).append(m)
                 for key, msgs in runs.items():
                     buf = by_key[key]
@@ -112,7 +120,7 @@ class PartitionFolder:
                 if not msgs:
                     raise RuntimeError(f"{tp}: no records between {pos} and {until} within "
                                        f"{timeout_s:g} s (deleted by retention?)")
-                batch = [m for m in msgs if m.error() is None]
+                batch = [m for m in msgs if not message_error(m, f"partition folder {tp}", log)]
                 if not batch:
                     continue
                 last = batch[-1].offset()

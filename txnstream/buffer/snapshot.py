@@ -1,13 +1,20 @@
 """``TransactionBufferSnapshot``: a buffer's state, so readers need not fold from the start.
 
 Mirrors ``schemas/txn_buffer_snapshot.avsc`` field for field (Pulsar's
-``TransactionBufferSnapshot``). Size is bounded by taking the snapshot with
+``TransactionBufferSnapshot``). Its content is bounded by taking the snapshot with
 ``min_offset`` = the partition's log start offset: aborted entries and invisible offsets
-below it are dropped (readers can never be there again).
+below it are dropped (readers can never be there again). What is left still grows with
+the aborted records and markers the log retains (about 3 bytes each), so a snapshot is
+written as one or more :class:`TransactionBufferSnapshotSegment` records of at most
+:data:`MAX_SNAPSHOT_RECORD_BYTES` each, as Pulsar's PIP-196 segmented snapshots do: a
+reader joins a snapshot only from a complete set of one snapshot's segments.
 """
 
 from __future__ import annotations
 
+import math
+import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +23,18 @@ from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
 from txnstream.types import TopicPartition, TxnID
 
-__all__ = ["TransactionBufferSnapshot", "take_snapshot", "restore"]
+__all__ = ["TransactionBufferSnapshot", "TransactionBufferSnapshotSegment",
+           "MAX_SNAPSHOT_RECORD_BYTES", "take_snapshot", "restore", "split_snapshot",
+           "join_segments"]
+
+MAX_SNAPSHOT_RECORD_BYTES = 256 * 1024
+"""Bound on one snapshot record's value. A quarter of the broker's default
+``message.max.bytes`` (1 MiB) and of librdkafka's (1,000,000): a segment, its key and
+the batch framing fit even where a topic lowers the limit to half, and several
+segments still share one produce request. Readers hold one snapshot's segments at once."""
+SEGMENT_OVERHEAD_BYTES = 1024
+"""Room for a segment's fields besides its data: a topic name (at most 249 bytes), the
+snapshot id and seven varints come to under 400 bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +114,97 @@ def restore(snap: TransactionBufferSnapshot) -> TransactionBuffer:
     buf.last_offset = snap.position
     buf.max_read_position = snap.max_read_position
     buf.ongoing = {t: OngoingTxn(offs[0], list(offs), ts) for t, offs, ts in snap.ongoing}
-    buf.aborted = {t: list(offs) for t, offs in snap.aborted if offs}
-    buf.invisible = set(snap.invisible)
+    for t, offs in snap.aborted:
+        buf.mark_aborted(t, list(offs))
+    buf.mark_invisible(snap.invisible)
     buf.lwm = dict(snap.lwms)
     buf.ended = {tc: set(seqs) for tc, seqs in snap.ended}
     return buf
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionBufferSnapshotSegment:
+    """One piece of an encoded snapshot (Pulsar's PIP-196 segment).
+
+    Mirrors ``schemas/txn_buffer_snapshot_segment.avsc``: ``data`` is bytes
+    ``[index * chunk, (index + 1) * chunk)`` of the encoded snapshot.
+    """
+
+    topic: str
+    partition: int
+    snapshot_id: str
+    position: int
+    index: int
+    count: int
+    total_bytes: int
+    crc32: int
+    data: bytes
+
+    def to_avro(self) -> dict[str, Any]:
+        """The dict fastavro writes."""
+        return {"topic": self.topic, "partition": self.partition,
+                "snapshot_id": self.snapshot_id, "position": self.position,
+                "index": self.index, "count": self.count, "total_bytes": self.total_bytes,
+                "crc32": self.crc32, "data": self.data}
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        return codec("txn_buffer_snapshot_segment").encode(self.to_avro())
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> TransactionBufferSnapshotSegment:
+        """Parse; ``CorruptRecordError`` on garbage or an unknown version."""
+        r = codec("txn_buffer_snapshot_segment").decode(data)
+        try:
+            return cls(r["topic"], r["partition"], r["snapshot_id"], r["position"],
+                       r["index"], r["count"], r["total_bytes"], r["crc32"], r["data"])
+        except KeyError as exc:
+            raise CorruptRecordError(f"txn_buffer_snapshot_segment: {exc!r}") from exc
+
+
+def split_snapshot(snap: TransactionBufferSnapshot, snapshot_id: str,
+                   max_bytes: int = MAX_SNAPSHOT_RECORD_BYTES
+                   ) -> list[TransactionBufferSnapshotSegment]:
+    """``snap`` as segments whose encoded records are each at most ``max_bytes``."""
+    data = snap.encode()
+    chunk = max_bytes - SEGMENT_OVERHEAD_BYTES - len(snap.topic.encode()) \
+        - len(snapshot_id.encode())
+    if chunk <= 0:
+        raise ValueError(f"max_bytes {max_bytes} leaves no room for a segment's data")
+    count = max(1, math.ceil(len(data) / chunk))
+    crc = zlib.crc32(data)
+    return [TransactionBufferSnapshotSegment(
+        snap.topic, snap.partition, snapshot_id, snap.position, i, count, len(data), crc,
+        data[i * chunk:(i + 1) * chunk]) for i in range(count)]
+
+
+def join_segments(segments: Sequence[TransactionBufferSnapshotSegment]
+                  ) -> TransactionBufferSnapshot:
+    """The snapshot a complete set of one snapshot's segments encodes (in any order).
+
+    ``CorruptRecordError`` if the set is incomplete, mixes snapshots, or its bytes do
+    not match the length and checksum every segment carries: no usable snapshot.
+    """
+    if not segments:
+        raise CorruptRecordError("no snapshot segments")
+    first = segments[0]
+    head = (first.topic, first.partition, first.snapshot_id, first.position, first.count,
+            first.total_bytes, first.crc32)
+    by_index: dict[int, TransactionBufferSnapshotSegment] = {}
+    for seg in segments:
+        if (seg.topic, seg.partition, seg.snapshot_id, seg.position, seg.count,
+                seg.total_bytes, seg.crc32) != head:
+            raise CorruptRecordError(
+                f"snapshot segments of different snapshots: {first.snapshot_id} "
+                f"and {seg.snapshot_id}")
+        by_index[seg.index] = seg
+    if sorted(by_index) != list(range(first.count)):
+        raise CorruptRecordError(
+            f"snapshot {first.snapshot_id} of {first.topic}-{first.partition}: "
+            f"{len(by_index)} of {first.count} segments (incomplete)")
+    data = b"".join(by_index[i].data for i in range(first.count))
+    if len(data) != first.total_bytes or zlib.crc32(data) != first.crc32:
+        raise CorruptRecordError(
+            f"snapshot {first.snapshot_id} of {first.topic}-{first.partition}: joined "
+            f"segments fail their length or checksum")
+    return TransactionBufferSnapshot.decode(data)

@@ -1,29 +1,131 @@
 """``TransactionBufferSnapshotStore``: buffer snapshots in the compacted snapshot topic.
 
-Key = ``topic-partition`` text, value = an encoded ``TransactionBufferSnapshot``. Records
-are produced with Java's murmur2 partitioner, so a reader computes the one partition a
-key lives in and scans only that partition for the latest value of its key (compaction
-keeps that scan short). A snapshot that does not parse is logged with its position and
-skipped: the reader falls back to an older one, or to folding from the log start.
+Layout (Pulsar's PIP-196 segmented snapshots, on a compacted Kafka topic): a snapshot of
+partition ``tp`` is one or more :class:`TransactionBufferSnapshotSegment` records, each
+at most :data:`MAX_SNAPSHOT_RECORD_BYTES`, keyed ``<tp>/<slot>/<index>``. Every record
+of ``tp`` goes to the one partition Java's murmur2 puts the key ``<tp>`` in, so a reader
+scans one partition, in offset order, for the newest *complete* snapshot: all ``count``
+segments of one snapshot id. Compaction keeps one record per key, so the scan is short.
+
+Writes alternate between two slots (key sets): a write cut short (crash, refused
+produce, failed delivery) leaves the previous snapshot's slot intact, and the next
+write goes to the same, unfinished slot again. Segments past a shorter snapshot's count
+are deleted with tombstones. A reader that finds no complete set has no usable
+snapshot and folds from the log start, as it does with none.
+
+Format versions: a snapshot of the earlier single-record format (key ``<tp>``, value a
+``TransactionBufferSnapshot``) is still read; the first segmented write of ``tp``
+deletes it with a tombstone. A record that does not parse, or whose version this reader
+does not know, is logged with its position and skipped.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
-from txnstream.buffer.snapshot import TransactionBufferSnapshot
+from txnstream.buffer.snapshot import (
+    TransactionBufferSnapshot,
+    TransactionBufferSnapshotSegment,
+    join_segments,
+    split_snapshot,
+)
 from txnstream.config import Config
-from txnstream.errors import CorruptRecordError
+from txnstream.errors import (
+    ConfigError,
+    CorruptRecordError,
+    KafkaErrorKind,
+    classify_kafka_error,
+    message_error,
+)
 from txnstream.producer import murmur2_partition
 from txnstream.types import TopicPartition
 
-__all__ = ["TransactionBufferSnapshotStore"]
+__all__ = ["TransactionBufferSnapshotStore", "LatestSnapshotFinder", "segment_key"]
 
 log = logging.getLogger(__name__)
+
+SLOTS = 2
+"""Key sets a partition's snapshots alternate between (see the module docstring)."""
+
+
+def segment_key(tp: TopicPartition, slot: int, index: int) -> bytes:
+    """Key of segment ``index`` in ``slot`` (topic names never contain ``/``)."""
+    return f"{tp}/{slot}/{index}".encode()
+
+
+class LatestSnapshotFinder:
+    """Fed one snapshot partition's records in offset order: the newest usable snapshot.
+
+    A pure fold (no I/O), so the store's scan is a thin loop around it. Only complete
+    segment sets of one snapshot (or an old single-record snapshot) count; with
+    ``at_or_before``, only snapshots folded to at most that offset.
+    """
+
+    def __init__(self, tp: TopicPartition, at_or_before: int | None = None) -> None:
+        self.tp = tp
+        self.at_or_before = at_or_before
+        self.best: TransactionBufferSnapshot | None = None
+        self._legacy_key = str(tp).encode()
+        self._prefix = f"{tp}/".encode()
+        self._partial: dict[str, dict[int, TransactionBufferSnapshotSegment]] = {}
+
+    def add(self, key: bytes | None, value: bytes | None, where: str) -> None:
+        """One record of the partition; ``where`` names it in logs (topic[part]@offset)."""
+        if key is None or value is None:  # not ours, or a tombstone
+            return
+        if key == self._legacy_key:
+            try:
+                snap = TransactionBufferSnapshot.decode(value)
+            except CorruptRecordError as exc:
+                log.error("skipping unreadable buffer snapshot at %s: %s", where, exc)
+                return
+            self._consider(snap)
+            return
+        if not key.startswith(self._prefix):
+            return
+        try:
+            seg = TransactionBufferSnapshotSegment.decode(value)
+        except CorruptRecordError as exc:
+            log.error("skipping unreadable buffer snapshot segment at %s: %s", where, exc)
+            return
+        if (seg.topic, seg.partition) != (self.tp.topic, self.tp.partition):
+            log.error("skipping buffer snapshot segment at %s: it is of %s-%d", where,
+                      seg.topic, seg.partition)
+            return
+        if self.at_or_before is not None and seg.position > self.at_or_before:
+            return
+        parts = self._partial.setdefault(seg.snapshot_id, {})
+        parts[seg.index] = seg
+        if len(parts) < seg.count:
+            return
+        # complete: older unfinished sets can no longer be the newest; forget them
+        for sid in list(self._partial):
+            del self._partial[sid]
+            if sid == seg.snapshot_id:
+                break
+        try:
+            self._consider(join_segments(list(parts.values())))
+        except CorruptRecordError as exc:
+            log.error("skipping buffer snapshot ending at %s: %s", where, exc)
+
+    def _consider(self, snap: TransactionBufferSnapshot) -> None:
+        if self.at_or_before is None or snap.position <= self.at_or_before:
+            self.best = snap
+
+
+@dataclass
+class _Write:
+    """Delivery state of one segmented snapshot write."""
+
+    tp: TopicPartition
+    slot: int
+    left: int
+    failed: bool = False
 
 
 class TransactionBufferSnapshotStore:
@@ -34,12 +136,22 @@ class TransactionBufferSnapshotStore:
         self.topic = config.topics.buffer_snapshots
         self._producer: Producer | None = None
         self._partitions: int | None = None
+        self._good_slot: dict[TopicPartition, int] = {}
+        """Slot holding the newest completely delivered snapshot of each partition."""
+        self._counts: dict[tuple[TopicPartition, int], int] = {}
+        """Segments last written to each (partition, slot): longer ones get tombstones."""
+        self._legacy_deleted: set[TopicPartition] = set()
+        self._failed: set[TopicPartition] = set()
 
     def _num_partitions(self) -> int:
         if self._partitions is None:
-            p = self._producer_()
-            meta = p.list_topics(self.topic, timeout=self.config.admin_timeout_s)
-            self._partitions = len(meta.topics[self.topic].partitions)
+            meta = self._producer_().list_topics(self.topic,
+                                                 timeout=self.config.admin_timeout_s)
+            t = meta.topics.get(self.topic)
+            if t is None or t.error is not None or not t.partitions:
+                raise ConfigError(f"snapshot topic {self.topic} does not exist "
+                                  "(`txnstream init` creates it)")
+            self._partitions = len(t.partitions)
         return self._partitions
 
     def _producer_(self) -> Producer:
@@ -47,13 +159,65 @@ class TransactionBufferSnapshotStore:
             self._producer = Producer(self.config.producer())
         return self._producer
 
+    def _partition_of(self, tp: TopicPartition) -> int:
+        return murmur2_partition(str(tp).encode(), self._num_partitions())
+
     def publish(self, snap: TransactionBufferSnapshot, tp: TopicPartition) -> None:
-        """Write ``snap`` as the latest snapshot of ``tp`` (asynchronously)."""
-        key = str(tp).encode()
+        """Write ``snap`` as the newest snapshot of ``tp``, in segments, asynchronously.
+
+        Raises what the producer raises at once (``KafkaException``, ``BufferError``):
+        nothing of this snapshot counts then. A delivery that fails later is logged and
+        reported by :meth:`take_failed`; either way the previous snapshot stays readable.
+        """
         p = self._producer_()
-        p.produce(self.topic, snap.encode(), key=key,
-                  partition=murmur2_partition(key, self._num_partitions()))
+        p.poll(0)  # deliveries of the previous write decide which slot is good
+        part = self._partition_of(tp)
+        slot = 1 - self._good_slot.get(tp, 1)
+        segs = split_snapshot(snap, uuid.uuid4().hex)
+        write = _Write(tp, slot, len(segs))
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                if not write.failed:
+                    log.error("buffer snapshot of %s at %d: segment not written (%s); the "
+                              "previous snapshot stays in use, the next interval retries",
+                              tp, snap.position, err)
+                write.failed = True
+                self._failed.add(tp)
+                self._drop_producer_if_fatal(err)
+                return
+            write.left -= 1
+            if write.left == 0 and not write.failed:
+                self._good_slot[tp] = slot
+
+        try:
+            for seg in segs:
+                p.produce(self.topic, seg.encode(), key=segment_key(tp, slot, seg.index),
+                          partition=part, on_delivery=delivered)
+            for i in range(len(segs), self._counts.get((tp, slot), 0)):
+                p.produce(self.topic, None, key=segment_key(tp, slot, i), partition=part)
+            self._counts[(tp, slot)] = len(segs)
+            if tp not in self._legacy_deleted:
+                p.produce(self.topic, None, key=str(tp).encode(), partition=part)
+                self._legacy_deleted.add(tp)
+        except KafkaException as exc:
+            self._drop_producer_if_fatal(exc.args[0] if exc.args else None)
+            raise
         p.poll(0)
+
+    def _drop_producer_if_fatal(self, err: object) -> None:
+        """A producer with a fatal error can send nothing more: the next write makes anew."""
+        if classify_kafka_error(err) is KafkaErrorKind.FATAL and \
+                getattr(err, "fatal", lambda: False)():
+            log.error("snapshot producer failed fatally (%s); a new one takes over", err)
+            self._producer = None
+
+    def take_failed(self) -> set[TopicPartition]:
+        """Partitions whose snapshot deliveries failed since the last call."""
+        if self._producer is not None:
+            self._producer.poll(0)
+        failed, self._failed = self._failed, set()
+        return failed
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait for published snapshots."""
@@ -62,9 +226,10 @@ class TransactionBufferSnapshotStore:
 
     def latest(self, tp: TopicPartition, at_or_before: int | None = None
                ) -> TransactionBufferSnapshot | None:
-        """The newest valid snapshot of ``tp`` (folded to <= ``at_or_before`` if given)."""
-        key = str(tp).encode()
-        part = murmur2_partition(key, self._num_partitions())
+        """The newest usable snapshot of ``tp`` (folded to <= ``at_or_before`` if given)."""
+        part = self._partition_of(tp)
+        finder = LatestSnapshotFinder(tp, at_or_before)
+        where = f"snapshot store {self.topic}[{part}]"
         c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-snap-{uuid.uuid4().hex}"))
         try:
             ktp = KafkaTP(self.topic, part)
@@ -73,25 +238,16 @@ class TransactionBufferSnapshotStore:
                 return None
             ktp.offset = low
             c.assign([ktp])
-            best: TransactionBufferSnapshot | None = None
             pos = low
             while pos < high:
-                m = c.poll(2.0)
-                if m is None:
+                msgs = c.consume(500, 2.0)
+                if not msgs:
                     break
-                if m.error():
-                    continue
-                pos = m.offset() + 1
-                if m.key() != key:
-                    continue
-                try:
-                    snap = TransactionBufferSnapshot.decode(m.value())
-                except CorruptRecordError as exc:
-                    log.error("skipping unreadable buffer snapshot at %s[%d]@%d: %s",
-                              self.topic, part, m.offset(), exc)
-                    continue
-                if at_or_before is None or snap.position <= at_or_before:
-                    best = snap
-            return best
+                for m in msgs:
+                    if message_error(m, where, log):
+                        continue
+                    pos = m.offset() + 1
+                    finder.add(m.key(), m.value(), f"{self.topic}[{part}]@{m.offset()}")
+            return finder.best
         finally:
             c.close()

@@ -26,11 +26,21 @@ Crash/restart: the state is a function of the log alone, so a reader recovers by
 loading the latest snapshot (:mod:`txnstream.buffer.snapshot`) at or before its start
 offset and folding from the snapshot position on; with no snapshot it folds from the
 log start.
+
+Bounds (DESIGN.md section 10): ``ongoing`` holds the open txns with records here;
+``ended`` holds, per TC, the sequences ended here at or above that TC's LWM, so at most
+the txns a TC ends while its oldest open txn stays open (its rate times the TC's
+maximum txn timeout); ``invisible`` and ``aborted`` grow with every marker and aborted
+record and are bounded only by :meth:`TransactionBuffer.trim`: every owner trims below
+what it no longer needs (the buffer worker below the log start before each snapshot,
+readers below what they delivered or planned), and a trim costs O(k log n) for the k
+entries it forgets, nothing when there is nothing to forget.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -111,9 +121,17 @@ class TransactionBuffer:
     """TC id -> the highest low watermark seen in its markers."""
     invisible: set[int] = field(default_factory=set)
     """Folded offsets never to deliver: markers, stragglers, undecodable records,
-    records of aborted txns (kept until trimmed)."""
+    records of aborted txns (kept until trimmed). Read it, never change it directly:
+    :meth:`mark_invisible` keeps the trim order in step."""
     last_offset: int = -1
     max_read_position: int = -1
+    trimmed_below: int = 0
+    """The highest :meth:`trim` point: nothing below it is kept or added again."""
+    _invisible_order: list[int] = field(default_factory=list, repr=False, compare=False)
+    """Min-heap of :attr:`invisible`: trim pops what falls below, rebuilds nothing."""
+    _aborted_order: list[tuple[int, TxnID]] = field(default_factory=list, repr=False,
+                                                    compare=False)
+    """Min-heap of (last offset, txn) of :attr:`aborted`, for the same reason."""
 
     # ------------------------------------------------------------------ fold
 
@@ -128,7 +146,7 @@ class TransactionBuffer:
             verdict = self._fold(offset, headers, value, timestamp_ms)
         except CorruptRecordError as exc:
             log.error("%s: dropping record at offset %d: %s", self.tp, offset, exc)
-            self.invisible.add(offset)
+            self._hide(offset)
             verdict = Verdict.CORRUPT
         self._advance()
         return verdict
@@ -144,7 +162,7 @@ class TransactionBuffer:
             if marker.txn_id != txn_id:
                 raise CorruptRecordError(
                     f"marker header says {txn_id} but its value says {marker.txn_id}")
-            self.invisible.add(offset)
+            self._hide(offset)
             self._end(txn_id, marker.kind)
             self._raise_lwm(txn_id.tc_id, marker.lwm)
             return Verdict.MARKER
@@ -152,7 +170,7 @@ class TransactionBuffer:
 
     def _fold_txn_record(self, offset: int, txn_id: TxnID, timestamp_ms: int | None) -> Verdict:
         if self._has_ended(txn_id):
-            self.invisible.add(offset)
+            self._hide(offset)
             return Verdict.STRAGGLER
         entry = self.ongoing.get(txn_id)
         if entry is None:
@@ -171,8 +189,36 @@ class TransactionBuffer:
         self.ended.setdefault(txn_id.tc_id, set()).add(txn_id.least_bits)
         entry = self.ongoing.pop(txn_id, None)
         if kind is MarkerKind.ABORT and entry is not None:
-            self.aborted[txn_id] = entry.offsets
-            self.invisible.update(entry.offsets)
+            self.mark_aborted(txn_id, entry.offsets)
+
+    def _hide(self, offset: int) -> None:
+        if offset >= self.trimmed_below and offset not in self.invisible:
+            self.invisible.add(offset)
+            heapq.heappush(self._invisible_order, offset)
+
+    def mark_invisible(self, offsets: Iterable[int]) -> None:
+        """Add ``offsets`` to :attr:`invisible` (those below the trim point are dropped)."""
+        new = [o for o in offsets if o >= self.trimmed_below and o not in self.invisible]
+        if not new:
+            return
+        self.invisible.update(new)
+        order = self._invisible_order
+        if len(new) > len(order):  # a large aborted txn: one heapify, not a push each
+            order.extend(new)
+            heapq.heapify(order)
+        else:
+            for o in new:
+                heapq.heappush(order, o)
+
+    def mark_aborted(self, txn_id: TxnID, offsets: list[int]) -> None:
+        """Record an aborted txn's offsets here (restore); those below the trim point are gone."""
+        if offsets and offsets[0] < self.trimmed_below:
+            offsets = [o for o in offsets if o >= self.trimmed_below]
+        if not offsets:
+            return
+        self.aborted[txn_id] = offsets
+        heapq.heappush(self._aborted_order, (offsets[-1], txn_id))
+        self.mark_invisible(offsets)
 
     def _raise_lwm(self, tc: int, lwm: int) -> None:
         if lwm <= self.lwm.get(tc, 0):
@@ -211,9 +257,24 @@ class TransactionBuffer:
         return {t: e.first_offset for t, e in self.ongoing.items()}
 
     def trim(self, below: int) -> None:
-        """Forget what only offsets below ``below`` need (readers are past them)."""
-        self.invisible = {o for o in self.invisible if o >= below}
-        self.aborted = {t: offs for t, offs in self.aborted.items() if offs[-1] >= below}
+        """Forget what only offsets below ``below`` need (readers are past them).
+
+        Afterwards the buffer answers only for offsets at or above ``below``: invisible
+        offsets below it are dropped, and so are aborted txns whose last record here is
+        below it; offsets below it are never added again. Cheap enough to call after
+        every batch: O(k log n) for the k entries forgotten, in place (a caller holding
+        :attr:`invisible` sees the same set, trimmed), O(1) when nothing is below.
+        """
+        if below <= self.trimmed_below:
+            return
+        self.trimmed_below = below
+        order, invisible = self._invisible_order, self.invisible
+        while order and order[0] < below:
+            invisible.discard(heapq.heappop(order))
+        aborted, by_last = self.aborted, self._aborted_order
+        while by_last and by_last[0][0] < below:
+            _, txn_id = heapq.heappop(by_last)
+            aborted.pop(txn_id, None)
 
     def stats(self, now_ms: int | None = None) -> BufferStats:
         """Ongoing/aborted counts and the txn that blocks the partition, if any."""

@@ -1,0 +1,129 @@
+"""Snapshots stay under the record bound on a real broker; the buffer worker survives."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from tests.integration.buffer.conftest import make_topic, read_all, wait_until
+from txnstream import TopicPartition
+from txnstream.buffer import take_snapshot
+from txnstream.buffer.reader import PartitionFolder
+from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+from txnstream.buffer.worker import BufferWorker
+from txnstream.markers import TXN_ID_HEADER, MarkerKind, TxnMarker
+from txnstream.types import TxnID
+
+pytestmark = pytest.mark.integration
+
+MARKERS = 260_000
+"""Past the ~250k retained markers that made a 1 MB snapshot (issue 11, item 6)."""
+FAILED_PUBLISHES = 3
+
+
+def _produce(raw: KafkaProducer, topic: str, partition: int, value: bytes | None,
+             headers: list) -> None:
+    while True:
+        try:
+            raw.produce(topic, value, partition=partition, headers=headers)
+            return
+        except BufferError:  # the local queue is full: let it drain
+            raw.poll(0.2)
+
+
+def produce_markers(raw: KafkaProducer, topic: str, partition: int, n: int) -> None:
+    """``n`` txns of TC 9 (not a coordinator here): a COMMIT marker each, and one in ten
+    an aborted record first. Every marker and aborted record is retained state."""
+    for i in range(n):
+        t = TxnID(9, i)
+        if i % 10 == 0:
+            _produce(raw, topic, partition, b"x", [(TXN_ID_HEADER, t.to_bytes())])
+        m = TxnMarker(t, MarkerKind.ABORT if i % 10 == 0 else MarkerKind.COMMIT, i)
+        _produce(raw, topic, partition, m.encode(), m.headers())
+    raw.flush(60)
+
+
+def test_a_snapshot_over_1mb_is_published_in_segments_restored_and_the_worker_survives(
+        config, worker, client):
+    topic = make_topic(config, 2)
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    raw = KafkaProducer(config.producer(**{"linger.ms": 50}))
+    produce_markers(raw, topic, 0, MARKERS)
+    # partition 1: a record of a txn that never registered it: only the worker's LWM
+    # abort unblocks it (and that must go on while snapshots fail)
+    txn = client.new_transaction()
+    client.create_producer(topic).send(b"registered", txn=txn, partition=0)
+    raw.produce(topic, b"unregistered", partition=1, headers=[(TXN_ID_HEADER, txn.id.to_bytes())])
+    raw.flush(10)
+    txn.commit()
+    client.new_transaction().commit()  # moves the TC's LWM past txn
+
+    bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=1)
+    publish = bw._store.publish
+    failed: list[TopicPartition] = []
+
+    def failing_publish(snap, tp):
+        if len(failed) < FAILED_PUBLISHES:
+            failed.append(tp)
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "injected"))
+        return publish(snap, tp)
+
+    bw._store.publish = failing_publish
+    bw.start()
+    store = TransactionBufferSnapshotStore(config)
+    try:
+        wait_until(lambda: bw.markers_written >= 1, 90,
+                   "the LWM abort, while snapshots fail")
+        assert failed, "no snapshot was refused"
+        assert client.admin.buffer_stats(tp1).blocking_txn is None
+        end0 = _high(config, topic, 0)
+        wait_until(lambda: (s := store.latest(tp0)) is not None and s.position >= end0 - 1,
+                   120, "a snapshot of partition 0 folded to its end")
+        assert bw._thread is not None and bw._thread.is_alive(), "the buffer worker died"
+        assert len(failed) == FAILED_PUBLISHES and bw.snapshot_failures == FAILED_PUBLISHES
+        snap = store.latest(tp0)
+
+        # the state a fold from the log start reaches, in a snapshot that used to be refused
+        folder = PartitionFolder(config, use_snapshots=False)
+        try:
+            local = folder.catch_up([tp0])[tp0]
+        finally:
+            folder.close()
+        assert snap == take_snapshot(local)
+        assert len(snap.encode()) > 1_000_000
+
+        # on the wire: several records of one snapshot, each under the bound
+        from txnstream.buffer.snapshot import (
+            MAX_SNAPSHOT_RECORD_BYTES,
+            TransactionBufferSnapshotSegment,
+        )
+
+        segs = [TransactionBufferSnapshotSegment.decode(m.value())
+                for m in read_all(config, config.topics.buffer_snapshots)
+                if m.key().startswith(f"{tp0}/".encode()) and m.value() is not None]
+        assert all(len(s.encode()) <= MAX_SNAPSHOT_RECORD_BYTES for s in segs)
+        last = [s for s in segs if s.position == snap.position]
+        assert len({s.index for s in last}) == last[0].count > 1
+
+        # a reader starts from it instead of the log start
+        reader = PartitionFolder(config)
+        try:
+            buf = reader.catch_up([tp0])[tp0]
+            assert take_snapshot(buf) == take_snapshot(local)
+        finally:
+            reader.close()
+    finally:
+        bw.stop(30)
+    assert not bw._thread.is_alive()
+
+
+def _high(config, topic: str, partition: int) -> int:
+    from confluent_kafka import Consumer
+
+    c = Consumer(config.consumer("probe"))
+    try:
+        return c.get_watermark_offsets(KafkaTP(topic, partition), timeout=10)[1]
+    finally:
+        c.close()
