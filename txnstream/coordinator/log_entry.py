@@ -56,6 +56,26 @@ class GroupOutcome:
     status: TxnStatus
     seqs: tuple[int, ...]
 
+    def encoded_size(self) -> int:
+        """Bytes this outcome adds to a CHECKPOINT record's Avro encoding (exact).
+
+        The coordinator bounds its checkpoints by adding these up, without encoding.
+        """
+        key = self.key.encode()
+        seqs = 1 if not self.seqs else (
+            _varint_size(len(self.seqs)) + sum(_varint_size(s) for s in self.seqs) + 1)
+        return _varint_size(len(key)) + len(key) + 1 + seqs
+
+
+def _varint_size(n: int) -> int:
+    """Length of Avro's zig-zag varint encoding of ``n``."""
+    z = (n << 1) ^ (n >> 63)
+    size = 1
+    while z > 0x7F:
+        z >>= 7
+        size += 1
+    return size
+
 
 @dataclass(frozen=True, slots=True)
 class TransactionLogEntry:

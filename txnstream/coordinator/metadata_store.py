@@ -14,10 +14,13 @@ Two ways in, one state:
   never be handed out again).
 * **Requests** (``new_txn``, ``add_partitions``, ``end_txn``, ...): the owner plans a
   change, the store applies it at once (so later requests of the same batch see it) and
-  returns the log entry to append. The owner replies to a client only after it has read
-  that entry back as valid. If it finds itself fenced instead, it throws the whole store
-  away without replying: the log, not this object, is the truth, and the new owner
-  rebuilds from it.
+  returns the log entry to append. Every entry applied this way is also queued until the
+  owner takes it with :meth:`unlogged`, *also when the request then fails*: a commit that
+  finds its txn expired aborts it and raises, and that abort must reach the log before
+  the error reply and before any marker. The owner appends what :meth:`unlogged` gives
+  and replies to a client only after it has read those entries back as valid. If an
+  append fails or it finds itself fenced instead, it throws the whole store away without
+  replying: the log, not this object, is the truth, and the new owner rebuilds from it.
 
 Records the owner wrote come back through :meth:`replay` too; they carry the owner's
 own epoch and were applied already, so only their offsets are noted.
@@ -53,6 +56,18 @@ MAX_REMEMBERED_REQUESTS = 100_000
 """NEW request ids remembered for idempotent replay; a client retries within seconds."""
 MAX_REMEMBERED_GROUPS = 10_000
 """Committed group keys carried in checkpoints; Spark replays only its last batches."""
+MAX_CHECKPOINT_BYTES = 256 * 1024
+"""Upper bound of one encoded CHECKPOINT record. It must fit in one Kafka message: the
+broker's default ``max.message.bytes`` is 1 MiB and librdkafka refuses a message over
+``message.max.bytes`` (1,000,000) at ``produce()``. A quarter of that leaves room for a
+cluster configured below the default and for batch overhead, and still carries about
+2,300 outcomes of 16-txn groups (~110 bytes each): Spark replays only the last batch of a
+query after a driver restart, so a TC would need that many queries committing between a
+batch and its replay to forget the batch. Before this bound, 10,000 such outcomes made a
+1.1 MB checkpoint: refused, the TC restarted at every checkpoint and truncation stopped."""
+CHECKPOINT_FIXED_BYTES = 4 * 1024
+"""Share of :data:`MAX_CHECKPOINT_BYTES` kept for the fields other than group outcomes
+(owner id, offsets, sequence floor, framing: about 100 bytes with a usual owner id)."""
 
 ABORT_TIMEOUT = "timeout"
 ABORT_CLIENT = "client"
@@ -110,7 +125,14 @@ class TransactionMetadataStore:
         self.checkpoint_offset = -1
         self.invalid_records = 0
         self.groups: OrderedDict[str, GroupOutcome] = OrderedDict()
+        self.group_bytes = 0
+        """Encoded size of :attr:`groups` in a checkpoint (kept under its budget)."""
+        self.group_budget = MAX_CHECKPOINT_BYTES - CHECKPOINT_FIXED_BYTES
+        """Bytes of group outcomes a checkpoint may carry (see :meth:`shrink_groups`)."""
         self._requests: OrderedDict[str, int] = OrderedDict()
+        self._open_by_group: dict[str, set[int]] = {}
+        """OPEN txns opened for a group key, so a group end finds its orphans at once."""
+        self._unlogged: list[TransactionLogEntry] = []
         self.timeouts = TransactionTimeoutTracker()
 
     # ------------------------------------------------------------------ replay
@@ -190,6 +212,8 @@ class TransactionMetadataStore:
                                entry.timeout_ms, group_key=entry.group_key)
                 self.txns[seq] = meta
                 self.timeouts.track(seq, meta.deadline_ms)
+                if entry.group_key is not None:
+                    self._open_by_group.setdefault(entry.group_key, set()).add(seq)
                 if entry.request_id:
                     self._remember_request(entry.request_id, seq)
             elif entry.status is not None and entry.status.is_final:
@@ -215,6 +239,13 @@ class TransactionMetadataStore:
             log.warning("tc %d: txn %s cannot go %s -> %s; record ignored",
                         self.tc_id, meta.txn_id, meta.status.value, status.value)
             return
+        if meta.status is TxnStatus.OPEN and status is not TxnStatus.OPEN \
+                and meta.group_key is not None:
+            opened = self._open_by_group.get(meta.group_key)
+            if opened is not None:
+                opened.discard(meta.txn_id.least_bits)
+                if not opened:
+                    del self._open_by_group[meta.group_key]
         meta.status = status
         if status is not TxnStatus.OPEN:
             self.timeouts.untrack(meta.txn_id.least_bits)
@@ -229,16 +260,67 @@ class TransactionMetadataStore:
             self._requests.popitem(last=False)
 
     def _remember_group(self, outcome: GroupOutcome) -> None:
+        """Keep ``outcome`` as the newest; forget the oldest past the count or byte bound.
+
+        What is remembered is exactly what the next checkpoint carries, so a new owner
+        that replays the checkpoint recognises the same keys as this one.
+        """
+        size = outcome.encoded_size()
+        if size > self.group_budget:
+            # Idempotency needs the key and the status; the txns of the first commit are
+            # only reported back. A group too big to carry whole is kept without them.
+            log.warning("tc %d: group %r ends %d txns, too many to carry in a checkpoint; "
+                        "remembering its key and outcome only", self.tc_id,
+                        outcome.key[:100], len(outcome.seqs))
+            outcome = GroupOutcome(outcome.key, outcome.status, ())
+            size = outcome.encoded_size()
+            if size > self.group_budget:
+                log.error("tc %d: group key of %d bytes is too long to remember; a replay "
+                          "of it will not be recognised", self.tc_id, size)
+                return
+        old = self.groups.pop(outcome.key, None)
+        if old is not None:
+            self.group_bytes -= old.encoded_size()
         self.groups[outcome.key] = outcome
-        self.groups.move_to_end(outcome.key)
-        while len(self.groups) > MAX_REMEMBERED_GROUPS:
-            self.groups.popitem(last=False)
+        self.group_bytes += size
+        self._trim_groups()
+
+    def _trim_groups(self) -> None:
+        while self.groups and (len(self.groups) > MAX_REMEMBERED_GROUPS
+                               or self.group_bytes > self.group_budget):
+            _, gone = self.groups.popitem(last=False)
+            self.group_bytes -= gone.encoded_size()
+
+    def shrink_groups(self) -> None:
+        """Halve the checkpoint's group budget, forgetting the oldest outcomes.
+
+        For a log that refused a checkpoint as too large (its topic's
+        ``max.message.bytes`` is below :data:`MAX_CHECKPOINT_BYTES`): the next checkpoint
+        fits instead of failing forever.
+        """
+        self.group_budget = max(1024, self.group_budget // 2)
+        self._trim_groups()
 
     # ---------------------------------------------------------------- requests
 
     def _entry(self, **fields: object) -> TransactionLogEntry:
         return TransactionLogEntry(epoch_offset=self.epoch_offset, owner_id=self.owner_id,
                                    **fields)  # type: ignore[arg-type]
+
+    def _apply_new(self, entry: TransactionLogEntry, now_ms: int) -> None:
+        """Apply an entry planned by a request and queue it for the log."""
+        self.apply(entry, now_ms)
+        self._unlogged.append(entry)
+
+    def unlogged(self) -> list[TransactionLogEntry]:
+        """Take every entry applied by requests since the last call, in order.
+
+        The owner appends them, and reads them back, before it replies to any request of
+        the batch or writes any marker: they include entries of requests that failed
+        (a commit that found its txn expired logs the timeout abort and raises).
+        """
+        out, self._unlogged = self._unlogged, []
+        return out
 
     def epoch_entry(self) -> TransactionLogEntry:
         """The EPOCH record a new owner appends after replay."""
@@ -270,7 +352,7 @@ class TransactionMetadataStore:
         entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
                             status=TxnStatus.OPEN, open_time_ms=now_ms, timeout_ms=timeout_ms,
                             group_key=group_key)
-        self.apply(entry, now_ms)
+        self._apply_new(entry, now_ms)
         return self.txns[seq], entry
 
     def _check_alive(self, meta: TxnMeta, now_ms: int) -> None:
@@ -293,7 +375,7 @@ class TransactionMetadataStore:
             return None
         entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
                             partitions=tuple(sorted(new)))
-        self.apply(entry, now_ms)
+        self._apply_new(entry, now_ms)
         return entry
 
     def add_subscriptions(self, seq: int, subs: Iterable[SubscriptionRef], now_ms: int,
@@ -307,7 +389,7 @@ class TransactionMetadataStore:
             return None
         entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
                             subscriptions=tuple(sorted(new)))
-        self.apply(entry, now_ms)
+        self._apply_new(entry, now_ms)
         return entry
 
     def end_txn(self, seq: int, commit: bool, now_ms: int, reason: str = ABORT_CLIENT,
@@ -315,8 +397,11 @@ class TransactionMetadataStore:
         """Decide a txn's outcome: log COMMITTING or ABORTING.
 
         Repeating the same decision is idempotent (no entry). Committing an expired txn
-        aborts it and raises ``TransactionTimeoutError``; committing an aborted one (or
-        aborting a committed one) raises ``InvalidTxnStatusError``.
+        aborts it (reason ``timeout``) and raises ``TransactionTimeoutError``: the ABORTING
+        entry is not returned but queued in :meth:`unlogged`, and the owner must log it
+        before the error reply and the ABORT markers (otherwise a new owner replays the
+        txn as OPEN while its partitions hold ABORT markers). Committing an aborted one
+        (or aborting a committed one) raises ``InvalidTxnStatusError``.
         """
         meta = self.get(seq)
         target = TxnStatus.COMMITTING if commit else TxnStatus.ABORTING
@@ -328,7 +413,7 @@ class TransactionMetadataStore:
         if meta.status is TxnStatus.OPEN:
             entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
                                 status=target, reason=None if commit else reason)
-            self.apply(entry, now_ms)
+            self._apply_new(entry, now_ms)
             return EndResult(meta, entry)
         same_way = {TxnStatus.COMMITTING, TxnStatus.COMMITTED} if commit else {
             TxnStatus.ABORTING, TxnStatus.ABORTED}
@@ -359,8 +444,7 @@ class TransactionMetadataStore:
         """
         seqs = tuple(sorted(set(seqs)))
         target = TxnStatus.COMMITTING if commit else TxnStatus.ABORTING
-        orphans = [s for s, m in self.txns.items() if m.group_key == key and s not in seqs
-                   and m.status is TxnStatus.OPEN]
+        orphans = sorted(s for s in self._open_by_group.get(key, ()) if s not in seqs)
         prior = self.groups.get(key)
         if prior is not None:
             extra = [s for s in seqs if s not in prior.seqs]
@@ -387,7 +471,7 @@ class TransactionMetadataStore:
                                   error=error)
         entry = self._entry(kind=LogEntryKind.GROUP_END, request_id=request_id, status=target,
                             group_key=key, group_seqs=seqs)
-        self.apply(entry, now_ms)
+        self._apply_new(entry, now_ms)
         return GroupEndResult(target, seqs,
                               (entry, *self._abort_open(orphans, now_ms, ABORT_GROUP)),
                               already=False)
@@ -413,7 +497,7 @@ class TransactionMetadataStore:
         else:
             return None
         entry = self._entry(kind=LogEntryKind.TXN, txn_seq=seq, status=final)
-        self.apply(entry, now_ms)
+        self._apply_new(entry, now_ms)
         return entry
 
     def expire(self, now_ms: int) -> list[TransactionLogEntry]:

@@ -12,11 +12,15 @@ One loop, one thread; each turn:
    no reply it still held.
 2. **Handle a batch of requests** from the owned partitions of ``__txn_requests`` plus
    due timeouts. The store applies each change immediately and returns log entries.
-3. **Group-commit the log.** All entries of the batch are produced and flushed once, then
-   read back through the tailing consumer. Only if every entry came back valid (no
-   foreign EPOCH before it) are the replies sent. A crash here leaves entries in the log
-   without replies: the client retries with the same request id and the new owner, having
-   replayed them, answers from the log.
+3. **Group-commit the log.** All entries of the batch (what the store queued in
+   :meth:`TransactionMetadataStore.unlogged`, failed requests' entries included) are
+   produced and flushed once, then read back through the tailing consumer. A TC's
+   replies are sent only by the same incarnation (the same ``_Tc`` object, not just the
+   same id) that appended the batch, still serving, and only if every entry came back
+   (a foreign EPOCH before one fences the TC at once); a TC that appended nothing this
+   turn replies if it is still that incarnation. A crash here leaves entries in the log
+   without replies: the client retries with the same request id and the new owner,
+   having replayed them, answers from the log.
 4. **Finalize** every COMMITTING/ABORTING txn: (a) write COMMIT/ABORT markers (with the
    TC's low watermark) to each produced partition and commit/abort marks to each acked
    subscription's pending-ack log, one flush for all; (b) reply to the END requests;
@@ -26,6 +30,17 @@ One loop, one thread; each turn:
 5. **Checkpoint and truncate** now and then: a CHECKPOINT record carries the sequence
    counter and recent group keys, then ``delete_records`` drops the prefix no longer
    needed (:meth:`TransactionMetadataStore.truncation_point`).
+
+**A failed append** (delivery error, flush timeout, ``produce()`` refusing the record)
+means the in-memory store may be ahead of the log. That incarnation of the TC is dropped
+at once with every reply it held, whichever step found out (the batch append, the
+read-back, the delivery report of an unawaited COMMITTED/ABORTED record), and the TC is
+replayed from its log after a backoff that doubles with each failure in a row
+(:data:`RESTART_BACKOFF_FIRST_S` .. :data:`RESTART_BACKOFF_MAX_S`), so a log that keeps
+refusing never becomes a tight restart loop. The CHECKPOINT is appended on its own: it
+changes no state, so its failure costs only that checkpoint (and, if the log found it too
+large, the oldest group outcomes, see :meth:`TransactionMetadataStore.shrink_groups`),
+never a restart.
 """
 
 from __future__ import annotations
@@ -60,9 +75,10 @@ from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, Tran
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, TxnInfo
 from txnstream.errors import (
     CorruptRecordError,
-    KafkaErrorKind,
+    KafkaClientError,
     TxnStreamError,
-    classify_kafka_error,
+    is_retriable_kafka_error,
+    message_error,
 )
 from txnstream.markers import MarkerKind, TxnMarker
 from txnstream.types import TxnStatus
@@ -70,6 +86,14 @@ from txnstream.types import TxnStatus
 __all__ = ["CoordinatorWorker", "WorkerSettings"]
 
 log = logging.getLogger(__name__)
+
+RESTART_BACKOFF_FIRST_S = 0.2
+"""Wait before replaying a TC whose append failed: long enough for a leader move or a
+busy broker to pass, short against the client's 3 s resend."""
+RESTART_BACKOFF_MAX_S = 30.0
+"""Cap of the doubling wait: a log that keeps refusing appends (misconfigured topic,
+lost ACLs) is retried twice a minute, with an error logged each time, instead of being
+replayed in a tight loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +120,14 @@ class _Phase(enum.Enum):
     SERVING = "serving"
 
 
-@dataclass
+@dataclass(eq=False)  # an incarnation is itself: compared by identity, never by id
 class _Tc:
+    """One incarnation of TC ``tc_id`` on this worker: from a replay until it is dropped.
+
+    A restart makes a new object; whatever the old one planned (replies, waiters, retry
+    times) dies with it.
+    """
+
     tc_id: int
     store: TransactionMetadataStore
     replay_end: int
@@ -109,6 +139,8 @@ class _Tc:
     retry_at: dict[int, tuple[float, int]] = field(default_factory=dict)
     next_checkpoint: float = 0.0
     truncate_pending: bool = False
+    last_error: Any = None
+    """Why its last failed append failed (KafkaError, exception or "timeout")."""
 
 
 class CoordinatorWorker:
@@ -139,6 +171,10 @@ class CoordinatorWorker:
         self._admin = AdminClient(config.admin())
         self._pending_assign: list[int] | None = None
         self._reseek: set[int] = set()
+        self._retake_at: dict[int, float] = {}
+        """TC id -> when to replay it again after a failed append (see ``_restart``)."""
+        self._failures: dict[int, int] = defaultdict(int)
+        """Failed appends in a row per TC id, for the restart backoff."""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -168,18 +204,20 @@ class CoordinatorWorker:
             while not self._stop.is_set():
                 try:
                     self._turn()
+                except KafkaClientError:
+                    # A fatal client error (message_error raised it): these Kafka clients
+                    # cannot go on. Leave the group (finally) so other workers take the
+                    # TCs, and fail loudly.
+                    log.critical("worker %s: fatal Kafka error; leaving the group",
+                                 self.worker_id, exc_info=True)
+                    raise
                 except Exception:
                     # In-memory state may now be ahead of the log: rebuild every TC from
                     # its log rather than serve from a state nobody can vouch for.
                     log.exception("worker %s: unexpected error; replaying its TCs again",
                                   self.worker_id)
                     for tc in list(self.tcs.values()):
-                        try:
-                            self._restart(tc)
-                        except Exception:
-                            log.exception("tc %d: restart failed; dropping it until the "
-                                          "next assignment", tc.tc_id)
-                            self._drop(tc, "restart failed")
+                        self._restart(tc, "unexpected error")
                     time.sleep(0.5)
         finally:
             for tc in list(self.tcs.values()):
@@ -197,24 +235,36 @@ class CoordinatorWorker:
         self._pending_assign = (self._pending_assign or []) + [p.partition for p in parts]
 
     def _on_revoke(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
-        for p in parts:
-            tc = self.tcs.get(p.partition)
+        gone = {p.partition for p in parts}
+        for tc_id in gone:
+            tc = self.tcs.get(tc_id)
             if tc is not None:
                 self._drop(tc, "partition revoked")
+            self._retake_at.pop(tc_id, None)
+            self._failures.pop(tc_id, None)
+            self._reseek.discard(tc_id)
+        if self._pending_assign:
+            self._pending_assign = [t for t in self._pending_assign if t not in gone] or None
         consumer.unassign()
 
     def _take(self, tc_id: int) -> None:
+        """Start replaying TC ``tc_id`` (a new incarnation) from its log start."""
         try:
             low, high = self._watermarks(tc_id)
         except KafkaException as exc:
-            # Still failing after retries (leader moving, broker busy): try next turn.
+            # Still failing after retries (leader moving, broker busy): try again soon.
             log.warning("tc %d: cannot read log watermarks yet (%s); retrying", tc_id, exc)
-            self._pending_assign = (self._pending_assign or []) + [tc_id]
             self._reseek.add(tc_id)  # records read meanwhile are skipped: replay again
+            self._retake_at[tc_id] = time.monotonic() + RESTART_BACKOFF_FIRST_S
             return
         if tc_id in self._reseek:
+            try:
+                self._log.seek(KafkaTP(self.config.topics.log, tc_id, low))
+            except KafkaException as exc:
+                log.warning("tc %d: cannot seek its log yet (%s); retrying", tc_id, exc)
+                self._retake_at[tc_id] = time.monotonic() + RESTART_BACKOFF_FIRST_S
+                return
             self._reseek.discard(tc_id)
-            self._log.seek(KafkaTP(self.config.topics.log, tc_id, low))
         tc = _Tc(tc_id, TransactionMetadataStore(tc_id, self.worker_id), replay_end=high,
                  position=low)
         self.tcs[tc_id] = tc
@@ -223,9 +273,7 @@ class CoordinatorWorker:
         if low >= high:
             self._write_epoch(tc)
 
-    @retry(retry=retry_if_exception(
-               lambda e: isinstance(e, KafkaException)
-               and classify_kafka_error(e) is KafkaErrorKind.RETRIABLE),
+    @retry(retry=retry_if_exception(is_retriable_kafka_error),
            stop=stop_after_delay(10), wait=wait_exponential(0.05, max=1), reraise=True)
     def _watermarks(self, tc_id: int) -> tuple[int, int]:
         low, high = self._log.get_watermark_offsets(
@@ -233,8 +281,10 @@ class CoordinatorWorker:
         return low, high
 
     def _drop(self, tc: _Tc, why: str) -> None:
-        if self.tcs.pop(tc.tc_id, None) is None:
-            return
+        """Stop serving with this incarnation at once; the replies it held die with it."""
+        if self.tcs.get(tc.tc_id) is not tc:
+            return  # already dropped (a newer incarnation may serve the id)
+        del self.tcs[tc.tc_id]
         level = logging.INFO if why == "worker stopping" else logging.WARNING
         log.log(level, "tc %d: %s stops serving (%s)", tc.tc_id, self.worker_id, why)
         if tc.phase is _Phase.SERVING:
@@ -265,15 +315,20 @@ class CoordinatorWorker:
     # ------------------------------------------------------------ log I/O
 
     def _poll_log(self, timeout: float) -> None:
+        # Replays after a failed append first: their seek must precede the fetch.
+        mono = time.monotonic()
+        for tc_id, at in list(self._retake_at.items()):
+            if at <= mono and tc_id not in self.tcs:
+                del self._retake_at[tc_id]
+                self._take(tc_id)
         msgs = _drain(self._log, 2_000, timeout)
-        if self._pending_assign:
+        if self._pending_assign:  # assigned during this poll, from the log start
             taken, self._pending_assign = self._pending_assign, None
             for tc_id in taken:
+                self._retake_at.pop(tc_id, None)
                 self._take(tc_id)
         for m in msgs:
-            if m.error():
-                if m.error().code() != KafkaError._PARTITION_EOF:
-                    log.warning("log consumer: %s", m.error())
+            if message_error(m, f"worker {self.worker_id} log consumer", log):
                 continue
             tc = self.tcs.get(m.partition())
             if tc is None:
@@ -282,6 +337,8 @@ class CoordinatorWorker:
 
     def _fold(self, tc: _Tc, m: Message) -> None:
         offset = m.offset()
+        if offset < tc.position:
+            return  # fetched before a seek back to the log start; it comes again in order
         tc.position = offset + 1
         try:
             entry = TransactionLogEntry.decode(m.value())
@@ -301,8 +358,27 @@ class CoordinatorWorker:
         elif tc.phase is _Phase.EPOCH_PENDING and offset == tc.epoch_write:
             self._start_serving(tc)
 
-    def _append(self, tc: _Tc, entries: list[TransactionLogEntry]) -> list[int] | None:
-        """Produce and flush ``entries`` to TC's log partition; their offsets, or None."""
+    def _produce_all(self, tc: _Tc, entries: list[TransactionLogEntry],
+                     on_delivery: Any) -> Exception | None:
+        """Produce ``entries`` to TC's log partition; the error if one was refused."""
+        for e in entries:
+            try:
+                self._producer.produce(self.config.topics.log, e.encode(), partition=tc.tc_id,
+                                       on_delivery=on_delivery)
+            except (KafkaException, BufferError) as exc:
+                # e.g. MSG_SIZE_TOO_LARGE over message.max.bytes, or a full local queue.
+                # Entries already produced may still land: the replay will read them.
+                return exc
+        return None
+
+    def _append(self, tc: _Tc, entries: list[TransactionLogEntry],
+                restart: bool = True) -> list[int] | None:
+        """Produce and flush ``entries`` to TC's log partition; their offsets, or None.
+
+        On failure (``restart``, the default) the TC is restarted: its memory may hold
+        what the log does not. Without ``restart`` only the failure is returned (for a
+        record that changes no state, the checkpoint); its error is in ``tc.last_error``.
+        """
         offsets: list[int] = []
         failed: list[Any] = []
 
@@ -312,41 +388,62 @@ class CoordinatorWorker:
             else:
                 offsets.append(msg.offset())
 
-        for e in entries:
-            self._producer.produce(self.config.topics.log, e.encode(), partition=tc.tc_id,
-                                   on_delivery=on_delivery)
+        refused = self._produce_all(tc, entries, on_delivery)
+        if refused is not None:
+            failed.append(refused.args[0] if refused.args else refused)
         self._producer.flush(self.settings.readback_timeout_s)
         if failed or len(offsets) != len(entries):
-            log.error("tc %d: log append failed (%s); replaying again", tc.tc_id,
-                      failed[:1] or "timeout")
-            self._restart(tc)
+            why = failed[0] if failed else "timeout"
+            tc.last_error = why
+            if restart:
+                log.error("tc %d: log append failed (%s); replaying it again", tc.tc_id, why)
+                self._restart(tc, "its log append failed")
             return None
         return sorted(offsets)
 
-    def _restart(self, tc: _Tc) -> None:
-        """The in-memory state may be ahead of the log: rebuild it from the log."""
-        self._drop(tc, "restarting from the log")
-        self._log.seek(KafkaTP(self.config.topics.log, tc.tc_id, OFFSET_BEGINNING))
-        self._take(tc.tc_id)
+    def _restart(self, tc: _Tc, why: str) -> None:
+        """Drop this incarnation (its memory may be ahead of the log); replay it later.
 
-    def _read_back(self, want: dict[int, int]) -> set[int]:
-        """Tail until each TC has read its offset ``want[tc]``; the TCs still serving."""
+        The replay starts after a backoff that doubles per failure in a row.
+        Never re-enters an append (no recursion from a failing EPOCH write); safe to call
+        from a delivery callback; a no-op for an incarnation already dropped.
+        """
+        if self.tcs.get(tc.tc_id) is not tc:
+            return
+        self._drop(tc, f"restarting from the log: {why}")
+        self._failures[tc.tc_id] += 1
+        n = self._failures[tc.tc_id]
+        delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (n - 1))
+        self._reseek.add(tc.tc_id)
+        self._retake_at[tc.tc_id] = time.monotonic() + delay
+        log.warning("tc %d: replaying its log in %.1fs (failure %d in a row)", tc.tc_id,
+                    delay, n)
+
+    def _serving(self, tc: _Tc) -> bool:
+        """Whether this very incarnation still serves (not dropped, restarted, fenced)."""
+        return self.tcs.get(tc.tc_id) is tc and tc.phase is _Phase.SERVING
+
+    def _read_back(self, want: dict[int, tuple[_Tc, int]]) -> set[int]:
+        """Tail until each TC incarnation has read its offset back.
+
+        Returns the ids of those that did and still serve. One that did not in time is
+        restarted.
+        """
         deadline = time.monotonic() + self.settings.readback_timeout_s
         while True:
-            waiting = [t for t, off in want.items()
-                       if t in self.tcs and self.tcs[t].position <= off]
+            waiting = [tc for tc, off in want.values()
+                       if self._serving(tc) and tc.position <= off]
             if not waiting or time.monotonic() > deadline:
                 break
             self._poll_log(0.01)
         ok = set()
-        for t, off in want.items():
-            tc = self.tcs.get(t)
-            if tc is None or tc.phase is not _Phase.SERVING:
-                continue
+        for tc, off in want.values():
+            if not self._serving(tc):
+                continue  # fenced or restarted meanwhile: its entries vouch for nothing
             if tc.position <= off:
-                self._restart(tc)
+                self._restart(tc, f"offset {off} not read back in time")
                 continue
-            ok.add(t)
+            ok.add(tc.tc_id)
         return ok
 
     # ------------------------------------------------------------ the turn
@@ -363,14 +460,14 @@ class CoordinatorWorker:
         if not busy:
             return
         now_ms = int(time.time() * 1000)
-        entries: dict[int, list[TransactionLogEntry]] = defaultdict(list)
+        handled: dict[int, _Tc] = {}
         replies: dict[int, list[tuple[TcRequest, TcReply]]] = defaultdict(list)
         # Block on requests (returns as soon as one arrives) unless finalization work waits.
         idle = not any(tc.store.ending() for tc in self.tcs.values()
                        if tc.phase is _Phase.SERVING)
         msgs = _drain(self._req, self.settings.batch_max, self.settings.idle_poll_s if idle else 0)
         for m in msgs:
-            if m.error():
+            if message_error(m, f"worker {self.worker_id} request consumer", log):
                 continue
             tc = self.tcs.get(m.partition())
             if tc is None or tc.phase is not _Phase.SERVING:
@@ -383,41 +480,86 @@ class CoordinatorWorker:
                 continue
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
-            reply = self._handle(tc, req, now_ms, entries[tc.tc_id])
+            handled[tc.tc_id] = tc
+            reply = self._handle(tc, req, now_ms)
             metrics.REQUESTS.labels(req.op.value,
                                     reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:
                 replies[tc.tc_id].append((req, reply))
+        # 1. Append every entry the requests and expired timeouts planned, failed requests'
+        #    included (a commit that found its txn expired logged the abort), one flush.
+        want: dict[int, tuple[_Tc, int]] = {}
+        appended: set[int] = set()
         for tc in list(self.tcs.values()):
-            if tc.phase is _Phase.SERVING:
-                entries[tc.tc_id].extend(tc.store.expire(now_ms))
-                if time.monotonic() >= tc.next_checkpoint:
-                    entries[tc.tc_id].append(tc.store.checkpoint_entry())
-                    tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
-                    tc.truncate_pending = True
-        want: dict[int, int] = {}
-        for tc_id, batch in entries.items():
-            tc = self.tcs.get(tc_id)
-            if batch and tc is not None:
-                offsets = self._append(tc, batch)
-                if offsets is not None:
-                    want[tc_id] = offsets[-1]
+            if not self._serving(tc):
+                continue  # e.g. dropped by a delivery report during another TC's flush
+            tc.store.expire(now_ms)
+            batch = tc.store.unlogged()
+            if not batch:
+                continue
+            appended.add(tc.tc_id)
+            offsets = self._append(tc, batch)
+            if offsets is not None:
+                want[tc.tc_id] = (tc, offsets[-1])
+        # 2. The checkpoint on its own: it changes no state, so a refusal costs only it.
+        for tc in list(self.tcs.values()):
+            if self._serving(tc) and time.monotonic() >= tc.next_checkpoint:
+                offset = self._checkpoint(tc)
+                if offset is not None:
+                    want[tc.tc_id] = (tc, max(offset, want.get(tc.tc_id, (tc, -1))[1]))
+        # 3. Read back; reply only as the incarnation that handled the requests, still
+        #    serving, and (if it appended) with every entry read back.
         confirmed = self._read_back(want) if want else set()
         for tc_id, pairs in replies.items():
-            if tc_id in confirmed or (tc_id not in want and tc_id in self.tcs):
-                for req, reply in pairs:
-                    self._reply(req, reply)
+            tc = handled[tc_id]
+            if not self._serving(tc) or (tc_id in appended and tc_id not in confirmed):
+                continue
+            for req, reply in pairs:
+                self._reply(req, reply)
+        for tc_id in appended & confirmed:
+            self._failures.pop(tc_id, None)
         self._finalize(now_ms)
         self._truncate(now_ms)
         if msgs:
             self._req.commit(asynchronous=True)
 
-    def _reply(self, req: TcRequest, reply: TcReply) -> None:
-        self._producer.produce(self.config.topics.replies, reply.encode(),
-                               key=req.request_id.encode(), partition=req.reply_partition)
+    def _checkpoint(self, tc: _Tc) -> int | None:
+        """Append a CHECKPOINT for ``tc``; its offset, or None if the log refused it.
 
-    def _handle(self, tc: _Tc, req: TcRequest, now_ms: int,
-                out: list[TransactionLogEntry]) -> TcReply | None:
+        A refusal restarts nothing (the checkpoint only restates what the log holds): the
+        next one comes after a normal interval, and if the log found this one too large
+        (its topic's ``max.message.bytes`` is below ``MAX_CHECKPOINT_BYTES``) it carries
+        fewer group outcomes.
+        """
+        tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
+        entry = tc.store.checkpoint_entry()
+        offsets = self._append(tc, [entry], restart=False)
+        if offsets is None:
+            err = tc.last_error
+            too_large = getattr(err, "code", lambda: None)() == KafkaError.MSG_SIZE_TOO_LARGE
+            if too_large:
+                tc.store.shrink_groups()
+            log.error("tc %d: checkpoint not appended (%s)%s; no truncation until one is",
+                      tc.tc_id, err, "; carrying fewer group outcomes next time"
+                      if too_large else "")
+            return None
+        tc.truncate_pending = True
+        return offsets[0]
+
+    def _reply(self, req: TcRequest, reply: TcReply) -> None:
+        try:
+            self._producer.produce(self.config.topics.replies, reply.encode(),
+                                   key=req.request_id.encode(), partition=req.reply_partition)
+        except (KafkaException, BufferError) as exc:
+            # The client resends under the same request id and gets the answer again.
+            log.warning("reply to %s not sent: %s", req.request_id, exc)
+
+    def _handle(self, tc: _Tc, req: TcRequest, now_ms: int) -> TcReply | None:
+        """Apply one request to the store; its reply, or None if it waits (END).
+
+        The entries it planned are taken from ``store.unlogged()`` by the caller, also
+        when it failed; the reply is sent only after they read back.
+        """
         store = tc.store
         ok = TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
                      owner_id=self.worker_id)
@@ -425,23 +567,18 @@ class CoordinatorWorker:
             if req.op is TcOp.NEW:
                 timeout = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
                               int(self.config.max_txn_timeout_s * 1000))
-                meta, entry = store.new_txn(req.request_id, timeout, now_ms, req.group_key)
-                out.extend([entry] if entry else [])
+                meta, _ = store.new_txn(req.request_id, timeout, now_ms, req.group_key)
                 return TcReply(req.request_id, req.client_id, tc.tc_id,
                                txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id)
             if req.op is TcOp.ADD_PARTITIONS:
-                entry = store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
-                out.extend([entry] if entry else [])
+                store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
                 return ok
             if req.op is TcOp.ADD_SUBSCRIPTIONS:
-                entry = store.add_subscriptions(req.txn_seq, req.subscriptions, now_ms,
-                                                req.request_id)
-                out.extend([entry] if entry else [])
+                store.add_subscriptions(req.txn_seq, req.subscriptions, now_ms, req.request_id)
                 return ok
             if req.op is TcOp.END:
                 reason = req.reason if req.reason in (ABORT_ADMIN,) else ABORT_CLIENT
                 res = store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
-                out.extend([res.entry] if res.entry else [])
                 if res.meta.status.is_final:
                     return ok
                 tc.end_waiters[req.txn_seq].append(req)
@@ -449,7 +586,6 @@ class CoordinatorWorker:
             if req.op is TcOp.END_GROUP:
                 g = store.end_group(req.group_key or "", req.group_seqs, req.commit, now_ms,
                                     req.request_id)
-                out.extend(g.entries)
                 reply = TcReply(req.request_id, req.client_id, tc.tc_id, already=g.already,
                                 group_seqs=g.seqs, owner_id=self.worker_id,
                                 error_kind="InvalidTxnStatusError" if g.error else None,
@@ -488,12 +624,16 @@ class CoordinatorWorker:
     # ------------------------------------------------------------ finalization
 
     def _finalize(self, now_ms: int) -> None:
-        """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED."""
+        """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED.
+
+        Only txns whose COMMITTING/ABORTING entry this incarnation read back reach here
+        (an incarnation whose append failed was dropped before this step).
+        """
         mono = time.monotonic()
         work: list[tuple[_Tc, int]] = []
         failed: set[tuple[int, int]] = set()
         for tc in list(self.tcs.values()):
-            if tc.phase is not _Phase.SERVING:
+            if not self._serving(tc):
                 continue
             lwm = tc.store.low_watermark
             for meta in tc.store.ending():
@@ -510,20 +650,26 @@ class CoordinatorWorker:
                 marker = TxnMarker(meta.txn_id, MarkerKind.COMMIT if commit else MarkerKind.ABORT,
                                    lwm)
                 value, headers = marker.encode(), marker.headers()
-                for tp in sorted(meta.partitions):
-                    self._producer.produce(tp.topic, value, partition=tp.partition,
-                                           headers=headers, on_delivery=on_delivery)
-                for sub in sorted(meta.subscriptions):
-                    mark = _pending_ack_mark(commit, sub, meta.txn_id)
-                    self._producer.produce(self.config.topics.pending_ack, mark.encode(),
-                                           key=mark.key(), on_delivery=on_delivery)
+                try:
+                    for tp in sorted(meta.partitions):
+                        self._producer.produce(tp.topic, value, partition=tp.partition,
+                                               headers=headers, on_delivery=on_delivery)
+                    for sub in sorted(meta.subscriptions):
+                        mark = _pending_ack_mark(commit, sub, meta.txn_id)
+                        self._producer.produce(self.config.topics.pending_ack, mark.encode(),
+                                               key=mark.key(), on_delivery=on_delivery)
+                except (KafkaException, BufferError) as exc:
+                    log.warning("tc %d: markers for txn %s not produced: %s", tc.tc_id,
+                                meta.txn_id, exc)
+                    failed.add(key)
                 work.append((tc, seq))
         if not work:
             return
         remaining = self._producer.flush(self.settings.readback_timeout_s)
-        final_entries: dict[int, list[TransactionLogEntry]] = defaultdict(list)
         for tc, seq in work:
-            if remaining or (tc.tc_id, seq) in failed or tc.tc_id not in self.tcs:
+            if not self._serving(tc):
+                continue  # restarted meanwhile: the replay finds the txn ending and retries
+            if remaining or (tc.tc_id, seq) in failed:
                 _, tries = tc.retry_at.get(seq, (0.0, 0))
                 delay = min(self.settings.finalize_backoff_max_s, 0.1 * 2 ** tries)
                 tc.retry_at[seq] = (mono + delay, tries + 1)
@@ -534,8 +680,6 @@ class CoordinatorWorker:
             entry = tc.store.finalize(seq, now_ms)
             if entry is not None and entry.status is not None:
                 metrics.TXN_ENDED.labels(str(tc.tc_id), entry.status.value).inc()
-            if entry is not None:
-                final_entries[tc.tc_id].append(entry)
             meta = tc.store.txns[seq]
             for req in tc.end_waiters.pop(seq, []):
                 if req.commit == (meta.status is TxnStatus.COMMITTED):
@@ -551,23 +695,32 @@ class CoordinatorWorker:
                 else:
                     self._reply(req, reply)
             tc.group_waiters = still
-        for tc_id, batch in final_entries.items():
-            self._append_async(tc_id, batch)
+        for tc in {tc for tc, _ in work}:
+            if self._serving(tc):
+                self._append_async(tc, tc.store.unlogged())
 
-    def _append_async(self, tc_id: int, entries: list[TransactionLogEntry]) -> None:
+    def _append_async(self, tc: _Tc, entries: list[TransactionLogEntry]) -> None:
         """Append COMMITTED/ABORTED records without waiting: nobody waits on them.
 
-        If one is lost, the log still says COMMITTING/ABORTING and the txn is finalized
-        again (idempotently) after the TC is replayed.
+        If one is lost, the log still says COMMITTING/ABORTING while the memory of this
+        incarnation says final: this incarnation (the very object, not whichever serves
+        the id by the time the report comes) is restarted, and its replay finalizes the
+        txn again (idempotently).
         """
-        def on_delivery(err: KafkaError | None, _m: Message) -> None:
-            if err is not None and tc_id in self.tcs:
-                log.error("tc %d: final record not appended (%s); replaying again", tc_id, err)
-                self._restart(self.tcs[tc_id])
+        if not entries:
+            return
 
-        for e in entries:
-            self._producer.produce(self.config.topics.log, e.encode(), partition=tc_id,
-                                   on_delivery=on_delivery)
+        def on_delivery(err: KafkaError | None, _m: Message) -> None:
+            if err is not None:
+                log.error("tc %d: final record not appended (%s); replaying it again",
+                          tc.tc_id, err)
+                self._restart(tc, "a final record was not appended")
+
+        refused = self._produce_all(tc, entries, on_delivery)
+        if refused is not None:
+            log.error("tc %d: final record not appended (%s); replaying it again", tc.tc_id,
+                      refused)
+            self._restart(tc, "a final record was not appended")
         self._producer.poll(0)
 
     def _truncate(self, now_ms: int) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from txnstream import Client, Config
+from txnstream.coordinator.metadata_store import TransactionMetadataStore
 from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
@@ -138,3 +139,64 @@ def read_all(config: Config, topic: str, timeout_s: float = 30.0) -> list:
         return out
     finally:
         c.close()
+
+
+@pytest.fixture
+def own_config(config: Config) -> Iterator[Config]:
+    """A Config with internal topics of its own, for a test that changes their settings."""
+    import uuid
+
+    from confluent_kafka.admin import AdminClient
+
+    from txnstream import TopicNames
+    from txnstream.admin_topics import ensure_topics
+
+    cfg = config.with_(topics=TopicNames(f"__t{uuid.uuid4().hex[:8]}"))
+    ensure_topics(cfg)
+    try:
+        yield cfg
+    finally:
+        admin = AdminClient(cfg.admin())
+        for f in admin.delete_topics(cfg.topics.all(), operation_timeout=30).values():
+            try:
+                f.result(30)
+            except Exception:  # already gone; nothing to clean
+                pass
+
+
+def set_topic_config(config: Config, topic: str, values: dict[str, str]) -> None:
+    """Change settings of ``topic`` (incrementally: the others stay as they are)."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient(config.admin())
+    res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+        for k, v in values.items()])
+    for f in admin.incremental_alter_configs([res]).values():
+        f.result(30)
+
+
+def log_records(config: Config, tc_id: int) -> list:
+    """Every record of ``__txn_log[tc_id]`` now in the log, as confluent-kafka Messages."""
+    return [m for m in read_all(config, config.topics.log) if m.partition() == tc_id]
+
+
+def replay_log(config: Config, tc_id: int) -> TransactionMetadataStore:
+    """What a new owner of TC ``tc_id`` would rebuild from its log right now."""
+    from txnstream.coordinator.log_entry import TransactionLogEntry
+    from txnstream.errors import CorruptRecordError
+
+    store = TransactionMetadataStore(tc_id, "test-reader")
+    for m in log_records(config, tc_id):
+        try:
+            entry = TransactionLogEntry.decode(m.value())
+        except CorruptRecordError:
+            continue
+        store.replay(m.offset(), entry)
+    return store
