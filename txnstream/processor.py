@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from txnstream.client import Client
 from txnstream.consumer import Message
-from txnstream.errors import TxnStreamError
+from txnstream.errors import TransactionOutcomeUnknownError, TxnStreamError
 
 __all__ = ["ExactlyOnceProcessor", "ProcessorStats"]
 
@@ -46,12 +46,15 @@ class ExactlyOnceProcessor:
     def __init__(self, client: Client, inputs: str | Sequence[str], subscription: str,
                  output: str, fn: Function, batch_size: int = 100,
                  batch_interval_s: float = 0.5, txn_timeout_s: float = 30.0,
-                 **consumer_options: object) -> None:
+                 cumulative: bool = False, **consumer_options: object) -> None:
         self.client = client
         self.fn = fn
         self.batch_size = batch_size
         self.batch_interval_s = batch_interval_s
         self.txn_timeout_s = txn_timeout_s
+        self.cumulative = cumulative
+        """Ack a batch with one cumulative ack per partition (its last input) instead
+        of one individual ack per input."""
         self.consumer = client.subscribe(inputs, subscription=subscription,
                                          **consumer_options)
         self.producer = client.create_producer(output)
@@ -70,6 +73,7 @@ class ExactlyOnceProcessor:
         """Process one batch in one transaction; returns the inputs it committed."""
         txn = None
         n = outs = 0
+        last: dict[tuple[str, int], Message] = {}
         deadline = time.monotonic() + self.batch_interval_s
         try:
             while n < self.batch_size:
@@ -83,11 +87,21 @@ class ExactlyOnceProcessor:
                     txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
                     deadline = time.monotonic() + self.batch_interval_s
                 outs += self._emit(self.fn(msg), txn)
-                self.consumer.acknowledge(msg, txn=txn)
+                if self.cumulative:
+                    last[(msg.topic, msg.partition)] = msg
+                else:
+                    self.consumer.acknowledge(msg, txn=txn)
                 n += 1
             if txn is None:
                 return 0
+            for msg in last.values():
+                self.consumer.acknowledge_cumulative(msg, txn=txn)
             txn.commit()
+        except TransactionOutcomeUnknownError as exc:
+            # Not aborted: its acks hold the inputs until the coordinator's outcome
+            # reaches the consumer (redelivered only if it aborted), so nothing is redone.
+            log.warning("batch of %d: commit outcome unknown (%s)", n, exc)
+            return 0
         except TxnStreamError as exc:
             log.warning("batch of %d aborted: %s", n, exc)
             self.stats.aborted_batches += 1

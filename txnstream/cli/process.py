@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--session-timeout-ms", type=int, default=10_000,
                    help="consumer group session timeout: how fast a dead instance's "
                         "partitions move (default 10000)")
+    p.add_argument("--cumulative", action="store_true",
+                   help="ack each batch with one cumulative ack per partition")
     p.add_argument("--idle", type=float, default=None, help="stop after this many idle seconds")
     p.set_defaults(handler=_run)
 
@@ -39,6 +41,7 @@ def _run(args: argparse.Namespace) -> int:
     with Client(config=config_from_args(args)) as client:
         proc = ExactlyOnceProcessor(client, args.input, args.subscription, args.output, _upper,
                                     args.batch_size, args.batch_interval, args.txn_timeout,
+                                    cumulative=args.cumulative,
                                     **{"session.timeout.ms": args.session_timeout_ms,
                                        "heartbeat.interval.ms": 1000})
         try:

@@ -58,7 +58,7 @@ def test_cursor_never_passes_records_not_yet_delivered(config, worker, client):
     topic = make_topic(config, 1)
     producer = client.create_producer(topic)
     txn = client.new_transaction(timeout_s=60)
-    for i in range(10):
+    for _ in range(10):
         producer.send(b"y" * 1000, txn=txn, partition=0)
     txn.commit()
     for _ in range(4):
