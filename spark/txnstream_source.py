@@ -52,7 +52,13 @@ from pyspark.sql.types import StructType
 from spark.avro import ValueSchema, load_value_schema
 from spark.options import SinkOptions, SourceOptions
 from txnstream.config import Config
-from txnstream.errors import ConfigError, InvalidTxnStatusError, TransactionTimeoutError
+from txnstream.errors import (
+    ConfigError,
+    RequestTimeoutError,
+    TransactionOutcomeUnknownError,
+    TransactionTimeoutError,
+    message_error,
+)
 from txnstream.types import TopicPartition
 
 __all__ = ["TxnStreamDataSource", "SCHEMA"]
@@ -176,6 +182,7 @@ def _read_folding(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
             if reread_from is not None:
                 if buf.max_read_position >= p.end - 1:
                     break  # every record before the end is decided
+                buf.trim(reread_from)  # the re-read needs the skip list from there on
                 continue
             if batch and (batch[0].offset() < p.start or batch[-1].offset() >= p.end):
                 batch = [m for m in batch if p.start <= m.offset() < p.end]
@@ -191,6 +198,8 @@ def _read_folding(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
                 reread_from, held = held[0].offset(), []
             if buf.max_read_position >= p.end - 1:
                 break  # every record before the end is decided (and delivered)
+            # delivered below here: forget it (rows.skip is the same set, trimmed too)
+            buf.trim(held[0].offset() if held else buf.max_read_position + 1)
     finally:
         folder.close()
     if len(rows):
@@ -243,7 +252,7 @@ class _Rows:
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
         for m in batch:
-            if m.error() is not None:
+            if message_error(m, f"txnstream source {self.p.topic}-{self.p.partition}", log):
                 continue
             off = m.offset()
             if off >= end:
@@ -342,6 +351,14 @@ class _Planner:
                                       f"not subscribed ({', '.join(self.opts.topics)})")
                 out[t].update(parts)
         return out
+
+    def trim(self, below: dict) -> None:
+        """Forget buffer state below ``below`` (JSON offsets): no batch starts there again."""
+        for tp in self.tps:
+            buf = self.folder.buffers.get(tp)
+            at = below.get(tp.topic, {}).get(str(tp.partition))
+            if buf is not None and at is not None:
+                buf.trim(int(at))
 
     def high_watermarks(self) -> dict[str, dict[str, int]]:
         """Each partition's end right now (a batch read's executors fold up to it)."""
@@ -474,7 +491,10 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         yield from _read_partition(partition)
 
     def commit(self, end: dict) -> None:
-        pass  # offsets live in Spark's checkpoint; nothing to release in Kafka
+        # Offsets live in Spark's checkpoint; nothing to release in Kafka. Later batches
+        # start at or after ``end``, so the planner's buffers forget what lies below.
+        if self._planner_ is not None:
+            self._planner_.trim(end)
 
     def stop(self) -> None:
         if self._planner_ is not None:
@@ -643,7 +663,23 @@ def pause_point(name: str, batch_id: int) -> None:
         time.sleep(3600)
 
 
+GROUP_END_ATTEMPTS = 3
+"""Times the driver asks for a batch's group commit when no reply comes. END_GROUP is
+idempotent by its key (a repeat reports the first outcome), so asking again is safe;
+three attempts of ``request_timeout_s`` each ride through a coordinator failover."""
+
+
 def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -> None:
+    """End a batch's txns: one group commit under ``key``, or an abort of each.
+
+    Errors are told apart by class, as the coordinator raised them: a
+    ``TransactionTimeoutError`` fails the batch naming the option to raise; a lost reply
+    (``RequestTimeoutError``) is asked again under the same key and, if it stays lost,
+    is ``TransactionOutcomeUnknownError``: never read as failed, so nothing is retried
+    on a guess (restarting the query replays the batch, and its key settles it).
+    """
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
     from txnstream.coordinator.protocol import TcOp
 
     msgs = [m for m in messages if isinstance(m, TxnCommitMessage) and m.txn_seq != NO_TXN]
@@ -657,22 +693,32 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
         if len(by_tc) > 1:
             raise ConfigError(f"sink transactions of {key} span coordinators {sorted(by_tc)}")
         for tc_id, seqs in by_tc.items():
-            if commit:
-                try:
-                    reply = client.tc.request(TcOp.END_GROUP, tc_id, group_key=key,
-                                              group_seqs=tuple(seqs), commit=True)
-                except InvalidTxnStatusError as exc:
-                    if not any(w in str(exc) for w in ("timeout", "timed out")):
-                        raise
-                    raise TransactionTimeoutError(
-                        f"{exc}; the batch took longer than option "
-                        f"'txnstream.txnTimeoutSeconds' ({opts.txn_timeout_s:g} s): raise it. "
-                        "Restarting the query replays the batch.") from exc
-                if reply.already:
-                    log.warning("batch %s was committed before: its replay was aborted", key)
-            else:
+            if not commit:
                 for s in seqs:
                     client.tc.request(TcOp.END, tc_id, txn_seq=s, commit=False)
+                continue
+            retrying = Retrying(retry=retry_if_exception_type(RequestTimeoutError),
+                                stop=stop_after_attempt(GROUP_END_ATTEMPTS), reraise=True)
+            try:
+                for attempt in retrying:
+                    with attempt:
+                        reply = client.tc.request(TcOp.END_GROUP, tc_id, group_key=key,
+                                                  group_seqs=tuple(seqs), commit=True)
+            except TransactionTimeoutError as exc:
+                raise TransactionTimeoutError(
+                    f"{exc}; the batch took longer than option "
+                    f"'txnstream.txnTimeoutSeconds' ({opts.txn_timeout_s:g} s): raise it. "
+                    "Restarting the query replays the batch.", exc.txn_id) from exc
+            except RequestTimeoutError as exc:
+                raise TransactionOutcomeUnknownError(
+                    f"the group commit of batch {key} got no answer from coordinator "
+                    f"{tc_id} in {GROUP_END_ATTEMPTS} attempts ({exc}): it may have "
+                    "committed or not. Restarting the query replays the batch; its key "
+                    "makes the outcome exactly once either way.") from exc
+            if reply.already and attempt.retry_state.attempt_number > 1:
+                log.info("batch %s: committed by an attempt whose reply was lost", key)
+            elif reply.already:
+                log.warning("batch %s was committed before: its replay was aborted", key)
     except BaseException:
         _drop_client(opts.config)
         raise

@@ -81,3 +81,44 @@ def test_a_range_that_starts_mid_partition_gets_only_its_own_records(config, wor
     # and v4's fate (its marker at 9) lies past the range's end
     assert _values(config, topic, start=4, end=9) == [b"v2", b"v3", b"v4"]
     assert _values(config, topic, start=5, end=8) == [b"v3"]
+
+
+def test_a_long_read_forgets_what_it_delivered_and_delivers_the_same(config, monkeypatch):
+    """Over many fetch batches, the task's buffer is trimmed below what it delivered
+    (issue 11, item 6): its skip set stays about one batch long, and what it delivers is
+    still exactly the committed and plain records, as the driver-side plan says."""
+    from confluent_kafka import Producer
+
+    from txnstream.buffer.reader import PartitionFolder
+    from txnstream.markers import TXN_ID_HEADER, MarkerKind, TxnMarker
+    from txnstream.types import TxnID
+
+    topic = make_topic(config, 1)
+    raw = Producer(config.producer(**{"linger.ms": 20}))
+    want = []
+    for i in range(12_000):  # txns of TC 9 (no coordinator): one in three aborted
+        t = TxnID(9, i)
+        v = f"t{i}".encode()
+        raw.produce(topic, v, partition=0, headers=[(TXN_ID_HEADER, t.to_bytes())])
+        m = TxnMarker(t, MarkerKind.ABORT if i % 3 == 0 else MarkerKind.COMMIT, i)
+        raw.produce(topic, m.encode(), partition=0, headers=m.headers())
+        if i % 3:
+            want.append(v)
+        if i % 100 == 0:
+            raw.produce(topic, f"p{i}".encode(), partition=0)
+            want.append(f"p{i}".encode())
+            raw.poll(0)
+    raw.flush(30)
+    seen = []
+    scan = PartitionFolder.scan
+
+    def watched(self, *a, **k):
+        for buf, batch in scan(self, *a, **k):
+            seen.append(len(buf.invisible))
+            yield buf, batch
+
+    monkeypatch.setattr(PartitionFolder, "scan", watched)
+    got = _values(config, topic)
+    assert got == want
+    assert len(seen) > 3 and max(seen) <= 5_000 + 2, f"skip set not trimmed: {max(seen)}"
+    assert got == _driver_plan(config, topic)
