@@ -72,6 +72,12 @@ def test_new_whose_open_record_was_refused_gets_no_reply_and_no_txn_id_repeats(
     missing = [s for s in handed if s not in in_log or in_log[s].status is not TxnStatus.OPEN]
     assert not missing, f"replied with TxnIDs whose OPEN record is not in the log: {missing}"
     assert len(handed) == 3, "the refused NEW must not have been answered"
+    # The worker read the refused request again after each replay, until its deadline:
+    # the backoff between replays keeps that from being a tight restart loop.
+    epochs = [m for m in log_records(own_config, tc)
+              if (e := TransactionLogEntry.decode(m.value())).kind is LogEntryKind.EPOCH
+              and e.owner_id == w.worker_id]
+    assert len(epochs) <= 8, f"{len(epochs)} replays of TC {tc} in about 10 s"
 
 
 def test_add_partitions_whose_record_was_refused_gets_no_ok_reply(own_config,
