@@ -62,7 +62,12 @@ class Admin:
         return [CoordinatorStats(r.tc_id, r.owner_id, dict(r.stats)) for r in replies]
 
     def buffer_stats(self, tp: TopicPartition | str) -> BufferStats:
-        """Fold ``tp`` to its end: how far committed readers may go, and what blocks them."""
+        """Fold ``tp`` to its end: how far committed readers may go, and what blocks them.
+
+        Starts from the latest snapshot; the fold keeps only what lies at or above the
+        log start (``aborted`` counts the aborted txns with records there), so the work
+        and memory are bounded by the retained log's markers, not its length.
+        """
         from txnstream.buffer.reader import PartitionFolder
 
         tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
