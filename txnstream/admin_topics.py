@@ -38,6 +38,10 @@ class TopicReport:
     detail: str = ""
 
 
+PENDING_ACK_RETENTION_MS = 7 * _DAY_MS
+"""Retention of the pending-ack log: Kafka's default committed-offset retention."""
+
+
 def topic_specs(config: Config) -> list[TopicSpec]:
     """The internal topics for ``config``."""
     t = config.topics
@@ -55,7 +59,13 @@ def topic_specs(config: Config) -> list[TopicSpec]:
                   {"retention.ms": str(3600 * 1000)}, strict=False),
         TopicSpec(t.buffer_snapshots, 4,
                   {"cleanup.policy": "compact", "min.insync.replicas": isr}, strict=True),
-        TopicSpec(t.pending_ack, 8, forever, strict=True),
+        # Time-bounded like Kafka's committed offsets (offsets.retention.minutes, 7 days):
+        # each owner checkpoints its partitions' pending acks every few seconds and a new
+        # owner replays from the latest checkpoint, so only a subscription left without
+        # any member for longer than this loses its acks above the cursor.
+        TopicSpec(t.pending_ack, 8,
+                  {"retention.ms": str(PENDING_ACK_RETENTION_MS), "cleanup.policy": "delete",
+                   "min.insync.replicas": isr}, strict=True),
     ]
 
 

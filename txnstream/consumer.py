@@ -46,7 +46,7 @@ from txnstream.errors import (
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, classify_headers
 from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
-from txnstream.pendingack.store import PendingAckStore
+from txnstream.pendingack.store import Checkpointed, PendingAckStore
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
@@ -67,6 +67,10 @@ RETAKE_AFTER_S = 10.0
 """After a newer owner fenced this member on a partition the group still assigns to it,
 wait this long (about a session timeout: the group settles who owns it meanwhile, and
 a revoke cancels the retake) before replaying and claiming it again."""
+CHECKPOINT_INTERVAL_S = 10.0
+"""How often an owner checkpoints a partition's pending acks (when they changed): a new
+owner replays the pending-ack log from the latest checkpoint, so its replay reads about
+this many seconds of the log, never the whole log."""
 CLAIM_RETRY_S = 1.0
 """A takeover that failed (log not readable yet) is tried again after this long."""
 
@@ -118,6 +122,10 @@ class _PartitionReader:
     """Delivered messages acked in a still-open txn: redelivered if it aborts."""
     held_back: dict[int, Message] = field(default_factory=dict)
     """Messages a previous owner's open txn acked: delivered only if that txn aborts."""
+    checkpoint: Checkpointed | None = None
+    """The latest pending-ack checkpoint; committed with the cursor as offset metadata."""
+    checkpoint_due: float = 0.0
+    pointer_dirty: bool = False
     reseeking: bool = False
     """Sought back to re-read what the hold dropped: the rest of the current fetch batch
     for this partition is from before the seek and must be ignored (it comes again)."""
@@ -138,7 +146,9 @@ class Consumer:
     def __init__(self, client: Client, topics: str | Sequence[str], subscription: str,
                  initial_position: str = "earliest",
                  max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
-                 nack_delay_s: float = 1.0, **kafka: object) -> None:
+                 nack_delay_s: float = 1.0,
+                 checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+                 **kafka: object) -> None:
         if initial_position not in ("earliest", "latest"):
             raise ConfigError(f"initial_position must be 'earliest' or 'latest', "
                               f"got {initial_position!r}")
@@ -150,6 +160,8 @@ class Consumer:
         self._initial = initial_position
         self._max_bytes = max_buffered_bytes
         self._nack_delay = nack_delay_s
+        self._checkpoint_interval = checkpoint_interval_s
+        self._closed = False
         self._lock = threading.RLock()
         self._readers: dict[TopicPartition, _PartitionReader] = {}
         self._ready: deque[Message] = deque()
@@ -197,7 +209,9 @@ class Consumer:
         """
         timeout = self._client.config.admin_timeout_s
         ktp = KafkaTP(tp.topic, tp.partition)
-        committed = self._kafka.committed([ktp], timeout=timeout)[0].offset
+        found = self._kafka.committed([ktp], timeout=timeout)[0]
+        committed = found.offset
+        pointer = Checkpointed.from_metadata(found.metadata)
         low, high = self._kafka.get_watermark_offsets(ktp, timeout=timeout)
         if committed >= 0:
             start = committed
@@ -205,11 +219,12 @@ class Consumer:
             start = low if self._initial == "earliest" else high
         # Fold from the log start: txns that began before ``start`` must be known.
         # Rebuild the pending acks before delivering anything, then claim the partition.
-        handle = self._acks.replay(tp)
+        handle = self._acks.replay(tp, pointer)
         start = max(start, handle.cursor)
-        self._acks.claim(handle, cursor=start)
+        owner_at = self._acks.claim(handle, cursor=start)
         reader = _PartitionReader(tp, TransactionBuffer(tp), deliver_pos=start,
-                                  fold_pos=low, committed=committed, handle=handle)
+                                  fold_pos=low, committed=committed, handle=handle,
+                                  checkpoint=pointer)
         if low >= start:
             reader.fold_pos = start
         with self._lock:
@@ -217,6 +232,9 @@ class Consumer:
                 return  # revoked meanwhile
             self._readers[tp] = reader
             self._retake.pop(tp, None)
+            # The tail passes what follows the OWNER to this reader from now on: under
+            # the consumer lock, as every reader of the tail runs.
+            self._acks.resume_tail(tp, owner_at + 1)
         self._kafka.incremental_assign([KafkaTP(tp.topic, tp.partition, min(low, start))])
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
@@ -438,6 +456,12 @@ class Consumer:
         same read-back rule the coordinator applies to its own log.
         """
         self._acks.flush_txn(txn_id)
+        if self._closed:
+            if not self._acks.read_back(txn_id):
+                raise TxnStreamError(f"acks of {txn_id} cannot be confirmed: the consumer "
+                                     f"of {self.subscription!r} that made them is closed",
+                                     txn_id)
+            return  # confirmed before the close: the next owner knows them
         deadline = time.monotonic() + READ_BACK_TIMEOUT_S
         while not self._acks.read_back(txn_id):
             if time.monotonic() > deadline:
@@ -448,6 +472,7 @@ class Consumer:
             time.sleep(0.002)
         with self._lock:
             self._apply_marks()
+        self._acks.confirmed(txn_id)
 
     def _on_txn_end(self, txn_id: TxnID, committed: bool) -> None:
         """The coordinator confirmed ``txn_id``'s end, after writing its marks.
@@ -560,15 +585,18 @@ class Consumer:
         offsets = []
         for r in self._readers.values():
             c = r.cursor()
-            if c > r.committed:
+            self._maybe_checkpoint(r, now)
+            if c > r.committed or r.pointer_dirty:
                 offsets.append((r, c))
             r.buffer.trim(min(c, r.deliver_pos))  # below the cursor nothing is asked again
         self._last_commit = now
         if not offsets:
             return
         try:
-            self._kafka.commit(offsets=[KafkaTP(r.tp.topic, r.tp.partition, c)
-                                        for r, c in offsets], asynchronous=not force)
+            self._kafka.commit(offsets=[
+                KafkaTP(r.tp.topic, r.tp.partition, max(c, r.committed),
+                        metadata=r.checkpoint.to_metadata() if r.checkpoint else None)
+                for r, c in offsets], asynchronous=not force)
         except KafkaException as exc:
             # The group moved on (member unknown, rebalance in progress): the next owner
             # starts from the last committed cursor and the pending-ack log, so nothing
@@ -579,12 +607,32 @@ class Consumer:
                         self.member_id, exc)
             return
         for r, c in offsets:
-            r.committed = c
+            r.committed = max(c, r.committed)
+            r.pointer_dirty = False
+
+    def _maybe_checkpoint(self, r: _PartitionReader, now: float) -> None:
+        """Checkpoint ``r``'s pending acks when due (consumer lock held).
+
+        Under the lock the handle reflects every record the tail has read (each
+        ``poll_marks`` batch is applied in the same locked call), so the tail position
+        is the checkpoint's replay position.
+        """
+        if r.handle is None or now < r.checkpoint_due:
+            return
+        r.checkpoint_due = now + self._checkpoint_interval
+        position = self._acks.tail_position(r.tp)
+        if position < 0 or (r.checkpoint is not None and r.checkpoint.position >= position):
+            return  # nothing new in the log since the last one
+        done = self._acks.checkpoint(r.handle, position)
+        if done is not None:
+            r.checkpoint = done
+            r.pointer_dirty = True
 
     def close(self) -> None:
         """Commit the cursor and leave the group."""
         with self._lock:
             self._commit(force=True)
+            self._closed = True
         self._kafka.close()
         self._acks.close()
 

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from txnstream.errors import InvalidTxnStatusError, TransactionConflictError
-from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
+from txnstream.pendingack.records import PendingAckCheckpoint, PendingAckEntry, PendingAckKind
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 __all__ = ["PendingAckHandle", "AckEffect", "PendingAckStats"]
@@ -223,6 +223,27 @@ class PendingAckHandle:
         except (TransactionConflictError, InvalidTxnStatusError):
             return False
         return True
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint(self) -> PendingAckCheckpoint:
+        """The state to write to the log, so a new owner need not replay before it."""
+        by_txn: dict[TxnID, list[int]] = {}
+        for o, t in sorted(self.pending.items()):
+            by_txn.setdefault(t, []).append(o)
+        return PendingAckCheckpoint(
+            self.subscription, self.tp.topic, self.tp.partition, self.generation, self.owner,
+            self.cursor, tuple(sorted(self.acked)),
+            tuple((t, tuple(offs)) for t, offs in by_txn.items()), self.cumulative)
+
+    def restore(self, ckpt: PendingAckCheckpoint) -> None:
+        """Take a checkpoint's state (ended txns seen so far are kept)."""
+        self.generation = ckpt.generation
+        self.owner = ckpt.member_id
+        self.cursor = ckpt.cursor
+        self.acked = {o for o in ckpt.acked if o >= ckpt.cursor}
+        self.pending = {o: t for t, offs in ckpt.pending for o in offs}
+        self.cumulative = ckpt.cumulative
 
     # ------------------------------------------------------------ queries
 

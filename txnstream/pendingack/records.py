@@ -16,7 +16,12 @@ from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
 from txnstream.types import TopicPartition, TxnID
 
-__all__ = ["PendingAckKind", "PendingAckEntry"]
+__all__ = ["PendingAckKind", "PendingAckEntry", "PendingAckCheckpoint", "CHECKPOINT_HEADER",
+           "is_checkpoint"]
+
+CHECKPOINT_HEADER = "txnstream.pa"
+"""Header marking a :class:`PendingAckCheckpoint` in the pending-ack log (value
+``checkpoint``); every other record there is a :class:`PendingAckEntry`."""
 
 
 class PendingAckKind(enum.Enum):
@@ -78,6 +83,63 @@ class PendingAckEntry:
                        txn, tuple(r["offsets"]), r["generation"], r["member_id"], r["cursor"])
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"pending_ack_entry: {exc!r}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAckCheckpoint:
+    """A handle's state as of a log position (``schemas/pending_ack_checkpoint.avsc``)."""
+
+    subscription: str
+    topic: str
+    partition: int
+    generation: int
+    member_id: str
+    cursor: int
+    acked: tuple[int, ...] = ()
+    pending: tuple[tuple[TxnID, tuple[int, ...]], ...] = ()
+    cumulative: tuple[TxnID, int] | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The acked topic partition."""
+        return TopicPartition(self.topic, self.partition)
+
+    def key(self) -> bytes:
+        """The same key as the partition's other records: one ordered stream."""
+        return key_of(self.subscription, self.tp)
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        cum = self.cumulative
+        return codec("pending_ack_checkpoint").encode({
+            "subscription": self.subscription, "topic": self.topic,
+            "partition": self.partition, "generation": self.generation,
+            "member_id": self.member_id, "cursor": self.cursor, "acked": list(self.acked),
+            "pending": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
+                         "offsets": list(offs)} for t, offs in self.pending],
+            "cumulative_most_bits": cum[0].most_bits if cum else -1,
+            "cumulative_least_bits": cum[0].least_bits if cum else -1,
+            "cumulative_offset": cum[1] if cum else -1,
+        })
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> PendingAckCheckpoint:
+        """Parse; ``CorruptRecordError`` on garbage or an unknown version."""
+        r = codec("pending_ack_checkpoint").decode(data)
+        try:
+            cum = (TxnID(r["cumulative_most_bits"], r["cumulative_least_bits"]),
+                   r["cumulative_offset"]) if r["cumulative_most_bits"] >= 0 else None
+            return cls(r["subscription"], r["topic"], r["partition"], r["generation"],
+                       r["member_id"], r["cursor"], tuple(r["acked"]),
+                       tuple((TxnID(p["most_bits"], p["least_bits"]), tuple(p["offsets"]))
+                             for p in r["pending"]), cum)
+        except (ValueError, KeyError) as exc:
+            raise CorruptRecordError(f"pending_ack_checkpoint: {exc!r}") from exc
+
+
+def is_checkpoint(headers: list[tuple[str, bytes]] | None) -> bool:
+    """Whether a pending-ack log record is a checkpoint (by its header)."""
+    return bool(headers) and any(k == CHECKPOINT_HEADER for k, _ in headers or ())
 
 
 def key_of(subscription: str, tp: TopicPartition) -> bytes:

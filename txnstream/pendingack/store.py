@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
@@ -33,7 +34,14 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
 from txnstream.pendingack.handle import PendingAckHandle
-from txnstream.pendingack.records import PendingAckEntry, PendingAckKind, key_of
+from txnstream.pendingack.records import (
+    CHECKPOINT_HEADER,
+    PendingAckCheckpoint,
+    PendingAckEntry,
+    PendingAckKind,
+    is_checkpoint,
+    key_of,
+)
 from txnstream.producer import murmur2_partition
 from txnstream.types import TopicPartition, TxnID
 
@@ -43,9 +51,41 @@ log = logging.getLogger(__name__)
 
 FLUSH_TIMEOUT_S = 30.0
 """How long a commit waits for its ack records to be durable."""
+METADATA_PREFIX = "txnstream-pa1:"
+"""Committed offset metadata naming the partition's latest pending-ack checkpoint."""
 REPLAY_TIMEOUT_S = 120.0
 """How long a new owner may take to fold its log range before it gives the claim up
 (and retries it); replay is bounded by the log's retention and checkpoints."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpointed:
+    """Where a subscription partition's latest checkpoint is.
+
+    Replay from ``position``; the checkpoint record itself is at ``at`` (>= position).
+    """
+
+    position: int
+    at: int
+
+    def to_metadata(self) -> str:
+        """Kept in the group's committed offset metadata (a few bytes of its 4 KiB)."""
+        return f"{METADATA_PREFIX}{self.position}:{self.at}"
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> Checkpointed | None:
+        """Parse; None when there is none (or another tool's metadata)."""
+        if not text or not text.startswith(METADATA_PREFIX):
+            return None
+        try:
+            pos, at = text[len(METADATA_PREFIX):].split(":")
+            return cls(int(pos), int(at))
+        except ValueError:
+            return None
+
+
+class _CheckpointGone(TxnStreamError):
+    """The checkpoint a pointer names is not in the log (retention) or not readable."""
 
 
 class PendingAckStore:
@@ -72,34 +112,56 @@ class PendingAckStore:
         """txn -> log partition -> highest offset of its ack records there."""
         self._tail_pos: dict[int, int] = {}
         self._replayed_to: dict[TopicPartition, int] = {}
+        self.replayed_records = 0
+        """Log records the latest replay read (what a checkpoint bounds)."""
 
     def log_partition(self, tp: TopicPartition) -> int:
         """The log partition that holds ``tp``'s records for this subscription."""
         return murmur2_partition(key_of(self.subscription, tp), self.partitions)
 
-    def replay(self, tp: TopicPartition) -> PendingAckHandle:
-        """Fold every record of ``tp`` from the log start to its current end.
+    def replay(self, tp: TopicPartition, pointer: Checkpointed | None = None
+               ) -> PendingAckHandle:
+        """Rebuild ``tp``'s handle from the log, up to its current end.
 
-        The end read up to is remembered: :meth:`claim` folds what lands after it.
+        With a ``pointer`` (the latest checkpoint, from the group's committed offset
+        metadata) it folds from the checkpoint's position: replay time is bounded by the
+        checkpoint interval, not by the log's length. Without one, or if the checkpoint
+        is gone (the log's retention passed it), it folds from the log start. The end
+        read up to is remembered: :meth:`claim` folds what lands after it.
         """
-        handle = PendingAckHandle(self.subscription, tp)
         part = self.log_partition(tp)
+        handle = PendingAckHandle(self.subscription, tp)
+        end = None
+        if pointer is not None:
+            try:
+                end = self._fold_range(handle, part, pointer.position, None, pointer.at)
+            except _CheckpointGone as exc:
+                log.warning("%s: %s; replaying the pending-ack log from its start", tp, exc)
+                handle = PendingAckHandle(self.subscription, tp)
+        if end is None:
+            end = self._fold_range(handle, part, None, None)
         with self._lock:
-            self._replayed_to[tp] = self._fold_range(handle, part, None, None)
+            self._replayed_to[tp] = end
         return handle
 
     def _fold_range(self, handle: PendingAckHandle, part: int, start: int | None,
-                    through: int | None) -> int:
+                    through: int | None, checkpoint_at: int | None = None) -> int:
         """Fold ``handle``'s records of log partition ``part``; the next offset to read.
 
         From ``start`` (default: the log start) through offset ``through`` (default: the
-        end found now).
+        end found now). With ``checkpoint_at``, the checkpoint there holds the state as
+        of ``start``: records of the key before it are folded after restoring it.
         """
         key = key_of(self.subscription, handle.tp)
         c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-pr-{uuid.uuid4().hex}"))
+        early: list[Message] = []
         try:
             ktp = KafkaTP(self.topic, part)
             low, high = c.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+            if checkpoint_at is not None and (start is None or start < low
+                                              or checkpoint_at >= high):
+                raise _CheckpointGone(f"checkpoint at {self.topic}[{part}]@{checkpoint_at} "
+                                      f"is outside the log ({low}..{high})")
             pos = low if start is None else max(start, low)
             end = high if through is None else through + 1
             if end > pos:
@@ -113,16 +175,69 @@ class PendingAckStore:
                         if m.offset() >= end:
                             break
                         pos = m.offset() + 1
-                        if m.key() == key:
-                            self._apply(handle, m)
+                        if m.key() != key:
+                            continue
+                        if checkpoint_at is None:
+                            if not is_checkpoint(m.headers()):
+                                self._apply(handle, m)
+                        elif m.offset() < checkpoint_at:
+                            early.append(m)
+                        elif m.offset() == checkpoint_at:
+                            self._restore(handle, m)
+                            for e in early:
+                                if not is_checkpoint(e.headers()):
+                                    self._apply(handle, e)
+                            early.clear()
+                            checkpoint_at = None
+                        else:
+                            raise _CheckpointGone(f"no checkpoint of {handle.tp} at "
+                                                  f"{self.topic}[{part}]@{checkpoint_at}")
                 if pos < end:
                     raise TxnStreamError(
                         f"could not replay the pending-ack log of {handle.tp} "
                         f"({self.topic}[{part}] from {start} up to {end}) in "
                         f"{REPLAY_TIMEOUT_S:.0f}s")
+            if checkpoint_at is not None:
+                raise _CheckpointGone(f"no checkpoint of {handle.tp} at "
+                                      f"{self.topic}[{part}]@{checkpoint_at}")
+            self.replayed_records = pos - (low if start is None else max(start, low))
             return max(pos, end)
         finally:
             c.close()
+
+    def _restore(self, handle: PendingAckHandle, m: Message) -> None:
+        try:
+            handle.restore(PendingAckCheckpoint.decode(m.value()))
+        except CorruptRecordError as exc:
+            raise _CheckpointGone(f"unreadable checkpoint at {m.topic()}[{m.partition()}]"
+                                  f"@{m.offset()}: {exc}") from exc
+
+    def checkpoint(self, handle: PendingAckHandle, position: int) -> Checkpointed | None:
+        """Write ``handle``'s state as of log ``position``; where to replay from then.
+
+        Everything of its key before ``position`` must be reflected in the state. None
+        if the write failed (the previous checkpoint stays valid).
+        """
+        ckpt = handle.checkpoint()
+        written: list[int] = []
+
+        def delivered(err: KafkaError | None, m: Message) -> None:
+            if err is None:
+                written.append(m.offset())
+            else:
+                log.warning("pending-ack checkpoint of %s not written: %s", handle.tp, err)
+
+        self._producer.produce(self.topic, ckpt.encode(), key=ckpt.key(),
+                               partition=self.log_partition(handle.tp),
+                               headers=[(CHECKPOINT_HEADER, b"checkpoint")],
+                               on_delivery=delivered)
+        self._producer.flush(FLUSH_TIMEOUT_S)
+        return Checkpointed(position, written[0]) if written else None
+
+    def tail_position(self, tp: TopicPartition) -> int:
+        """The next offset the tail reads in ``tp``'s log partition."""
+        with self._lock:
+            return self._tail_pos.get(self.log_partition(tp), -1)
 
     def _apply(self, handle: PendingAckHandle, m: Message) -> PendingAckEntry | None:
         try:
@@ -134,14 +249,15 @@ class PendingAckStore:
         handle.apply(entry)
         return entry
 
-    def claim(self, handle: PendingAckHandle, cursor: int) -> None:
-        """Append this member's OWNER record (next generation); fold up to it; tail on.
+    def claim(self, handle: PendingAckHandle, cursor: int) -> int:
+        """Append this member's OWNER record (next generation); fold up to it.
 
         Records that landed between the end :meth:`replay` read to and this OWNER are
         valid in the log (a zombie's late ack is one: it precedes the OWNER, so the
         zombie's read-back finds no OWNER before it and its txn commits). They are
         folded here, before anything is delivered, so the new owner holds such a
-        message back instead of delivering it a second time.
+        message back instead of delivering it a second time. Returns the OWNER's
+        offset: the caller tails from the next one on (:meth:`resume_tail`).
         """
         entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, handle.tp.topic,
                                 handle.tp.partition, generation=handle.generation + 1,
@@ -168,11 +284,27 @@ class PendingAckStore:
         if handle.generation != entry.generation or handle.owner != self.member_id:
             raise TxnStreamError(f"claim of {handle.tp} lost to a concurrent owner "
                                  f"(generation {handle.generation})")
+        return owner_at
+
+    def resume_tail(self, tp: TopicPartition, pos: int) -> None:
+        """The tail reads ``part`` from ``pos`` on (or from earlier, if it is behind).
+
+        Records a tail read past ``pos`` before this partition's handle existed were
+        dropped for it: the tail goes back to ``pos`` (others' records read twice are
+        idempotent: marks apply once, stale OWNERs are ignored). The caller registers
+        the handle under the consumer lock that serialises the tail's readers.
+        """
+        part = self.log_partition(tp)
         with self._lock:
             if part not in self._tailing:
                 self._tailing.add(part)
-                self._tail.incremental_assign([KafkaTP(self.topic, part, owner_at + 1)])
-                self._tail_pos[part] = owner_at + 1
+                self._tail.incremental_assign([KafkaTP(self.topic, part, pos)])
+                self._tail_pos[part] = pos
+            elif self._tail_pos.get(part, -1) > pos:
+                # unassign + assign rather than seek: valid in any fetch state
+                self._tail.incremental_unassign([KafkaTP(self.topic, part)])
+                self._tail.incremental_assign([KafkaTP(self.topic, part, pos)])
+                self._tail_pos[part] = pos
 
     def append(self, entry: PendingAckEntry) -> None:
         """Log a transactional ack; its txn's commit waits for it (:meth:`flush_txn`)."""
@@ -228,6 +360,11 @@ class PendingAckStore:
         with self._lock:
             written = dict(self._written.get(txn, {}))
         return all(self._tail_pos.get(p, -1) > off for p, off in written.items())
+
+    def confirmed(self, txn: TxnID) -> None:
+        """The acks of ``txn`` so far were read back: a later check needs no tail."""
+        with self._lock:
+            self._written.pop(txn, None)
 
     def forget(self, txn: TxnID) -> None:
         """Drop the bookkeeping of a txn: its acks were read back, or it ended."""
