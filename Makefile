@@ -10,7 +10,7 @@ BOOTSTRAP ?= $(or $(TXNSTREAM_BOOTSTRAP),127.0.0.1:9092)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test venv bench lint clean
+.PHONY: demo test venv bench chaos lint clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# The nemesis harness, short profile (3-4 min): its own 3-broker cluster, faults at
+# random, then the checks (docs/chaos.md). Soak: $(PY) -m chaos --profile soak --minutes 30
+chaos: $(STAMP)
+	$(PY) -m chaos --profile short
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check txnstream spark bench tests

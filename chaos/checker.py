@@ -1,0 +1,350 @@
+"""The checker: what the processes believe (truth files) against what Kafka holds.
+
+Each check counts its anomalies by kind and keeps a few examples; :data:`MAPS_TO` says
+which defect of issue 11 a kind most likely points at. The checks:
+
+1. every record of a committed txn visible to a committed-only reader, exactly once
+   (``committed_record_missing``, ``duplicate_record``, and per missing record what the
+   raw partition shows: not there, after its txn's marker, under an ABORT marker, ...);
+2. nothing of an aborted txn visible (``aborted_record_visible``); a txn whose outcome is
+   unknown is all or nothing (``unknown_txn_partial``), and if it committed while the
+   client said ABORTED, ``reported_aborted_but_committed``;
+3. per partition, delivery in offset order and, per writer, in sequence order
+   (``order_violation``);
+4. each processor input visible yields exactly one visible output
+   (``input_not_processed``, ``input_processed_twice``, ``output_without_input``);
+5. the committed-only consumers got every visible record (``consumer_missed_record``)
+   and nothing aborted (``consumer_saw_aborted``);
+6. no TxnID issued twice (``txn_id_issued_twice``); the raw partitions agree on each
+   txn's outcome (``split_outcome``) and no txn record is left without a marker
+   (``txn_without_marker``); the client and the admin never both got a success for
+   opposite outcomes (``contradictory_outcomes``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.reader import Delivered, RawPartition
+from chaos.truth import read_events
+
+__all__ = ["Anomalies", "Truth", "load_truth", "check", "MAPS_TO"]
+
+EXAMPLES = 3
+
+MAPS_TO = {
+    "committed_record_missing": "items 1/4/5/7 (see the diagnosis counts: after-marker "
+                                "straggler = 7, ABORT marker = 4/5, raw-visible but not "
+                                "delivered = 1)",
+    "duplicate_record": "item 1/2 (a record delivered twice by the committed-only read)",
+    "aborted_record_visible": "items 4/5 (markers that disagree with the outcome)",
+    "unknown_txn_partial": "items 4/5 (a txn ended differently on its partitions)",
+    "reported_aborted_but_committed": "item 8 (commit() reports ABORTED when unknown)",
+    "order_violation": "item 1/10 (offset or sequence order broken)",
+    "input_not_processed": "item 3 (exactly-once processing stalls) or 10 (redelivery "
+                           "behind newer messages lets a cumulative ack skip inputs)",
+    "input_processed_twice": "item 2 (pending-ack fencing holes: a zombie commits)",
+    "output_without_input": "item 2/4 (an output for an input no reader sees)",
+    "consumer_missed_record": "item 1 (committed records dropped by the bounded hold)",
+    "consumer_saw_aborted": "items 4/5",
+    "txn_id_issued_twice": "item 4 (replies sent for entries not in the log)",
+    "split_outcome": "item 5 (timeout abort not logged; a new owner commits)",
+    "txn_without_marker": "item 4 (a registered partition gets no marker)",
+    "contradictory_outcomes": "items 4/5",
+    "record_of_unlogged_txn": "item 4 (a TxnID no client was given)",
+    "txn_open_past_timeout": "items 5/6 (timeouts not enforced, finalization stuck)",
+    "process_died": "item 3 (a paused consumer dies on resume: UNKNOWN_MEMBER_ID) or 11",
+    "bound_exceeded": "item 6 (unbounded state)",
+    "subscription_cursor_behind": "item 10 (acks not kept: a restart redelivers what was "
+                                  "acked) or a liveness hole in the cursor commit",
+}
+
+
+@dataclass
+class Anomalies:
+    """Anomaly counts by kind, with a few examples each."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    detail: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+
+    def add(self, kind: str, example: dict[str, Any], sub: str | None = None) -> None:
+        """Count one anomaly of ``kind`` (``sub``: its diagnosis); keep a few examples."""
+        self.counts[kind] += 1
+        if sub is not None:
+            self.detail[kind][sub] += 1
+        ex = self.examples[kind]
+        if len(ex) < EXAMPLES and (sub is None or all(e.get("why") != sub for e in ex)
+                                   or len(ex) < 1):
+            ex.append(example)
+
+    def total(self) -> int:
+        """All anomalies."""
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the JSON summary."""
+        return {k: {"count": n, "maps_to": MAPS_TO.get(k, ""),
+                    "detail": dict(self.detail.get(k, {})), "examples": self.examples[k]}
+                for k, n in sorted(self.counts.items())}
+
+
+@dataclass
+class Truth:
+    """Every truth file, joined by TxnID."""
+
+    opens: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    sent: dict[str, list[tuple[list[Any], bool]]] = field(
+        default_factory=lambda: defaultdict(list))
+    ends: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    admin: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pairs: dict[str, str] = field(default_factory=dict)
+    """Processor output id -> input id."""
+    received: Counter[str] = field(default_factory=Counter)
+    received_txn: dict[str, str | None] = field(default_factory=dict)
+    late_rejected: int = 0
+    regressions: int = 0
+
+    def expected(self, txn: str) -> str:
+        """The expected outcome (committed/aborted/unknown/contradictory) from every belief."""
+        beliefs = {e["outcome"] for e in self.ends.get(txn, ())}
+        admin_aborted = self.admin.get(txn, {}).get("status") == "ABORTED"
+        if "committed" in beliefs and admin_aborted:
+            return "contradictory"
+        if "committed" in beliefs:
+            return "committed"
+        if beliefs & {"aborted", "abandoned"} or admin_aborted:
+            return "aborted"
+        return "unknown"
+
+    def client_status(self, txn: str) -> str | None:
+        """The status the opener's client reported last for ``txn``."""
+        ends = self.ends.get(txn)
+        return ends[-1].get("status") if ends else None
+
+
+def load_truth(truth_dir: Path) -> Truth:
+    """Read and join every truth file."""
+    t = Truth()
+    for stem, ev in read_events(truth_dir):
+        e = ev.get("e")
+        txn = ev.get("txn")
+        if e == "open":
+            t.opens[txn].append(ev | {"file": stem})
+        elif e == "sent":
+            late = bool(ev.get("late"))
+            t.sent[txn].extend((r, late) for r in ev["recs"])
+            for oid, iid in ev.get("pairs", ()):
+                t.pairs[oid] = iid
+        elif e == "end":
+            t.ends[txn].append(ev)
+        elif e == "admin_abort":
+            t.admin[txn] = ev
+        elif e == "late_rejected":
+            t.late_rejected += 1
+        elif e == "regress":
+            t.regressions += 1
+        elif e == "recv":
+            for rid, _topic, _p, _off, rtxn in ev["recs"]:
+                if rid is not None:
+                    t.received[rid] += 1
+                    t.received_txn[rid] = rtxn
+    return t
+
+
+@dataclass
+class CheckResult:
+    """What the checks found and how much they looked at."""
+
+    anomalies: Anomalies
+    txns: Counter[str]
+    records_checked: int
+    visible: Counter[str]
+    raw_records: int
+    notes: dict[str, Any]
+
+
+def _diagnose(rid: str, txn: str, where: dict[str, tuple[tuple[str, int], int]],
+              raw: dict[tuple[str, int], RawPartition], late: bool) -> str:
+    loc = where.get(rid)
+    if loc is None:
+        return "not in the partition"
+    tp, off = loc
+    m = raw[tp].first_marker.get(txn)
+    prefix = "late send: " if late else ""
+    if m is None:
+        return prefix + "no marker for its txn on that partition"
+    kind, moff = m
+    if moff < off:
+        return prefix + f"after its txn's first marker ({kind})"
+    if kind == "ABORT":
+        return prefix + "under an ABORT marker"
+    return prefix + "raw says visible, not delivered"
+
+
+def _reach(behind: dict[str, list[int]] | None, topic: str, partition: int, offset: int) -> str:
+    """Why a subscription never logged a record: its cursor stopped below it, or passed it."""
+    if behind is None:
+        return "cursor unknown"
+    got = behind.get(f"{topic}-{partition}")
+    if got is not None and offset >= got[0]:
+        return "not reached: the group's cursor is stuck below it"
+    return "skipped: the group's cursor passed it"
+
+
+def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: list[Delivered],
+          in_topic: str, out_topic: str,
+          behind: dict[str, dict[str, list[int]] | None] | None = None) -> CheckResult:
+    """Run every data check.
+
+    ``behind``: per subscription (``processors``, ``consumers``), the partitions whose
+    committed cursor was below the end after the drain, ``{tp: [cursor, end]}``.
+    """
+    behind = behind or {}
+    an = Anomalies()
+    # ---- indexes
+    where: dict[str, tuple[tuple[str, int], int]] = {}
+    for tp, rp in raw.items():
+        for rec in rp.records:
+            if rec.value is not None:
+                where.setdefault(rec.value["id"], (tp, rec.offset))
+    vis_count: Counter[str] = Counter()
+    vis_by_txn: dict[str, list[Delivered]] = defaultdict(list)
+    for d in delivered:
+        if d.value is None:
+            continue
+        vis_count[d.value["id"]] += 1
+        if d.value.get("txn"):
+            vis_by_txn[d.value["txn"]].append(d)
+    records_checked = len(delivered)
+
+    # ---- 1, 2: txns against beliefs
+    txns: Counter[str] = Counter()
+    all_txns = set(truth.opens) | set(truth.sent) | set(truth.ends)
+    for txn in sorted(all_txns):
+        exp = truth.expected(txn)
+        txns[exp] += 1
+        recs = truth.sent.get(txn, [])
+        records_checked += len(recs)
+        ids = {r[0] for r, _ in recs}
+        seen = sum(1 for rid in ids if vis_count[rid])
+        if exp == "contradictory":
+            an.add("contradictory_outcomes", {"txn": txn, "ends": truth.ends[txn],
+                                              "admin": truth.admin.get(txn)})
+        elif exp == "committed":
+            for r, late in recs:
+                rid = r[0]
+                if vis_count[rid] == 0:
+                    why = _diagnose(rid, txn, where, raw, late)
+                    an.add("committed_record_missing", {
+                        "txn": txn, "id": rid, "partition": f"{r[1]}-{r[2]}", "why": why,
+                        "visible_of_txn": seen, "records_of_txn": len(ids),
+                        "raw_offset": where.get(rid, (None, None))[1],
+                        "first_marker": raw.get((r[1], r[2]), RawPartition(r[1], r[2]))
+                        .first_marker.get(txn)}, sub=why)
+            for d in vis_by_txn.get(txn, ()):
+                assert d.value is not None
+                if d.value["id"] not in ids:
+                    an.add("record_of_unlogged_txn", {"txn": txn, "id": d.value["id"],
+                                                      "note": "not logged as sent"})
+        elif exp == "aborted":
+            for d in vis_by_txn.get(txn, ()):
+                assert d.value is not None
+                an.add("aborted_record_visible", {
+                    "txn": txn, "id": d.value["id"], "at": f"{d.topic}-{d.partition}@{d.offset}",
+                    "ends": truth.ends.get(txn), "admin": truth.admin.get(txn)})
+        else:
+            if 0 < seen < len(ids):
+                an.add("unknown_txn_partial", {"txn": txn, "visible": seen, "records": len(ids),
+                                               "ends": truth.ends.get(txn)})
+            if ids and seen == len(ids) and truth.client_status(txn) == "ABORTED":
+                an.add("reported_aborted_but_committed", {"txn": txn,
+                                                          "end": truth.ends[txn][-1]})
+    for rid, n in vis_count.items():
+        if n > 1:
+            an.add("duplicate_record", {"id": rid, "times": n})
+    for txn in vis_by_txn:
+        if txn not in truth.opens:
+            an.add("record_of_unlogged_txn", {"txn": txn, "id": vis_by_txn[txn][0].value
+                                              and vis_by_txn[txn][0].value["id"]})
+    for txn, opens in truth.opens.items():
+        if len(opens) > 1:
+            an.add("txn_id_issued_twice", {"txn": txn, "to": [o["by"] for o in opens]})
+
+    # ---- 3: order
+    last_off: dict[tuple[str, int], int] = {}
+    last_seq: dict[tuple[str, int, str], int] = {}
+    for d in delivered:
+        k = (d.topic, d.partition)
+        if d.offset <= last_off.get(k, -1):
+            an.add("order_violation", {"at": f"{d.topic}-{d.partition}@{d.offset}",
+                                       "after_offset": last_off[k]}, sub="offset")
+        last_off[k] = max(d.offset, last_off.get(k, -1))
+        if d.value is not None and "w" in d.value:
+            ks = (d.topic, d.partition, d.value["w"])
+            if d.value["s"] <= last_seq.get(ks, -1):
+                an.add("order_violation", {"at": f"{d.topic}-{d.partition}@{d.offset}",
+                                           "writer": d.value["w"], "seq": d.value["s"],
+                                           "after_seq": last_seq[ks]}, sub="sequence")
+            last_seq[ks] = max(d.value["s"], last_seq.get(ks, -1))
+
+    # ---- 4: processors
+    inputs = {d.value["id"]: d for d in delivered if d.topic == in_topic and d.value}
+    outs_per_input: Counter[str] = Counter()
+    for d in delivered:
+        if d.topic == out_topic and d.value and "in" in d.value:
+            outs_per_input[d.value["in"]] += 1
+            if d.value["in"] not in inputs:
+                an.add("output_without_input", {"out": d.value["id"], "in": d.value["in"]})
+    for iid, d in inputs.items():
+        n = outs_per_input[iid]
+        if n == 0:
+            why = _reach(behind.get("processors"), d.topic, d.partition, d.offset)
+            an.add("input_not_processed", {"in": iid, "at": f"{d.topic}-{d.partition}@{d.offset}",
+                                           "why": why}, sub=why)
+        elif n > 1:
+            outs = [x.value for x in delivered if x.topic == out_topic and x.value
+                    and x.value.get("in") == iid][:3]
+            an.add("input_processed_twice", {"in": iid, "outputs": n,
+                                             "by": [(o["w"], o["txn"]) for o in outs]})
+
+    # ---- 5: committed-only consumers
+    for rid in vis_count:
+        if not truth.received[rid]:
+            loc = where.get(rid)
+            why = "not in the partition" if loc is None else _reach(
+                behind.get("consumers"), loc[0][0], loc[0][1], loc[1])
+            an.add("consumer_missed_record", {"id": rid, "why": why, "at": None if loc is None
+                                              else f"{loc[0][0]}-{loc[0][1]}@{loc[1]}"}, sub=why)
+    for rid, rtxn in truth.received_txn.items():
+        if rtxn is not None and truth.expected(rtxn) == "aborted":
+            an.add("consumer_saw_aborted", {"id": rid, "txn": rtxn})
+
+    # ---- 6: raw agreement
+    kinds_by_txn: dict[str, set[str]] = defaultdict(set)
+    for rp in raw.values():
+        for txn, (kind, _) in rp.first_marker.items():
+            kinds_by_txn[txn].add(kind)
+        txn_records = {r.txn for r in rp.records if r.marker is None and r.txn}
+        for txn in txn_records - set(rp.first_marker):
+            an.add("txn_without_marker", {"txn": txn, "partition": f"{rp.topic}-{rp.partition}",
+                                          "expected": truth.expected(txn)})
+    for txn, kinds in kinds_by_txn.items():
+        if len(kinds) > 1:
+            parts = {f"{rp.topic}-{rp.partition}": rp.first_marker[txn][0]
+                     for rp in raw.values() if txn in rp.first_marker}
+            an.add("split_outcome", {"txn": txn, "markers": parts,
+                                     "belief": truth.expected(txn)})
+
+    visible = Counter(d.topic for d in delivered)
+    notes = {"late_sends_rejected": truth.late_rejected,
+             "late_sends_accepted": sum(1 for recs in truth.sent.values()
+                                        for _, late in recs if late),
+             "processor_redeliveries_seen": truth.regressions,
+             "consumer_records_received": sum(truth.received.values()),
+             "processor_outputs_logged": len(truth.pairs)}
+    return CheckResult(an, txns, records_checked, visible,
+                       sum(len(rp.records) for rp in raw.values()), notes)

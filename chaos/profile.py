@@ -1,0 +1,106 @@
+"""Run profiles: how much workload, how many processes, which faults, which bounds.
+
+``short`` fits in ``make chaos`` / ``make test`` (about 3-4 minutes with the cluster
+start on a 2-core machine); ``soak`` is the same run stretched to ``--minutes N`` with a
+few more processes. Every number says why it has its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["Profile", "Bounds", "PROFILES", "profile"]
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What must stay small after N txns: state that grows with use is a defect (item 6)."""
+
+    worker_rss_mb: float = 400.0
+    """A coordinator worker (TC + buffer roles) holds open txns, a few hundred recent
+    ended ones and the folded buffers: ~100 MB of Python and librdkafka; 4x is a leak."""
+    log_records: int = 60_000
+    """Retained ``__txn_log`` records (high - low watermark, all partitions). Ended txns
+    are kept ``end_retention`` (300 s) plus a checkpoint interval: at this harness's
+    rate (~10 txns/s, ~6 records each) that is ~25k; a log never truncated passes 60k
+    in about 20 minutes of soak."""
+    pending_ack_records: int = 60_000
+    """Retained pending-ack records: bounded like the TC log (DESIGN.md section 7)."""
+    snapshot_records: int = 20_000
+    """Retained buffer-snapshot records (compacted: about one live key per partition)."""
+    snapshot_record_bytes: int = 256 * 1024
+    """Largest single snapshot: a snapshot grows with aborted txns kept; at 1 MB the
+    produce fails (MSG_SIZE_TOO_LARGE) and the buffer worker dies."""
+    topic_disk_mb: float = 256.0
+    """On-disk size of each internal topic on one broker (all its partitions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One run's shape."""
+
+    name: str
+    workload_s: float
+    """Producers and the nemesis run this long; then the drain and the checks."""
+    workers: int = 2
+    producers: int = 2
+    """Producer processes; each opens txns and co-writes into its peer's txns."""
+    producer_threads: int = 2
+    """Openers per producer process: concurrent txns on one client."""
+    processors: int = 2
+    consumers: int = 2
+    in_partitions: int = 6
+    out_partitions: int = 4
+    coordinators: int = 4
+    session_timeout_ms: int = 6_000
+    """Group session timeout of workers, processors and consumers: pauses are longer."""
+    pause_s: float = 10.0
+    """SIGSTOP length: past the session timeout, so the paused member is a zombie."""
+    fault_gap_s: tuple[float, float] = (2.0, 6.0)
+    """Quiet time between two faults (uniform)."""
+    broker_down_s: tuple[float, float] = (3.0, 8.0)
+    restart_delay_s: tuple[float, float] = (0.5, 3.0)
+    """How long a kill -9ed role process stays dead before its restart."""
+    txn_timeout_s: float = 20.0
+    """Producers' normal txns: long enough to ride a coordinator failover (~6 s)."""
+    processor_txn_timeout_s: float = 15.0
+    """Longer than a pause, so a resumed zombie may still try to commit (item 2)."""
+    abort_ratio: float = 0.2
+    slow_ratio: float = 0.04
+    """Txns held open past their (short) timeout, then committed: must not commit."""
+    slow_timeout_s: float = 4.0
+    abandon_ratio: float = 0.03
+    """Txns never ended by their client: the coordinator must abort them at timeout."""
+    abandon_timeout_s: float = 8.0
+    late_ratio: float = 0.05
+    """Txns whose co-writer sends once more after the commit (item 7)."""
+    hold_s: tuple[float, float] = (0.0, 1.2)
+    """How long an opener keeps a txn open before ending it (admin aborts hit these)."""
+    admin_abort_every_s: float = 9.0
+    grace_s: float = 30.0
+    """No txn may stay un-ended past its timeout plus this (failover + finalization)."""
+    drain_s: float = 75.0
+    """After the workload: the longest wait for processors and consumers to catch up."""
+    consumer_max_buffered_bytes: int = 512
+    """The chaos consumers hold this little behind an open txn, so the re-read path
+    (the consumer's bounded hold, item 1) runs all the time."""
+    bounds: Bounds = Bounds()
+
+
+PROFILES = {
+    "short": Profile("short", workload_s=110.0),
+    "soak": Profile("soak", workload_s=30 * 60.0, producers=2, processors=3, consumers=2,
+                    workers=3, drain_s=180.0),
+}
+
+
+def profile(name: str, minutes: float | None = None) -> Profile:
+    """The named profile, with the workload stretched to ``minutes`` if given."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}: choose one of {', '.join(PROFILES)}")
+    p = PROFILES[name]
+    if minutes is not None:
+        if minutes <= 0:
+            raise ValueError(f"--minutes must be positive, got {minutes}")
+        p = replace(p, workload_s=minutes * 60.0)
+    return p

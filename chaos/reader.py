@@ -1,0 +1,192 @@
+"""The checker's two views of the data topics: raw, and committed-only.
+
+**Raw** (:func:`read_raw`): plain confluent-kafka, every record of every partition from
+the log start to the high watermark, markers included, classified by the headers of
+DESIGN.md section 4 (``txn.id``: 16 bytes, two big-endian int64; ``txn.marker``:
+``COMMIT``/``ABORT``), parsed here so the checker does not trust the code it checks.
+
+**Committed-only** (:func:`read_committed`): a txnstream consumer on a fresh
+subscription, as a user would read, until every partition has delivered up to the last
+record the raw view says is committed (or nothing came for ``idle_s``).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from chaos.truth import decode_value
+from txnstream import Client, Config
+
+__all__ = ["RawRecord", "RawPartition", "Delivered", "read_raw", "read_committed",
+           "max_record_bytes"]
+
+_TXN = struct.Struct(">qq")
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One record as stored."""
+
+    offset: int
+    txn: str | None
+    """``(most,least)`` from the ``txn.id`` header."""
+    marker: str | None
+    """``COMMIT``/``ABORT`` for a marker, else None."""
+    value: dict[str, Any] | None
+
+
+@dataclass
+class RawPartition:
+    """A partition's records and, per txn, its first marker there (kind, offset)."""
+
+    topic: str
+    partition: int
+    records: list[RawRecord] = field(default_factory=list)
+    first_marker: dict[str, tuple[str, int]] = field(default_factory=dict)
+    markers: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def expected_visible(self, rec: RawRecord) -> bool:
+        """Whether the simplest reading of the fold shows ``rec``.
+
+        Plain, or before its txn's first marker there, which is a COMMIT (the LWM rule
+        is left out: this is for diagnosis and for knowing where a read may stop).
+        """
+        if rec.marker is not None:
+            return False
+        if rec.txn is None:
+            return True
+        m = self.first_marker.get(rec.txn)
+        return m is not None and m[0] == "COMMIT" and rec.offset < m[1]
+
+    def last_expected_visible(self) -> int:
+        """Offset of the last record a committed reader must get, -1 if none."""
+        for rec in reversed(self.records):
+            if self.expected_visible(rec):
+                return rec.offset
+        return -1
+
+
+def _classify(headers: list[tuple[str, bytes]] | None) -> tuple[str | None, str | None]:
+    txn = marker = None
+    for k, v in headers or ():
+        if k == "txn.id" and v is not None and len(v) == _TXN.size:
+            most, least = _TXN.unpack(v)
+            txn = f"({most},{least})"
+        elif k == "txn.marker" and v is not None:
+            marker = v.decode(errors="replace")
+    return txn, marker
+
+
+def _scan(config: Config, topics: list[str], timeout_s: float, keep_values: bool = True
+          ) -> dict[tuple[str, int], list[Any]]:
+    """Every message of ``topics`` from the log start to the current end."""
+    c = Consumer(config.consumer(f"chaos-raw-{uuid.uuid4().hex[:8]}",
+                                 **{"enable.partition.eof": False}))
+    try:
+        meta = c.list_topics(timeout=15).topics
+        ends: dict[tuple[str, int], int] = {}
+        assign = []
+        for t in topics:
+            for p in meta[t].partitions:
+                lo, hi = c.get_watermark_offsets(KafkaTP(t, p), timeout=15)
+                if hi > lo:
+                    ends[(t, p)] = hi
+                    assign.append(KafkaTP(t, p, OFFSET_BEGINNING))
+        out: dict[tuple[str, int], list[Any]] = {k: [] for k in ends}
+        if not assign:
+            return out
+        c.assign(assign)
+        pos = {k: -1 for k in ends}
+        deadline = time.monotonic() + timeout_s
+        while any(pos[k] < ends[k] - 1 for k in ends):
+            if time.monotonic() > deadline:
+                short = {f"{t}-{p}": (pos[(t, p)], ends[(t, p)]) for t, p in ends
+                         if pos[(t, p)] < ends[(t, p)] - 1}
+                raise RuntimeError(f"raw read did not reach the end of {short}")
+            for m in c.consume(1000, 0.5):
+                if m.error():
+                    continue
+                k = (m.topic(), m.partition())
+                pos[k] = m.offset()
+                out[k].append(m if keep_values else (m.offset(), len(m.value() or b"")))
+        return out
+    finally:
+        c.close()
+
+
+def read_raw(config: Config, topics: list[str], timeout_s: float = 180.0
+             ) -> dict[tuple[str, int], RawPartition]:
+    """Every record of ``topics``, markers included, with each txn's first marker."""
+    out = {}
+    for (t, p), msgs in _scan(config, topics, timeout_s).items():
+        rp = RawPartition(t, p)
+        for m in msgs:
+            txn, marker = _classify(m.headers())
+            rec = RawRecord(m.offset(), txn, marker,
+                            None if marker else decode_value(m.value()))
+            rp.records.append(rec)
+            if marker is not None and txn is not None:
+                rp.markers[txn].append(marker)
+                rp.first_marker.setdefault(txn, (marker, m.offset()))
+        out[(t, p)] = rp
+    return out
+
+
+def max_record_bytes(config: Config, topic: str, timeout_s: float = 120.0) -> int:
+    """The largest record value in ``topic`` (snapshot sizes)."""
+    sizes = [n for msgs in _scan(config, [topic], timeout_s, keep_values=False).values()
+             for _, n in msgs]
+    return max(sizes, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One record a committed-only reader got."""
+
+    topic: str
+    partition: int
+    offset: int
+    txn: str | None
+    value: dict[str, Any] | None
+
+
+def read_committed(config: Config, topics: list[str], targets: dict[tuple[str, int], int],
+                   idle_s: float = 20.0, timeout_s: float = 300.0) -> list[Delivered]:
+    """Read ``topics`` committed-only from the start, as a new subscription.
+
+    Stops when every partition delivered up to its ``targets`` offset, when nothing came
+    for ``idle_s``, or at ``timeout_s``.
+    """
+    out: list[Delivered] = []
+    reached: dict[tuple[str, int], int] = defaultdict(lambda: -1)
+    todo = {k: v for k, v in targets.items() if v >= 0}
+    with Client(config=config) as client:
+        consumer = client.subscribe(topics, subscription=f"chaos-check-{uuid.uuid4().hex[:8]}",
+                                    **{"session.timeout.ms": 10_000})
+        try:
+            t0 = last = time.monotonic()
+            while time.monotonic() - t0 < timeout_s:
+                if all(reached[k] >= v for k, v in todo.items()):
+                    break
+                msg = consumer.receive(timeout_s=1.0)
+                if msg is None:
+                    if time.monotonic() - last > idle_s:
+                        break
+                    continue
+                last = time.monotonic()
+                k = (msg.topic, msg.partition)
+                reached[k] = max(reached[k], msg.offset)
+                out.append(Delivered(msg.topic, msg.partition, msg.offset,
+                                     None if msg.txn_id is None else str(msg.txn_id),
+                                     decode_value(msg.value)))
+        finally:
+            consumer.close()
+    return out

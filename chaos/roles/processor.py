@@ -1,0 +1,176 @@
+"""The processor role: consume-transform-produce exactly once, with its own loop.
+
+Per batch, one txn: one output per input (value names the input's id), written with the
+txn, and the inputs acked with the same txn (``acknowledge`` each, or
+``acknowledge_cumulative`` on the last of each partition, by ``ack_mode``), then
+``flush`` and ``commit``. A batch that fails is aborted (its acked inputs come back
+through the abort) and its inputs not yet acked are negatively acknowledged, so every
+input is processed again: exactly once is the consumer's and coordinator's job.
+
+A ``KafkaException`` out of ``receive()`` is not caught: the process exits and the
+harness reports it (a member paused past its session timeout must carry on, item 3).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+from chaos.roles.common import RoleArgs, commit_outcome, install_stop, make_client
+from chaos.truth import TruthLog, decode_value, encode_value
+from txnstream import Client
+from txnstream.consumer import Message
+from txnstream.errors import TxnStreamError
+
+log = logging.getLogger("chaos.processor")
+
+
+class ProcessorRole:
+    """Reads ``input`` as ``subscription``, writes one output per input to ``output``."""
+
+    def __init__(self, args: RoleArgs, client: Client, stop: threading.Event) -> None:
+        sp = args.spec
+        self.args = args
+        self.client = client
+        self.stop = stop
+        self.mode: str = sp["ack_mode"]
+        self.batch_max: int = sp.get("batch_max", 20)
+        self.batch_interval_s: float = sp.get("batch_interval_s", 0.3)
+        self.txn_timeout_s: float = sp["txn_timeout_s"]
+        self.output: str = sp["output"]
+        self.consumer = client.subscribe(sp["input"], subscription=sp["subscription"], **{
+            "session.timeout.ms": sp["session_timeout_ms"], "heartbeat.interval.ms": 1000})
+        self.producer = client.create_producer(self.output)
+        self.out_partitions = self.producer.num_partitions
+        self.truth = TruthLog(args.truth)
+        self.writer = args.writer
+        self.seq: defaultdict[int, int] = defaultdict(int)
+        self.ids = itertools.count()
+        self.last_offset: dict[tuple[str, int], int] = {}
+
+    def loop(self) -> None:
+        """Batch after batch until stopped."""
+        while not self.stop.is_set():
+            batch = self._collect()
+            if batch:
+                self._process(batch)
+
+    def _collect(self) -> list[Message]:
+        batch: list[Message] = []
+        deadline = time.monotonic() + self.batch_interval_s
+        while len(batch) < self.batch_max and not self.stop.is_set():
+            left = deadline - time.monotonic()
+            if batch and left <= 0:
+                break
+            msg = self.consumer.receive(timeout_s=max(left, 0.05) if batch else 0.5)
+            if msg is None:
+                if batch:
+                    break
+                deadline = time.monotonic() + self.batch_interval_s
+                continue
+            key = (msg.topic, msg.partition)
+            prev = self.last_offset.get(key, -1)
+            if msg.offset <= prev:  # redelivery (after an abort or a rebalance): noted
+                self.truth.write({"e": "regress", "tp": f"{msg.topic}-{msg.partition}",
+                                  "offset": msg.offset, "after": prev}, sync=False)
+            self.last_offset[key] = msg.offset
+            batch.append(msg)
+        return batch
+
+    def _process(self, batch: list[Message]) -> None:
+        try:
+            txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
+        except TxnStreamError as exc:
+            log.warning("new_transaction: %s", exc)
+            self._nack(batch)
+            self.stop.wait(0.5)
+            return
+        tid = str(txn.id)
+        self.truth.write({"e": "open", "txn": tid, "by": self.writer, "role": "processor",
+                          "timeout": self.txn_timeout_s, "t": time.time(),
+                          "inputs": [f"{m.topic}-{m.partition}@{m.offset}" for m in batch]})
+        acked: set[int] = set()
+        recs: list[list[Any]] = []
+        pairs: list[list[str]] = []
+        committing = False
+        exc: BaseException | None = None
+        try:
+            for m in batch:
+                v = decode_value(m.value)
+                in_id = v["id"] if v else f"{m.topic}-{m.partition}@{m.offset}"
+                p = m.partition % self.out_partitions
+                s = self.seq[p]
+                self.seq[p] += 1
+                oid = f"{self.writer}-{next(self.ids)}"
+                self.producer.send(encode_value({
+                    "id": oid, "txn": tid, "w": self.writer, "p": p, "s": s, "in": in_id,
+                    "in_pos": f"{m.topic}-{m.partition}@{m.offset}"}), txn=txn, partition=p)
+                recs.append([oid, self.output, p, self.writer, s])
+                pairs.append([oid, in_id])
+            if self.mode == "cumulative":
+                last: dict[object, Message] = {}
+                for m in batch:
+                    cur = last.get(m.tp)
+                    if cur is None or m.offset > cur.offset:
+                        last[m.tp] = m
+                for m in last.values():
+                    self.consumer.acknowledge_cumulative(m, txn=txn)
+                    acked.update(id(x) for x in batch if x.tp == m.tp and x.offset <= m.offset)
+            else:
+                for m in batch:
+                    self.consumer.acknowledge(m, txn=txn)
+                    acked.add(id(m))
+            txn.flush()
+            self.truth.write({"e": "sent", "txn": tid, "recs": recs, "pairs": pairs})
+            committing = True
+            txn.commit()
+        except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
+            exc = e
+        if committing:
+            outcome = commit_outcome(txn, exc)
+        else:
+            try:
+                txn.abort()
+            except Exception as e:  # noqa: BLE001 - it times out at the coordinator anyway
+                log.warning("abort %s: %s", tid, e)
+            outcome = "aborted"
+        self.truth.write({"e": "end", "txn": tid, "by": self.writer,
+                          "want": "commit" if committing else "abort", "outcome": outcome,
+                          "status": txn.status.value, "t": time.time(),
+                          "error": None if exc is None else f"{type(exc).__name__}: {exc}"})
+        if outcome == "aborted":
+            self._nack([m for m in batch if id(m) not in acked])
+        if exc is not None and not isinstance(exc, TxnStreamError):
+            raise exc  # a Kafka error out of the client: let the process die, reported
+
+    def _nack(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            try:
+                self.consumer.negative_acknowledge(m)
+            except TxnStreamError:
+                pass  # the partition moved: its new owner delivers it
+
+    def close(self) -> None:
+        """Leave the group, flush, close the truth file."""
+        self.consumer.close()
+        self.producer.flush()
+        self.truth.close()
+
+
+def run(args: RoleArgs) -> int:
+    """Process batches until SIGTERM."""
+    stop = install_stop()
+    client = make_client(args)
+    role = ProcessorRole(args, client, stop)
+    try:
+        role.loop()
+    finally:
+        try:
+            role.close()
+        finally:
+            client.close()
+    return 0

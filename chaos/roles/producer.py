@@ -1,0 +1,266 @@
+"""The producer role: multi-partition txns, shared with another process, some aborted.
+
+Each opener thread loops: open a txn, write 1-4 records to each of 2-4 partitions, keep
+the txn open a moment, ask the **peer process** to write into the same TxnID too (the
+peer attaches with ``client.attach_transaction(txn_id)``; on a txnstream without it,
+with the public class built from the id, ``txnstream.Transaction(client.tc, txn_id,
+timeout)``), then end it:
+
+- ``commit`` (most), ``abort`` (``abort_ratio``), ``abandon`` (never ended: the
+  coordinator must abort it at its timeout), ``slow`` (held past a short timeout, then
+  committed: the coordinator must refuse), and ``late`` (committed, then the peer sends
+  once more into it: Pulsar refuses such a send; if it is accepted it must not be lost).
+
+The peer protocol is one JSON line each way over a TCP connection to the peer's port:
+``{"op": "cowrite", "txn", "timeout", "parts", "n"}`` -> ``{"ok", "recs"|"error"}`` and
+``{"op": "late", "txn"}`` -> ``{"ok", "rejected"}``. The peer logs what it wrote itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import socket
+import socketserver
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from typing import Any
+
+from chaos.roles.common import RoleArgs, commit_outcome, install_stop, make_client
+from chaos.truth import TruthLog, encode_value
+from txnstream import Client, Transaction, TxnID
+from txnstream.errors import TxnStreamError
+from txnstream.producer import Producer
+
+log = logging.getLogger("chaos.producer")
+
+PEER_TIMEOUT_S = 20.0
+"""A co-write waits for the peer's flush; the peer's own coordinator calls ride a
+failover (~6 s) inside it."""
+ATTACHED_MAX = 512
+"""Txns of other processes this peer keeps handles of (for late sends); LRU."""
+
+
+class _Writer:
+    """One writer id with its per-partition sequence numbers and record ids."""
+
+    def __init__(self, writer: str) -> None:
+        self.writer = writer
+        self.seq: defaultdict[int, int] = defaultdict(int)
+        self.ids = itertools.count()
+
+    def record(self, txn: TxnID, topic: str, partition: int) -> tuple[bytes, list[Any]]:
+        s = self.seq[partition]
+        self.seq[partition] += 1
+        rid = f"{self.writer}-{next(self.ids)}"
+        value = encode_value({"id": rid, "txn": str(txn), "w": self.writer, "p": partition,
+                              "s": s, "pad": "x" * 64})
+        return value, [rid, topic, partition, self.writer, s]
+
+
+class ProducerRole:
+    """An opener (one or more threads) and a co-writer server in one process."""
+
+    def __init__(self, args: RoleArgs, client: Client, stop: threading.Event) -> None:
+        self.args = args
+        self.spec = args.spec
+        self.client = client
+        self.stop = stop
+        self.topic: str = self.spec["topic"]
+        self.producer: Producer = client.create_producer(self.topic)
+        self.partitions = self.producer.num_partitions
+        self.truth = TruthLog(args.truth)
+        self.co = _Writer(f"{args.writer}.co")
+        self._co_lock = threading.Lock()
+        self._attached: OrderedDict[str, tuple[Transaction, int]] = OrderedDict()
+
+    # ------------------------------------------------------------ opener
+
+    def opener(self, index: int) -> None:
+        """One opener thread: txn after txn until stopped."""
+        rng = random.Random(f"{self.args.seed}/{self.args.writer}/{index}")
+        w = _Writer(f"{self.args.writer}.t{index}")
+        sp = self.spec
+        while not self.stop.is_set():
+            r = rng.random()
+            kind = "commit"
+            for name in ("abort", "slow", "abandon", "late"):
+                r -= sp[f"{name}_ratio"]
+                if r < 0:
+                    kind = name
+                    break
+            timeout = {"slow": sp["slow_timeout_s"],
+                       "abandon": sp["abandon_timeout_s"]}.get(kind, sp["txn_timeout_s"])
+            try:
+                txn = self.client.new_transaction(timeout_s=timeout)
+            except TxnStreamError as exc:
+                log.warning("new_transaction: %s", exc)
+                self.stop.wait(0.5)
+                continue
+            self.truth.write({"e": "open", "txn": str(txn.id), "by": w.writer, "role": "producer",
+                              "kind": kind, "timeout": timeout, "t": time.time()})
+            self._one_txn(txn, kind, w, rng)
+
+    def _one_txn(self, txn: Transaction, kind: str, w: _Writer, rng: random.Random) -> None:
+        sp = self.spec
+        recs: list[list[Any]] = []
+        failure: str | None = None
+        try:
+            k = rng.randint(2, min(4, self.partitions))
+            for p in sorted(rng.sample(range(self.partitions), k)):
+                for _ in range(rng.randint(1, 4)):
+                    value, rec = w.record(txn.id, self.topic, p)
+                    self.producer.send(value, txn=txn, partition=p)
+                    recs.append(rec)
+        except TxnStreamError as exc:
+            failure = f"send: {exc}"
+        self.stop.wait(rng.uniform(*sp["hold_s"]))
+        if failure is None:
+            parts = rng.sample(range(self.partitions), rng.randint(1, 2))
+            reply = self._peer({"op": "cowrite", "txn": str(txn.id), "timeout": txn.timeout_s,
+                                "parts": parts, "n": rng.randint(1, 3)})
+            if not reply.get("ok"):
+                failure = f"peer: {reply.get('error')}"
+        try:
+            txn.flush()
+        except TxnStreamError as exc:
+            failure = failure or f"flush: {exc}"
+        if recs and failure is None:
+            self.truth.write({"e": "sent", "txn": str(txn.id), "recs": recs})
+        want = "abort" if failure or kind == "abort" else kind
+        end: dict[str, Any] = {"e": "end", "txn": str(txn.id), "by": w.writer, "want": want,
+                               "failure": failure}
+        if want == "abandon":
+            self.truth.write(end | {"outcome": "abandoned", "status": txn.status.value})
+            return
+        if want == "slow":
+            self.stop.wait(txn.timeout_s + 2.0)
+        exc: BaseException | None = None
+        if want == "abort":
+            try:
+                txn.abort()
+            except Exception as e:  # noqa: BLE001 - recorded; an abort never commits
+                exc = e
+            outcome = "aborted"
+        else:
+            try:
+                txn.commit()
+            except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
+                exc = e
+            outcome = commit_outcome(txn, exc)
+        self.truth.write(end | {"outcome": outcome, "status": txn.status.value,
+                                "error": None if exc is None else f"{type(exc).__name__}: {exc}",
+                                "t": time.time()})
+        if want == "late" and outcome == "committed":
+            self._peer({"op": "late", "txn": str(txn.id)})
+
+    def _peer(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            with socket.create_connection(("127.0.0.1", self.spec["peer_port"]),
+                                          timeout=PEER_TIMEOUT_S) as s:
+                s.sendall(json.dumps(req).encode() + b"\n")
+                data = s.makefile("rb").readline()
+            return json.loads(data) if data else {"ok": False, "error": "peer closed"}
+        except (OSError, ValueError) as exc:
+            return {"ok": False, "error": f"peer unreachable: {exc}"}
+
+    # ------------------------------------------------------------ co-writer (peer side)
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Serve one request of the peer (the opener of a txn this process joins)."""
+        if req.get("op") == "cowrite":
+            return self._cowrite(req)
+        if req.get("op") == "late":
+            return self._late(req)
+        return {"ok": False, "error": f"unknown op {req.get('op')!r}"}
+
+    def _attach(self, txn_text: str, timeout: float, first: int) -> Transaction:
+        got = self._attached.get(txn_text)
+        if got is not None:
+            self._attached.move_to_end(txn_text)
+            return got[0]
+        attach = getattr(self.client, "attach_transaction", None)
+        if attach is not None:
+            txn = attach(txn_text)
+        else:  # a client without attach_transaction: the public class, built from the id
+            txn = Transaction(self.client.tc, TxnID.parse(txn_text), timeout)
+        self._attached[txn_text] = (txn, first)
+        while len(self._attached) > ATTACHED_MAX:
+            self._attached.popitem(last=False)
+        return txn
+
+    def _cowrite(self, req: dict[str, Any]) -> dict[str, Any]:
+        with self._co_lock:
+            parts = [int(p) for p in req["parts"]]
+            recs = []
+            try:
+                txn = self._attach(req["txn"], float(req["timeout"]), parts[0])
+                for p in parts:
+                    for _ in range(int(req["n"])):
+                        value, rec = self.co.record(txn.id, self.topic, p)
+                        self.producer.send(value, txn=txn, partition=p)
+                        recs.append(rec)
+                txn.flush()
+            except TxnStreamError as exc:
+                return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            self.truth.write({"e": "sent", "txn": req["txn"], "recs": recs, "co": True})
+            return {"ok": True, "recs": len(recs)}
+
+    def _late(self, req: dict[str, Any]) -> dict[str, Any]:
+        with self._co_lock:
+            got = self._attached.get(req["txn"])
+            if got is None:
+                return {"ok": False, "error": "not attached"}
+            txn, p = got
+            try:
+                value, rec = self.co.record(txn.id, self.topic, p)
+                self.producer.send(value, txn=txn, partition=p)
+                txn.flush()
+            except TxnStreamError as exc:
+                self.truth.write({"e": "late_rejected", "txn": req["txn"],
+                                  "error": f"{type(exc).__name__}: {exc}"})
+                return {"ok": True, "rejected": True}
+            self.truth.write({"e": "sent", "txn": req["txn"], "recs": [rec], "late": True})
+            return {"ok": True, "rejected": False}
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    role: ProducerRole
+
+    def handle(self) -> None:
+        line = self.rfile.readline()
+        try:
+            reply = self.role.handle(json.loads(line))
+        except Exception as exc:  # noqa: BLE001 - the opener must get an answer
+            log.exception("peer request failed")
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        self.wfile.write(json.dumps(reply).encode() + b"\n")
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+
+def run(args: RoleArgs) -> int:
+    """Serve co-writes and open txns until SIGTERM; then end the current txns and exit."""
+    stop = install_stop()
+    client = make_client(args)
+    role = ProducerRole(args, client, stop)
+    handler = type("Handler", (_Handler,), {"role": role})
+    server = _Server(("127.0.0.1", args.spec["listen_port"]), handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="peer").start()
+    openers = [threading.Thread(target=role.opener, args=(i,), name=f"opener-{i}")
+               for i in range(args.spec.get("threads", 1))]
+    for t in openers:
+        t.start()
+    for t in openers:
+        t.join()
+    server.shutdown()
+    role.producer.flush()
+    client.close()
+    role.truth.close()
+    return 0
