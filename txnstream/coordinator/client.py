@@ -6,6 +6,13 @@ its end by a background thread). A request that gets no reply inside one attempt
 again with the *same* request id (handling is idempotent) until the request deadline,
 so a client rides through a coordinator failover. Failed replies are raised as the same
 error class the coordinator raised.
+
+Kafka errors are classified by :mod:`txnstream.errors`, nowhere else: a retriable one
+(and a full local queue, ``BufferError``) is retried with a short backoff inside the
+deadline; any other (fatal, abort-the-transaction, or unflagged) raises
+``KafkaClientError`` at once, naming the coordinator and the request, since resending
+cannot heal it and a timeout would hide the cause. A fatal error on the reply consumer
+fails this and every later request of the client the same way.
 """
 
 from __future__ import annotations
@@ -21,11 +28,25 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTP
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_none
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_delay,
+)
 
 from txnstream.config import Config
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, error_from_reply
-from txnstream.errors import CoordinatorNotFoundError, CorruptRecordError, RequestTimeoutError
+from txnstream.errors import (
+    CoordinatorNotFoundError,
+    CorruptRecordError,
+    KafkaClientError,
+    RequestTimeoutError,
+    classify_kafka_error,
+    is_retriable_kafka_error,
+    message_error,
+)
 
 __all__ = ["TransactionCoordinatorClient"]
 
@@ -34,10 +55,28 @@ log = logging.getLogger(__name__)
 ATTEMPT_TIMEOUT_S = 3.0
 """Wait for one attempt's reply; a healthy round trip takes milliseconds, and resending
 sooner than a broker hiccup would only duplicate work the coordinator dedups anyway."""
+RESEND_BACKOFF_FIRST_S = 0.05
+"""Wait before resending after a retriable Kafka error (leader moving, queue full): the
+local producer refused the request, so resending at once would only spin."""
+RESEND_BACKOFF_MAX_S = 1.0
+"""Cap of that doubling wait, well inside the default 30 s request deadline."""
 
 
 class _NoReply(Exception):
     pass
+
+
+def _should_resend(exc: BaseException) -> bool:
+    """The retry decision: no reply yet, a full local queue, or a retriable Kafka error."""
+    return isinstance(exc, (_NoReply, BufferError)) or is_retriable_kafka_error(exc)
+
+
+def _resend_wait(state: RetryCallState) -> float:
+    """No wait after a silent attempt (it waited already); backoff after a Kafka error."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, _NoReply):
+        return 0.0
+    return min(RESEND_BACKOFF_MAX_S, RESEND_BACKOFF_FIRST_S * 2 ** (state.attempt_number - 1))
 
 
 class _Pending:
@@ -58,6 +97,8 @@ class TransactionCoordinatorClient:
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._fatal: KafkaClientError | None = None
+        """Set when the reply consumer met a fatal error: no reply can come any more."""
         self._rr = itertools.count(random.randrange(1 << 16))
         meta = self._producer.list_topics(timeout=config.admin_timeout_s)
         t = config.topics
@@ -90,8 +131,18 @@ class TransactionCoordinatorClient:
             except RuntimeError:  # closed under us
                 return
             for m in msgs:
-                if m.error():
-                    continue
+                try:
+                    if message_error(m, f"client {self.client_id} reply consumer", log):
+                        continue
+                except KafkaClientError as exc:
+                    # This consumer cannot go on: fail waiting and later requests at once.
+                    log.error("client %s: %s; no coordinator reply can arrive any more",
+                              self.client_id, exc)
+                    self._fatal = exc
+                    with self._lock:
+                        for pending in self._pending.values():
+                            pending.event.set()
+                    return
                 key = m.key()
                 if key is None:
                     continue
@@ -109,7 +160,13 @@ class TransactionCoordinatorClient:
 
     def request(self, op: TcOp, tc_id: int, *, timeout_s: float | None = None,
                 **fields: Any) -> TcReply:
-        """Send one request and return its successful reply, or raise its error."""
+        """Send one request and return its successful reply, or raise its error.
+
+        Raises the coordinator's error class for a failed reply, ``RequestTimeoutError``
+        if no reply came in time (outcome unknown), ``KafkaClientError`` at once for a
+        Kafka error that retrying cannot heal.
+        """
+        self._raise_if_fatal()
         if not 0 <= tc_id < self.num_coordinators:
             raise CoordinatorNotFoundError(
                 f"coordinator {tc_id} does not exist: there are {self.num_coordinators} "
@@ -131,6 +188,10 @@ class TransactionCoordinatorClient:
             raise err
         return reply
 
+    def _raise_if_fatal(self) -> None:
+        if self._fatal is not None:
+            raise KafkaClientError(str(self._fatal), self._fatal.kind) from self._fatal
+
     def _send_until_answered(self, req: TcRequest, pending: _Pending,
                              deadline_s: float) -> TcReply:
         payload = req.encode()
@@ -138,13 +199,21 @@ class TransactionCoordinatorClient:
         def attempt() -> TcReply:
             self._produce(req, payload)
             if not pending.event.wait(ATTEMPT_TIMEOUT_S) or pending.reply is None:
+                self._raise_if_fatal()
                 raise _NoReply()
             return pending.reply
 
-        retrying = Retrying(retry=retry_if_exception_type((_NoReply, KafkaException, BufferError)),
-                            stop=stop_after_delay(deadline_s), wait=wait_none(), reraise=False)
+        retrying = Retrying(retry=retry_if_exception(_should_resend),
+                            stop=stop_after_delay(deadline_s), wait=_resend_wait, reraise=False)
         try:
             return retrying(attempt)
+        except KafkaException as exc:  # classified not retriable: resending cannot heal it
+            kind = classify_kafka_error(exc)
+            err = exc.args[0] if exc.args else exc
+            text = err.str() if hasattr(err, "str") else str(err)
+            raise KafkaClientError(
+                f"request {req.op.value} to coordinator {req.tc_id} failed with a "
+                f"{kind.value} Kafka error: {text}", kind) from exc
         except RetryError as exc:
             raise RequestTimeoutError(
                 f"no reply from coordinator {req.tc_id} to {req.op.value} within "

@@ -1,0 +1,145 @@
+"""The coordinator worker's consume loops classify consumed errors, with no broker.
+
+Every consumed error goes through ``txnstream.errors.message_error``: informational ones
+pass quietly, others are logged naming the loop, and a fatal one stops the worker (it
+leaves the group so another worker takes its TCs) instead of being dropped unseen.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from txnstream.config import Config, TopicNames
+from txnstream.coordinator.metadata_store import TransactionMetadataStore
+from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
+from txnstream.coordinator.worker import CoordinatorWorker, _Phase, _Tc
+from txnstream.errors import KafkaClientError
+
+CONFIG = Config(bootstrap_servers="127.0.0.1:1", topics=TopicNames("__unit"),
+                kafka={"log_level": 0})  # nothing listens there: no connect errors on stderr
+
+
+class Msg:
+    def __init__(self, value: bytes | None = None, err: KafkaError | None = None,
+                 partition: int = 0, offset: int = 0) -> None:
+        self._value, self._err, self._partition, self._offset = value, err, partition, offset
+
+    def error(self) -> KafkaError | None:
+        return self._err
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def topic(self) -> str:
+        return CONFIG.topics.requests
+
+
+class FakeConsumer:
+    def __init__(self, batches: list[list[Msg]] | None = None) -> None:
+        self.batches = list(batches or [])
+
+    def poll(self, timeout: float) -> Msg | None:
+        if self.batches and self.batches[0]:
+            return self.batches[0].pop(0)
+        if self.batches:
+            self.batches.pop(0)
+        time.sleep(min(timeout, 0.01))
+        return None
+
+    def consume(self, n: int, timeout: float) -> list[Msg]:
+        out = self.batches.pop(0) if self.batches else []
+        return out
+
+    def subscribe(self, *a: Any, **kw: Any) -> None:
+        pass
+
+    def commit(self, *a: Any, **kw: Any) -> None:
+        pass
+
+    def incremental_unassign(self, *a: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    def produce(self, topic: str, value: bytes, **kw: Any) -> None:
+        self.sent.append((topic, value))
+
+    def flush(self, timeout: float = -1) -> int:
+        return 0
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+def serving_worker(requests: list[list[Msg]]) -> CoordinatorWorker:
+    w = CoordinatorWorker(CONFIG, worker_id="w-unit")
+    w._log = FakeConsumer()
+    w._req = FakeConsumer(requests)
+    w._producer = FakeProducer()
+    tc = _Tc(0, TransactionMetadataStore(0, "w-unit"), replay_end=0, phase=_Phase.SERVING)
+    tc.next_checkpoint = float("inf")
+    w.tcs[0] = tc
+    return w
+
+
+def get_request(request_id: str) -> bytes:
+    return TcRequest(request_id, "c", 0, TcOp.GET, 0, int(time.time() * 1000) + 60_000,
+                     txn_seq=3).encode()
+
+
+def test_request_loop_logs_a_consumed_error_and_serves_the_rest(caplog):
+    denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorized")
+    w = serving_worker([[Msg(err=denied), Msg(get_request("r1"))]])
+    with caplog.at_level(logging.WARNING):
+        w._turn_once()
+    assert "request consumer" in caplog.text and "not authorized" in caplog.text
+    replies = [TcReply.decode(v) for t, v in w._producer.sent if t == CONFIG.topics.replies]
+    assert [r.request_id for r in replies] == ["r1"]
+
+
+def test_end_of_partition_on_the_request_loop_is_quiet(caplog):
+    eof = KafkaError(KafkaError._PARTITION_EOF, "end")
+    w = serving_worker([[Msg(err=eof), Msg(get_request("r2"))]])
+    with caplog.at_level(logging.WARNING):
+        w._turn_once()
+    assert "request consumer" not in caplog.text
+
+
+def test_fatal_consumed_error_stops_the_worker_instead_of_looping(caplog):
+    fatal = KafkaError(KafkaError._FATAL, "consumer fenced", fatal=True)
+    w = serving_worker([[Msg(err=fatal)]])
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():
+        w.stop()
+        pytest.fail("the worker kept running after a fatal consumer error")
+    assert len(raised) == 1 and isinstance(raised[0], KafkaClientError), raised
+    assert "consumer fenced" in str(raised[0])
+    assert not w.tcs, "a stopped worker serves nothing"
