@@ -66,9 +66,12 @@ class Profile:
     processor_txn_timeout_s: float = 15.0
     """Longer than a pause, so a resumed zombie may still try to commit (item 2)."""
     abort_ratio: float = 0.2
-    slow_ratio: float = 0.04
+    slow_ratio: float = 0.06
     """Txns held open past their (short) timeout, then committed: must not commit."""
     slow_timeout_s: float = 4.0
+    slow_overrun_s: tuple[float, float] = (1.0, 8.0)
+    """How far past its timeout a slow txn's commit comes: long enough, now and then, for
+    a coordinator failover in between (item 5: a timeout abort the new owner never saw)."""
     abandon_ratio: float = 0.03
     """Txns never ended by their client: the coordinator must abort them at timeout."""
     abandon_timeout_s: float = 8.0

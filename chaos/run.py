@@ -153,6 +153,7 @@ class ChaosRun:
                 "peer_port": ports[(i + 1) % p.producers], "threads": p.producer_threads,
                 "txn_timeout_s": p.txn_timeout_s, "abort_ratio": p.abort_ratio,
                 "slow_ratio": p.slow_ratio, "slow_timeout_s": p.slow_timeout_s,
+                "slow_overrun_s": list(p.slow_overrun_s),
                 "abandon_ratio": p.abandon_ratio, "abandon_timeout_s": p.abandon_timeout_s,
                 "late_ratio": p.late_ratio, "hold_s": list(p.hold_s)}))
         for role in ("consumer", "processor", "producer"):
@@ -340,8 +341,29 @@ class ChaosRun:
             "committed_read_reached_targets": all(
                 any(d.topic == tp[0] and d.partition == tp[1] and d.offset >= off
                     for d in delivered) for tp, off in targets.items() if off >= 0)}
+        self.summary["log_errors"] = self._log_errors()
+        self.summary["notes"]["ERROR lines in role logs"] = sum(
+            e["count"] for e in self.summary["log_errors"])
         self._phase("check", t0)
         return an
+
+    def _log_errors(self) -> list[dict[str, Any]]:
+        """ERROR lines of the role processes' logs, by role and message (not judged)."""
+        seen: dict[tuple[str, str], dict[str, Any]] = {}
+        for name, p in self.sup.procs.items():
+            try:
+                lines = p.log_path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for ln in lines:
+                if " ERROR " not in ln:
+                    continue
+                msg = ln.split(" ERROR ", 1)[1]
+                key = (p.role, " ".join(msg.split()[:4]))
+                got = seen.setdefault(key, {"role": p.role, "count": 0, "example": msg[:300],
+                                            "first_in": name})
+                got["count"] += 1
+        return sorted(seen.values(), key=lambda e: -e["count"])
 
     @staticmethod
     def _txn_counts(truth: Any, expected: Counter[str]) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class ProducerRole:
             self.truth.write(end | {"outcome": "abandoned", "status": txn.status.value})
             return
         if want == "slow":
-            self.stop.wait(txn.timeout_s + 2.0)
+            self.stop.wait(txn.timeout_s + rng.uniform(*sp["slow_overrun_s"]))
         exc: BaseException | None = None
         if want == "abort":
             try:
