@@ -265,7 +265,10 @@ class Consumer:
         assigned = {(p.topic, p.partition) for p in consumer.assignment()}
         mine = [p for p in parts if (p.topic, p.partition) in assigned]
         if mine:
-            consumer.incremental_unassign(mine)
+            try:
+                consumer.incremental_unassign(mine)
+            except KafkaException as exc:  # librdkafka already dropped them (lost)
+                log.info("%s: unassign %s: %s", self.member_id, mine, exc)
 
     def _drop_reader(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
         """Stop delivering ``tp`` (consumer lock held); its undelivered messages go."""
@@ -396,6 +399,17 @@ class Consumer:
     def acknowledge_cumulative(self, msg: Message, txn: Transaction | None = None) -> None:
         """Ack every delivered record of the partition up to and including ``msg``."""
         self._ack(msg, txn, cumulative=True)
+
+    def cumulative_coverage(self, msg: Message) -> list[int]:
+        """The offsets ``acknowledge_cumulative(msg)`` would ack now.
+
+        Every unacked one of ``msg``'s partition up to it, including messages queued for
+        redelivery (after an abort) and not received again yet. A processor that
+        cumulatively acks a batch checks they are all its own inputs first.
+        """
+        with self._lock:
+            r = self._reader_for(msg)
+            return sorted(o for o in r.unacked if o <= msg.offset)
 
     def _ack(self, msg: Message, txn: Transaction | None, cumulative: bool) -> None:
         with self._lock:

@@ -54,7 +54,8 @@ class ExactlyOnceProcessor:
         self.txn_timeout_s = txn_timeout_s
         self.cumulative = cumulative
         """Ack a batch with one cumulative ack per partition (its last input) instead
-        of one individual ack per input."""
+        of one individual ack per input, where that covers only this batch's inputs
+        (not inputs redelivered after an abort and not processed yet)."""
         self.consumer = client.subscribe(inputs, subscription=subscription,
                                          **consumer_options)
         self.producer = client.create_producer(output)
@@ -74,6 +75,7 @@ class ExactlyOnceProcessor:
         txn = None
         n = outs = 0
         last: dict[tuple[str, int], Message] = {}
+        batch: dict[tuple[str, int], dict[int, Message]] = {}
         deadline = time.monotonic() + self.batch_interval_s
         try:
             while n < self.batch_size:
@@ -89,13 +91,19 @@ class ExactlyOnceProcessor:
                 outs += self._emit(self.fn(msg), txn)
                 if self.cumulative:
                     last[(msg.topic, msg.partition)] = msg
+                    batch.setdefault((msg.topic, msg.partition), {})[msg.offset] = msg
                 else:
                     self.consumer.acknowledge(msg, txn=txn)
                 n += 1
             if txn is None:
                 return 0
-            for msg in last.values():
-                self.consumer.acknowledge_cumulative(msg, txn=txn)
+            for (topic, part), msg in last.items():
+                mine = batch[(topic, part)]
+                if set(self.consumer.cumulative_coverage(msg)) <= mine.keys():
+                    self.consumer.acknowledge_cumulative(msg, txn=txn)
+                else:  # it would also ack inputs redelivered but not processed here
+                    for m in mine.values():
+                        self.consumer.acknowledge(m, txn=txn)
             txn.commit()
         except TransactionOutcomeUnknownError as exc:
             # Not aborted: its acks hold the inputs until the coordinator's outcome

@@ -386,6 +386,8 @@ class PendingAckStore:
             if message_error(m, f"pending-ack tail of {self.subscription}", log):
                 continue
             self._tail_pos[m.partition()] = m.offset() + 1
+            if is_checkpoint(m.headers()):
+                continue  # a state for replays; the tail's readers hold the live state
             try:
                 out.append(PendingAckEntry.decode(m.value()))
             except CorruptRecordError as exc:
