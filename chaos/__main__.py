@@ -34,7 +34,11 @@ def main(argv: list[str]) -> int:
                     help="also write the JSON summary here (it is always in WORKDIR)")
     ap.add_argument("--keep-data", action="store_true",
                     help="keep the brokers' data after the run (logs and truth files stay)")
+    ap.add_argument("--cleanup", type=Path, default=None, metavar="WORKDIR",
+                    help="stop what a run killed with -9 left behind in WORKDIR, then exit")
     args = ap.parse_args(argv)
+    if args.cleanup is not None:
+        return _cleanup(args.cleanup)
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prof = profile(args.profile, args.minutes)
@@ -57,6 +61,21 @@ def main(argv: list[str]) -> int:
     console.print(f"summary: {workdir / 'summary.json'}; logs: {workdir / 'logs'}; "
                   f"replay with --seed {seed}", highlight=False)
     return code
+
+
+def _cleanup(workdir: Path) -> int:
+    """Kill the role processes and stop the brokers of an earlier run in ``workdir``."""
+    from chaos.supervisor import cleanup_workdir
+    from txnstream.cluster import LocalCluster
+
+    cluster = LocalCluster.from_state_dir(workdir / "cluster")
+    if cluster is None:
+        print(f"no chaos cluster in {workdir}")
+        return 1
+    killed = cleanup_workdir(workdir, cluster.bootstrap)
+    cluster.down(timeout_s=10.0)
+    print(f"killed {len(killed)} role process(es); brokers of {workdir / 'cluster'} stopped")
+    return 0
 
 
 if __name__ == "__main__":

@@ -294,9 +294,12 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
     # ---- 4: processors
     inputs = {d.value["id"]: d for d in delivered if d.topic == in_topic and d.value}
     outs_per_input: Counter[str] = Counter()
+    outs_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for d in delivered:
         if d.topic == out_topic and d.value and "in" in d.value:
             outs_per_input[d.value["in"]] += 1
+            if len(outs_of[d.value["in"]]) < 3:
+                outs_of[d.value["in"]].append(d.value)
             if d.value["in"] not in inputs:
                 an.add("output_without_input", {"out": d.value["id"], "in": d.value["in"]})
     for iid, d in inputs.items():
@@ -306,10 +309,8 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
             an.add("input_not_processed", {"in": iid, "at": f"{d.topic}-{d.partition}@{d.offset}",
                                            "why": why}, sub=why)
         elif n > 1:
-            outs = [x.value for x in delivered if x.topic == out_topic and x.value
-                    and x.value.get("in") == iid][:3]
             an.add("input_processed_twice", {"in": iid, "outputs": n,
-                                             "by": [(o["w"], o["txn"]) for o in outs]})
+                                             "by": [(o["w"], o["txn"]) for o in outs_of[iid]]})
 
     # ---- 5: committed-only consumers
     for rid in vis_count:

@@ -23,12 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Supervisor", "RoleProc", "UnexpectedExit", "TXNSTREAM_BIN"]
+__all__ = ["Supervisor", "RoleProc", "UnexpectedExit", "TXNSTREAM_BIN", "cleanup_workdir"]
 
 log = logging.getLogger(__name__)
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PIDS_FILE = "pids.txt"
+"""Every pid started, one per line, so a harness killed with -9 can be cleaned up after."""
 STOP_GRACE_S = 20.0
 """SIGTERM grace: a producer ends its current txn (a slow one holds ~6 s) and exits."""
 
@@ -112,6 +114,8 @@ class Supervisor:
                                            cwd=PROJECT_ROOT, env=env, start_new_session=True)
             self._all.append(p.popen)
             p.history.append(p.popen.pid)
+            with (self.log_dir / PIDS_FILE).open("a") as f:  # for ``python -m chaos --cleanup``
+                f.write(f"{p.popen.pid} {name}\n")
             p.expected_exit = False
             p.paused = False
             p.started_at = time.monotonic()
@@ -234,3 +238,30 @@ class Supervisor:
                     pop.wait(10)
                 except subprocess.TimeoutExpired:
                     log.error("pid %d did not exit after SIGKILL", pop.pid)
+
+
+def cleanup_workdir(workdir: Path, marker: str) -> list[int]:
+    """Kill what a harness killed with -9 left behind in ``workdir``; the pids killed.
+
+    A pid from the pids file is signalled only if its command line still contains
+    ``marker`` (the run's bootstrap string), so a reused pid is never touched.
+    """
+    from txnstream.cluster.process import cmdline
+
+    killed = []
+    try:
+        lines = (workdir / "logs" / PIDS_FILE).read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        pid = int(line.split()[0])
+        cmd = cmdline(pid)
+        if cmd is None or marker not in cmd:
+            continue
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed.append(pid)
+    return killed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ def parse_args(argv: list[str]) -> RoleArgs:
 
 
 def install_stop() -> threading.Event:
-    """An event set by SIGTERM/SIGINT: the role finishes its current unit and exits."""
+    """An event set by SIGTERM/SIGINT or the harness's death: finish the unit, exit."""
     stop = threading.Event()
 
     def handler(_signum: int, _frame: object) -> None:
@@ -61,6 +62,14 @@ def install_stop() -> threading.Event:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    parent = os.getppid()
+
+    def orphaned() -> None:  # the harness died (kill -9): do not run on without it
+        while not stop.wait(1.0):
+            if os.getppid() != parent:
+                stop.set()
+
+    threading.Thread(target=orphaned, daemon=True, name="orphan-watch").start()
     return stop
 
 
