@@ -107,6 +107,7 @@ class Truth:
     received_txn: dict[str, str | None] = field(default_factory=dict)
     late_rejected: int = 0
     regressions: int = 0
+    dup_in_batch: int = 0
 
     def expected(self, txn: str) -> str:
         """The expected outcome (committed/aborted/unknown/contradictory) from every belief."""
@@ -147,6 +148,8 @@ def load_truth(truth_dir: Path) -> Truth:
             t.late_rejected += 1
         elif e == "regress":
             t.regressions += 1
+        elif e == "dup_in_batch":
+            t.dup_in_batch += 1
         elif e == "recv":
             for rid, _topic, _p, _off, rtxn in ev["recs"]:
                 if rid is not None:
@@ -345,6 +348,7 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
              "late_sends_accepted": sum(1 for recs in truth.sent.values()
                                         for _, late in recs if late),
              "processor_redeliveries_seen": truth.regressions,
+             "processor_duplicate_deliveries_in_a_batch": truth.dup_in_batch,
              "consumer_records_received": sum(truth.received.values()),
              "processor_outputs_logged": len(truth.pairs)}
     return CheckResult(an, txns, records_checked, visible,

@@ -4,8 +4,11 @@ Per batch, one txn: one output per input (value names the input's id), written w
 txn, and the inputs acked with the same txn (``acknowledge`` each, or
 ``acknowledge_cumulative`` on the last of each partition, by ``ack_mode``), then
 ``flush`` and ``commit``. A batch that fails is aborted (its acked inputs come back
-through the abort) and its inputs not yet acked are negatively acknowledged, so every
-input is processed again: exactly once is the consumer's and coordinator's job.
+through the abort); with individual acks its inputs not yet acked are negatively
+acknowledged, with cumulative acks the processor rewinds (leaves the group and joins
+again, so delivery restarts at the committed cursor). Every input is processed again:
+exactly once is the consumer's and coordinator's job. A message delivered twice within
+one batch is processed once (and noted).
 
 A ``KafkaException`` out of ``receive()`` is not caught: the process exits and the
 harness reports it (a member paused past its session timeout must carry on, item 3).
@@ -23,7 +26,7 @@ from typing import Any
 from chaos.roles.common import RoleArgs, commit_outcome, install_stop, make_client
 from chaos.truth import TruthLog, decode_value, encode_value
 from txnstream import Client
-from txnstream.consumer import Message
+from txnstream.consumer import Consumer, Message
 from txnstream.errors import TxnStreamError
 
 log = logging.getLogger("chaos.processor")
@@ -42,8 +45,7 @@ class ProcessorRole:
         self.batch_interval_s: float = sp.get("batch_interval_s", 0.3)
         self.txn_timeout_s: float = sp["txn_timeout_s"]
         self.output: str = sp["output"]
-        self.consumer = client.subscribe(sp["input"], subscription=sp["subscription"], **{
-            "session.timeout.ms": sp["session_timeout_ms"], "heartbeat.interval.ms": 1000})
+        self.consumer = self._subscribe()
         self.producer = client.create_producer(self.output)
         self.out_partitions = self.producer.num_partitions
         self.truth = TruthLog(args.truth)
@@ -51,6 +53,27 @@ class ProcessorRole:
         self.seq: defaultdict[int, int] = defaultdict(int)
         self.ids = itertools.count()
         self.last_offset: dict[tuple[str, int], int] = {}
+
+    def _subscribe(self) -> Consumer:
+        sp = self.args.spec
+        return self.client.subscribe(sp["input"], subscription=sp["subscription"], **{
+            "session.timeout.ms": sp["session_timeout_ms"], "heartbeat.interval.ms": 1000})
+
+    def _rewind(self) -> None:
+        """Leave the group and join again: delivery restarts at the committed cursor.
+
+        What a cumulative-acking processor must do after a failed batch (Kafka Streams
+        does the same: abort, then rewind to the committed position). Negatively acking
+        the batch instead would be wrong: the next batch's cumulative ack covers every
+        earlier delivered message, the nacked ones too, and they would never be
+        processed.
+        """
+        try:
+            self.consumer.close()
+        except Exception as exc:  # noqa: BLE001 - the new member starts from the cursor anyway
+            log.warning("closing the consumer to rewind: %s", exc)
+        self.last_offset.clear()
+        self.consumer = self._subscribe()
 
     def loop(self) -> None:
         """Batch after batch until stopped."""
@@ -73,6 +96,11 @@ class ProcessorRole:
                 deadline = time.monotonic() + self.batch_interval_s
                 continue
             key = (msg.topic, msg.partition)
+            if any(m.offset == msg.offset and m.tp == msg.tp for m in batch):
+                # Delivered twice before it was acked: process it once (noted).
+                self.truth.write({"e": "dup_in_batch", "at": f"{msg.topic}-{msg.partition}@"
+                                  f"{msg.offset}"}, sync=False)
+                continue
             prev = self.last_offset.get(key, -1)
             if msg.offset <= prev:  # redelivery (after an abort or a rebalance): noted
                 self.truth.write({"e": "regress", "tp": f"{msg.topic}-{msg.partition}",
@@ -86,7 +114,7 @@ class ProcessorRole:
             txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
         except TxnStreamError as exc:
             log.warning("new_transaction: %s", exc)
-            self._nack(batch)
+            self._failed(batch, set())
             self.stop.wait(0.5)
             return
         tid = str(txn.id)
@@ -143,12 +171,22 @@ class ProcessorRole:
                           "status": txn.status.value, "t": time.time(),
                           "error": None if exc is None else f"{type(exc).__name__}: {exc}"})
         if outcome == "aborted":
-            self._nack([m for m in batch if id(m) not in acked])
+            self._failed(batch, acked)
         if exc is not None and not isinstance(exc, TxnStreamError):
             raise exc  # a Kafka error out of the client: let the process die, reported
 
-    def _nack(self, msgs: list[Message]) -> None:
-        for m in msgs:
+    def _failed(self, batch: list[Message], acked: set[int]) -> None:
+        """After an aborted batch: every input of it must come back.
+
+        Those acked in the txn come back through the abort. With individual acks the
+        rest are negatively acknowledged; with cumulative acks the processor rewinds.
+        """
+        if self.mode == "cumulative":
+            self._rewind()
+            return
+        for m in batch:
+            if id(m) in acked:
+                continue
             try:
                 self.consumer.negative_acknowledge(m)
             except TxnStreamError:
