@@ -7,11 +7,20 @@ adapter around it, see :mod:`txnstream.coordinator.worker`).
 Two ways in, one state:
 
 * **Replay** (:meth:`replay`): every record of ``__txn_log[p]`` in offset order. The
-  fencing rule of DESIGN.md section 5 decides validity: an ``EPOCH`` record is always
-  valid and becomes the current epoch; any other record is valid only if its
-  ``epoch_offset`` equals the offset of the latest ``EPOCH`` before it. Invalid records
-  change nothing (they only raise the sequence floor, so a TxnID a zombie handed out can
-  never be handed out again).
+  fencing rule of DESIGN.md section 5 decides validity: a *takeover* ``EPOCH`` (written
+  by a new owner after its replay, ``epoch_offset`` -1) is always valid and becomes the
+  current epoch; any other record is valid only if its ``epoch_offset`` equals the offset
+  of the latest valid ``EPOCH`` before it. Invalid records change nothing (they only
+  raise the sequence floor, so a TxnID a zombie handed out can never be handed out
+  again).
+* **Epoch renewal**: the owner appends, before each checkpoint, a *renewal* ``EPOCH``
+  naming its current epoch (:meth:`renewal_entry`). Valid by the rule above, it becomes
+  the current epoch and the owner's records carry it from then on; a zombie's renewal
+  names an epoch that is no longer current, so it is invalid and fences nobody. A
+  renewal at the very start of the log (where a truncation left it) is taken as valid:
+  only an owner that read it back as valid truncates there. Renewals let truncation pass
+  the takeover EPOCH of a long-lived owner: :meth:`truncation_point` cuts at the EPOCH
+  that governs the first record still needed, never between that EPOCH and the record.
 * **Requests** (``new_txn``, ``add_partitions``, ``end_txn``, ...): the owner plans a
   change, the store applies it at once (so later requests of the same batch see it) and
   returns the log entry to append. Every entry applied this way is also queued until the
@@ -28,6 +37,7 @@ own epoch and were applied already, so only their offsets are noted.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -122,6 +132,8 @@ class TransactionMetadataStore:
         self.own_epoch: int | None = None
         """Offset of this owner's EPOCH record, once read back; None while replaying."""
         self.fenced = False
+        self._epochs: list[int] = []
+        """Offsets of the valid EPOCH records since the log start (truncation points)."""
         self.checkpoint_offset = -1
         self.invalid_records = 0
         self.groups: OrderedDict[str, GroupOutcome] = OrderedDict()
@@ -138,8 +150,14 @@ class TransactionMetadataStore:
     # ------------------------------------------------------------------ replay
 
     def is_valid(self, entry: TransactionLogEntry) -> bool:
-        """The fencing rule: EPOCH always; anything else only under the latest EPOCH."""
-        return entry.kind is LogEntryKind.EPOCH or entry.epoch_offset == self.epoch_offset
+        """The fencing rule for ``entry``.
+
+        A takeover EPOCH is always valid; a renewal EPOCH or any other record only under
+        the latest valid EPOCH (a renewal also at the log start, before any EPOCH).
+        """
+        if entry.kind is LogEntryKind.EPOCH and (entry.epoch_offset < 0 or self.epoch_offset < 0):
+            return True
+        return entry.epoch_offset == self.epoch_offset
 
     def replay(self, offset: int, entry: TransactionLogEntry,
                timestamp_ms: int | None = None) -> bool:
@@ -148,15 +166,20 @@ class TransactionMetadataStore:
         ``timestamp_ms`` is the record's Kafka timestamp; it dates the end of a txn
         that finalizes here, for truncation retention after failover.
 
-        Sets :attr:`fenced` when an EPOCH of someone else follows our own: the caller
-        must stop serving this coordinator at once.
+        Sets :attr:`fenced` when a valid EPOCH of someone else follows our own: the
+        caller must stop serving this coordinator at once. Our own renewal moves
+        :attr:`own_epoch` to it instead.
         """
-        if entry.kind is LogEntryKind.EPOCH:
-            if self.own_epoch is not None and offset != self.own_epoch:
-                self.fenced = True
+        if entry.kind is LogEntryKind.EPOCH and self.is_valid(entry):
+            if self.own_epoch is not None:
+                if entry.epoch_offset >= 0 and entry.epoch_offset == self.own_epoch:
+                    self.own_epoch = offset  # our renewal, read back
+                elif offset != self.own_epoch:
+                    self.fenced = True
             self.epoch_offset = offset
             self.epoch_owner = entry.owner_id
             self.next_sequence = max(self.next_sequence, entry.next_sequence)
+            self._epochs.append(offset)
             return True
         if not self.is_valid(entry):
             self.invalid_records += 1
@@ -323,8 +346,19 @@ class TransactionMetadataStore:
         return out
 
     def epoch_entry(self) -> TransactionLogEntry:
-        """The EPOCH record a new owner appends after replay."""
+        """The takeover EPOCH record a new owner appends after replay."""
         return TransactionLogEntry(kind=LogEntryKind.EPOCH, epoch_offset=-1,
+                                   owner_id=self.owner_id, next_sequence=self.next_sequence)
+
+    def renewal_entry(self) -> TransactionLogEntry:
+        """An EPOCH renewing the owner's current epoch (see the module docstring).
+
+        The owner appends it alone and reads it back before it writes anything else: a
+        record it wrote under the old epoch that landed after the renewal would be
+        invalid. Until the renewal is read back, :meth:`replay` keeps the old epoch.
+        """
+        assert self.own_epoch is not None and self.epoch_offset == self.own_epoch
+        return TransactionLogEntry(kind=LogEntryKind.EPOCH, epoch_offset=self.epoch_offset,
                                    owner_id=self.owner_id, next_sequence=self.next_sequence)
 
     def get(self, seq: int) -> TxnMeta:
@@ -529,21 +563,26 @@ class TransactionMetadataStore:
         return min(live) if live else self.next_sequence
 
     def truncation_point(self, now_ms: int, retention_ms: int) -> int:
-        """The first log offset still needed; everything below may be deleted.
+        """The first log offset to keep; everything below may be deleted.
+
+        Always the offset of a valid EPOCH record, so a replay from there starts under
+        an epoch.
 
         Needed: every record of a txn not final, or final for less than
-        ``retention_ms`` (so a client retrying its commit still finds the outcome); the
-        latest EPOCH (validity of everything after it hangs on it); the latest CHECKPOINT.
-        Returns -1 when nothing may be deleted yet.
+        ``retention_ms`` (so a client retrying its commit still finds the outcome), and
+        the latest CHECKPOINT; the point is the latest EPOCH at or before the first of
+        them (their validity hangs on it, and on the renewals after it). Returns -1 when
+        nothing may be deleted yet.
         """
-        if self.epoch_offset < 0 or self.checkpoint_offset < 0:
+        if self.checkpoint_offset < 0 or not self._epochs:
             return -1
-        point = min(self.epoch_offset, self.checkpoint_offset)
+        needed = self.checkpoint_offset
         for meta in self.txns.values():
             recent = meta.end_time_ms is None or now_ms - meta.end_time_ms < retention_ms
             if (not meta.status.is_final or recent) and meta.first_offset is not None:
-                point = min(point, meta.first_offset)
-        return point
+                needed = min(needed, meta.first_offset)
+        i = bisect.bisect_right(self._epochs, needed) - 1
+        return self._epochs[i] if i >= 0 else -1
 
     def forget_before(self, offset: int) -> int:
         """Drop final txns whose records all lie below ``offset`` (after truncation)."""
@@ -551,6 +590,7 @@ class TransactionMetadataStore:
                 if m.status.is_final and m.last_offset is not None and m.last_offset < offset]
         for s in gone:
             del self.txns[s]
+        self._epochs = [e for e in self._epochs if e >= offset]
         return len(gone)
 
     def stats(self, now_ms: int) -> StoreStats:

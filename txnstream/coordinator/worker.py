@@ -27,9 +27,13 @@ One loop, one thread; each turn:
    (c) log COMMITTED/ABORTED. A crash after (a) leaves COMMITTING in the log: the next
    owner finds it on replay and writes the markers again (markers are idempotent for
    readers). A failed marker write is retried with backoff until it succeeds.
-5. **Checkpoint and truncate** now and then: a CHECKPOINT record carries the sequence
-   counter and recent group keys, then ``delete_records`` drops the prefix no longer
-   needed (:meth:`TransactionMetadataStore.truncation_point`).
+5. **Checkpoint and truncate** now and then: a renewal EPOCH (read back first), a
+   CHECKPOINT record carrying the sequence counter and recent group keys, then
+   ``delete_records`` drops the prefix no longer needed, cutting at the EPOCH that
+   governs the first record still needed
+   (:meth:`TransactionMetadataStore.truncation_point`). A crash anywhere here leaves a
+   valid log: the renewal and the checkpoint change no txn, and ``delete_records`` only
+   removes what no replay needs.
 
 **A failed append** (delivery error, flush timeout, ``produce()`` refusing the record)
 means the in-memory store may be ahead of the log. That incarnation of the TC is dropped
@@ -175,6 +179,8 @@ class CoordinatorWorker:
         """TC id -> when to replay it again after a failed append (see ``_restart``)."""
         self._failures: dict[int, int] = defaultdict(int)
         """Failed appends in a row per TC id, for the restart backoff."""
+        self._restarts: dict[int, int] = defaultdict(int)
+        """Replays after a failure per TC id since this worker started (in STATS)."""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -412,6 +418,7 @@ class CoordinatorWorker:
             return
         self._drop(tc, f"restarting from the log: {why}")
         self._failures[tc.tc_id] += 1
+        self._restarts[tc.tc_id] += 1
         n = self._failures[tc.tc_id]
         delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (n - 1))
         self._reseek.add(tc.tc_id)
@@ -524,14 +531,27 @@ class CoordinatorWorker:
             self._req.commit(asynchronous=True)
 
     def _checkpoint(self, tc: _Tc) -> int | None:
-        """Append a CHECKPOINT for ``tc``; its offset, or None if the log refused it.
+        """Renew the epoch, then append a CHECKPOINT; the checkpoint's offset, or None.
 
-        A refusal restarts nothing (the checkpoint only restates what the log holds): the
-        next one comes after a normal interval, and if the log found this one too large
-        (its topic's ``max.message.bytes`` is below ``MAX_CHECKPOINT_BYTES``) it carries
-        fewer group outcomes.
+        1. A renewal EPOCH (:meth:`TransactionMetadataStore.renewal_entry`), appended
+           alone and read back before anything else is written: from then on this
+           incarnation's records carry it, and truncation may cut there, past the
+           takeover EPOCH. If it is not appended (or not read back) in time it may still
+           land, and the records written after it under the old epoch would be invalid:
+           the TC restarts (replays), as after any failed append.
+        2. The CHECKPOINT. A refusal restarts nothing (it only restates what the log
+           holds): the next one comes after a normal interval, and if the log found it
+           too large (its topic's ``max.message.bytes`` is below
+           ``MAX_CHECKPOINT_BYTES``) it carries fewer group outcomes. No truncation until
+           one is read back.
         """
         tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
+        renewed = self._append(tc, [tc.store.renewal_entry()])
+        if renewed is None or tc.tc_id not in self._read_back({tc.tc_id: (tc, renewed[0])}):
+            return None
+        if tc.store.own_epoch != renewed[0]:  # read back, yet not taken as ours
+            self._restart(tc, f"epoch renewal at offset {renewed[0]} not in effect")
+            return None
         entry = tc.store.checkpoint_entry()
         offsets = self._append(tc, [entry], restart=False)
         if offsets is None:
@@ -614,7 +634,8 @@ class CoordinatorWorker:
                               "epoch_offset": st.epoch_offset,
                               "invalid_records": st.invalid_records,
                               "oldest_open_ms": st.oldest_open_ms or 0,
-                              "log_position": tc.position})
+                              "log_position": tc.position,
+                              "restarts": self._restarts[tc.tc_id]})
                 return TcReply(req.request_id, req.client_id, tc.tc_id, stats=stats,
                                owner_id=self.worker_id)
         except TxnStreamError as exc:
@@ -725,7 +746,7 @@ class CoordinatorWorker:
 
     def _truncate(self, now_ms: int) -> None:
         for tc in list(self.tcs.values()):
-            if not tc.truncate_pending or tc.phase is not _Phase.SERVING:
+            if not tc.truncate_pending or not self._serving(tc):
                 continue
             tc.truncate_pending = False
             point = tc.store.truncation_point(now_ms, self.settings.end_retention_ms)

@@ -182,9 +182,37 @@ def set_topic_config(config: Config, topic: str, values: dict[str, str]) -> None
         f.result(30)
 
 
-def log_records(config: Config, tc_id: int) -> list:
-    """Every record of ``__txn_log[tc_id]`` now in the log, as confluent-kafka Messages."""
-    return [m for m in read_all(config, config.topics.log) if m.partition() == tc_id]
+def log_records(config: Config, tc_id: int, timeout_s: float = 30.0) -> list:
+    """Every record of ``__txn_log[tc_id]`` now in the log, as confluent-kafka Messages.
+
+    The worker may truncate the log while it is read: a record deleted meanwhile is
+    skipped (the position moves up to the new log start), as a replay would skip it.
+    """
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    tp = TopicPartition(config.topics.log, tc_id)
+    c = Consumer(config.consumer(f"reader-{uuid.uuid4().hex[:8]}"))
+    try:
+        low, end = c.get_watermark_offsets(tp, timeout=10)
+        c.assign([TopicPartition(config.topics.log, tc_id, low)])
+        out: list = []
+        pos = low
+        deadline = time.monotonic() + timeout_s
+        while pos < end and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                pos = max(pos, c.get_watermark_offsets(tp, timeout=10)[0])
+                continue
+            if m.error():
+                continue
+            out.append(m)
+            pos = m.offset() + 1
+        assert pos >= end, f"could not read {tp.topic}[{tc_id}] to its end"
+        return out
+    finally:
+        c.close()
 
 
 def replay_log(config: Config, tc_id: int) -> TransactionMetadataStore:
@@ -200,3 +228,9 @@ def replay_log(config: Config, tc_id: int) -> TransactionMetadataStore:
             continue
         store.replay(m.offset(), entry)
     return store
+
+
+
+def restarts(client: Client, tc_id: int) -> int:
+    """How often the worker serving TC ``tc_id`` replayed it after a failure."""
+    return {s.tc_id: s.stats for s in client.admin.coordinator_stats()}[tc_id]["restarts"]
