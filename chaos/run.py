@@ -212,6 +212,7 @@ class ChaosRun:
         for node in self.cluster.node_ids():
             if node not in self.cluster.node_pids():
                 self.cluster.start_node(node)
+        self.sup.reap_unexpected()  # record (and restart) what died on its own first
         self.sup.ensure_running()
         self.monitor.stop_aborting()
         self.log("stopping the producers (they end their current txns)")
