@@ -17,6 +17,7 @@ fails this and every later request of the client the same way.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import random
@@ -140,8 +141,8 @@ class TransactionCoordinatorClient:
                               self.client_id, exc)
                     self._fatal = exc
                     with self._lock:
-                        for pending in self._pending.values():
-                            pending.event.set()
+                        for waiting in self._pending.values():
+                            waiting.event.set()
                     return
                 key = m.key()
                 if key is None:
@@ -242,7 +243,7 @@ class TransactionCoordinatorClient:
                 with lock:
                     errors.append(exc)
 
-        _run_all([lambda tc=tc: one(tc) for tc in range(self.num_coordinators)])
+        _run_all([functools.partial(one, tc) for tc in range(self.num_coordinators)])
         if errors and not out:
             raise errors[0]
         return sorted(out, key=lambda r: r.tc_id)

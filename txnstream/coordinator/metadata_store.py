@@ -129,9 +129,12 @@ class TransactionMetadataStore:
         self.next_sequence = 0
         self.epoch_offset = -1
         self.epoch_owner: str | None = None
-        self.own_epoch: int | None = None
-        """Offset of this owner's EPOCH record, once read back; None while replaying."""
+        self._own_epoch: int | None = None
+        self._own_epochs: set[int] = set()
         self.fenced = False
+        self.diverged = False
+        """One of this owner's own records read back invalid: its memory holds what the
+        log does not. Never expected (see :meth:`renewal_entry`); the owner must replay."""
         self._epochs: list[int] = []
         """Offsets of the valid EPOCH records since the log start (truncation points)."""
         self.checkpoint_offset = -1
@@ -148,6 +151,20 @@ class TransactionMetadataStore:
         self.timeouts = TransactionTimeoutTracker()
 
     # ------------------------------------------------------------------ replay
+
+    @property
+    def own_epoch(self) -> int | None:
+        """Offset of this owner's current EPOCH record, once read back.
+
+        None while replaying. Moves to each renewal of the owner as it is read back.
+        """
+        return self._own_epoch
+
+    @own_epoch.setter
+    def own_epoch(self, offset: int | None) -> None:
+        self._own_epoch = offset
+        if offset is not None:
+            self._own_epochs.add(offset)
 
     def is_valid(self, entry: TransactionLogEntry) -> bool:
         """The fencing rule for ``entry``.
@@ -183,6 +200,8 @@ class TransactionMetadataStore:
             return True
         if not self.is_valid(entry):
             self.invalid_records += 1
+            if entry.epoch_offset in self._own_epochs:
+                self.diverged = True
             if entry.txn_seq >= 0:
                 self.next_sequence = max(self.next_sequence, entry.txn_seq + 1)
             log.warning("tc %d: ignoring record at offset %d with stale epoch %d (current %d)",

@@ -324,9 +324,10 @@ class CoordinatorWorker:
         # Replays after a failed append first: their seek must precede the fetch.
         mono = time.monotonic()
         for tc_id, at in list(self._retake_at.items()):
-            if at <= mono and tc_id not in self.tcs:
+            if at <= mono:
                 del self._retake_at[tc_id]
-                self._take(tc_id)
+                if tc_id not in self.tcs:  # else a new assignment replays it already
+                    self._take(tc_id)
         msgs = _drain(self._log, 2_000, timeout)
         if self._pending_assign:  # assigned during this poll, from the log start
             taken, self._pending_assign = self._pending_assign, None
@@ -336,14 +337,15 @@ class CoordinatorWorker:
         for m in msgs:
             if message_error(m, f"worker {self.worker_id} log consumer", log):
                 continue
-            tc = self.tcs.get(m.partition())
+            part = m.partition()
+            tc = self.tcs.get(part) if part is not None else None
             if tc is None:
                 continue
             self._fold(tc, m)
 
     def _fold(self, tc: _Tc, m: Message) -> None:
         offset = m.offset()
-        if offset < tc.position:
+        if offset is None or offset < tc.position:
             return  # fetched before a seek back to the log start; it comes again in order
         tc.position = offset + 1
         try:
@@ -358,6 +360,9 @@ class CoordinatorWorker:
             if tc.store.fenced:
                 self._drop(tc, f"fenced by a newer EPOCH at offset {offset} "
                                f"(owner {tc.store.epoch_owner})")
+                return
+            if tc.store.diverged:
+                self._restart(tc, f"its own record at offset {offset} read back invalid")
                 return
         if tc.phase is _Phase.REPLAYING and tc.position >= tc.replay_end:
             self._write_epoch(tc)
@@ -389,10 +394,11 @@ class CoordinatorWorker:
         failed: list[Any] = []
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failed.append(err)
+            offset = msg.offset() if err is None else None
+            if offset is None:
+                failed.append(err or "no offset")
             else:
-                offsets.append(msg.offset())
+                offsets.append(offset)
 
         refused = self._produce_all(tc, entries, on_delivery)
         if refused is not None:
@@ -476,7 +482,8 @@ class CoordinatorWorker:
         for m in msgs:
             if message_error(m, f"worker {self.worker_id} request consumer", log):
                 continue
-            tc = self.tcs.get(m.partition())
+            part = m.partition()
+            tc = self.tcs.get(part) if part is not None else None
             if tc is None or tc.phase is not _Phase.SERVING:
                 continue
             try:
@@ -670,7 +677,8 @@ class CoordinatorWorker:
 
                 marker = TxnMarker(meta.txn_id, MarkerKind.COMMIT if commit else MarkerKind.ABORT,
                                    lwm)
-                value, headers = marker.encode(), marker.headers()
+                value = marker.encode()
+                headers: list[tuple[str, str | bytes | None]] = list(marker.headers())
                 try:
                     for tp in sorted(meta.partitions):
                         self._producer.produce(tp.topic, value, partition=tp.partition,

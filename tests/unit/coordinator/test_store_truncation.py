@@ -136,3 +136,18 @@ def test_a_zombies_renewal_is_invalid_and_fences_nobody():
     assert m.txn_id.least_bits in full.txns and full.epoch_owner == "b"
     a.replay(1, log.records[1][1])             # A reads B's takeover: fenced at once
     assert a.fenced
+
+
+def test_an_own_record_read_back_invalid_marks_the_store_diverged():
+    """Never expected (records are not written between a renewal and its read-back), but
+    if one of the owner's records lands invalid, its memory holds what the log does not:
+    the store says so, and the worker replays the TC instead of replying."""
+    log = Log()
+    s = owner(log)
+    m, stale = s.new_txn("planned-before-renewal", 60_000, 0)
+    r = s.renewal_entry()
+    s.replay(log.append(r), r)
+    assert not s.diverged
+    s.replay(log.append(stale), stale)     # lands after the renewal, under the old epoch
+    assert s.diverged and not s.fenced
+    assert m.txn_id.least_bits not in replay_from(log, 0).txns
