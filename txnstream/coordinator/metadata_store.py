@@ -103,6 +103,8 @@ class GroupEndResult:
     already: bool
     """True if the key had been ended before: nothing of this request was committed."""
     error: str | None = None
+    timed_out: bool = False
+    """The error is a txn of the group past its timeout (the client names its setting)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +506,7 @@ class TransactionMetadataStore:
             entries = self._abort_open([*extra, *orphans], now_ms, ABORT_GROUP)
             return GroupEndResult(prior.status, prior.seqs, tuple(entries), already=True)
         error = None
+        timed_out = False
         for seq in seqs:
             meta = self.txns.get(seq)
             if meta is None:
@@ -513,15 +516,17 @@ class TransactionMetadataStore:
                 why = (f" (aborted at its timeout of {meta.timeout_ms} ms)"
                        if meta.abort_reason == ABORT_TIMEOUT else "")
                 error = f"transaction {meta.txn_id} is {meta.status.value}{why}"
+                timed_out = meta.abort_reason == ABORT_TIMEOUT
             elif now_ms >= meta.deadline_ms:
                 error = f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms"
+                timed_out = True
             if error:
                 break
         if error is not None or not commit:
             entries = self._abort_open(seqs, now_ms, ABORT_GROUP if commit else ABORT_CLIENT)
             entries += self._abort_open(orphans, now_ms, ABORT_GROUP)
             return GroupEndResult(TxnStatus.ABORTING, seqs, tuple(entries), already=False,
-                                  error=error)
+                                  error=error, timed_out=timed_out)
         entry = self._entry(kind=LogEntryKind.GROUP_END, request_id=request_id, status=target,
                             group_key=key, group_seqs=seqs)
         self._apply_new(entry, now_ms)

@@ -615,7 +615,9 @@ class CoordinatorWorker:
                                     req.request_id)
                 reply = TcReply(req.request_id, req.client_id, tc.tc_id, already=g.already,
                                 group_seqs=g.seqs, owner_id=self.worker_id,
-                                error_kind="InvalidTxnStatusError" if g.error else None,
+                                error_kind=None if not g.error else (
+                                    "TransactionTimeoutError" if g.timed_out
+                                    else "InvalidTxnStatusError"),
                                 error_message=g.error
                                 and f"group {req.group_key} aborted: {g.error}")
                 if g.error or g.already:

@@ -308,3 +308,17 @@ def test_log_entry_round_trip(entry):
 def test_garbage_log_records_raise_corrupt_record_error(raw, why):
     with pytest.raises(CorruptRecordError, match=why):
         TransactionLogEntry.decode(raw)
+
+
+def test_group_end_says_timed_out_when_a_member_passed_its_deadline():
+    """The Spark sink names txnstream.txnTimeoutSeconds only for a timeout: the reply's
+    class says which (before, every failed group end was InvalidTxnStatusError)."""
+    s = owner(Log())
+    late, _ = s.new_txn("late", 1_000, 0)
+    ok, _ = s.new_txn("ok", 9_000, 0)
+    g = s.end_group("q/9", [late.txn_id.least_bits, ok.txn_id.least_bits], True, 5_000)
+    assert g.error and g.timed_out
+    other, _ = s.new_txn("o", 9_000, 0)
+    s.end_txn(other.txn_id.least_bits, False, 0)
+    g2 = s.end_group("q/10", [other.txn_id.least_bits], True, 0)
+    assert g2.error and not g2.timed_out
