@@ -65,6 +65,9 @@ class Profile:
     """Producers' normal txns: long enough to ride a coordinator failover (~6 s)."""
     processor_txn_timeout_s: float = 15.0
     """Longer than a pause, so a resumed zombie may still try to commit (item 2)."""
+    process_s: tuple[float, float] = (0.0, 0.4)
+    """A processor's work per batch, between its acks and its commit: the window in which
+    a pause turns it into a zombie holding acked inputs."""
     abort_ratio: float = 0.2
     slow_ratio: float = 0.06
     """Txns held open past their (short) timeout, then committed: must not commit."""

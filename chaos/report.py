@@ -46,7 +46,10 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
     console.print(_table("bounds", ("what", "measured", "bound", "ok"), [
         (k, b["value"], b["bound"], "yes" if b["ok"] else "[red]NO[/]")
         for k, b in s.get("bounds", {}).items()]))
-    an = s.get("anomalies", {})
+    an = s.get("anomalies")
+    if an is None:
+        console.print(f"[bold red]no verdict[/]: the run did not finish ({s.get('error')})")
+        return
     if not an:
         console.print("[bold green]0 anomalies[/]")
         return

@@ -145,7 +145,8 @@ class ChaosRun:
                 "processor", f"processor-{i}", {
                     "input": IN_TOPIC, "output": OUT_TOPIC, "subscription": EO_SUBSCRIPTION,
                     "ack_mode": ("cumulative", "individual")[i % 2],
-                    "txn_timeout_s": p.processor_txn_timeout_s, "session_timeout_ms": st}))
+                    "txn_timeout_s": p.processor_txn_timeout_s, "session_timeout_ms": st,
+                    "process_s": list(p.process_s)}))
         ports = [free_port() for _ in range(p.producers)]
         for i in range(p.producers):
             self.sup.add(f"producer-{i}", "producer", self._role_argv("producer", f"producer-{i}", {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 import time
 from collections import defaultdict
@@ -53,6 +54,9 @@ class ProcessorRole:
         self.seq: defaultdict[int, int] = defaultdict(int)
         self.ids = itertools.count()
         self.last_offset: dict[tuple[str, int], int] = {}
+        lo, hi = sp.get("process_s", (0.0, 0.0))
+        self.process_s = (float(lo), float(hi))
+        self.rng = random.Random(f"{args.seed}/{args.writer}")
 
     def _subscribe(self) -> Consumer:
         sp = self.args.spec
@@ -152,6 +156,7 @@ class ProcessorRole:
                 for m in batch:
                     self.consumer.acknowledge(m, txn=txn)
                     acked.add(id(m))
+            self.stop.wait(self.rng.uniform(*self.process_s))  # the work of the batch
             txn.flush()
             self.truth.write({"e": "sent", "txn": tid, "recs": recs, "pairs": pairs})
             committing = True

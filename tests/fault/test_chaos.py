@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,16 +24,35 @@ RUN_TIMEOUT_S = 840
 """The short profile takes 3-4 minutes on a 2-core machine; this is well past it."""
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def run_harness(workdir: Path, summary_path: Path, seed: str) -> tuple[int, str]:
+    """Run the short profile; on a timeout or an interrupt, let it tear down (SIGTERM)."""
+    out_path = workdir.parent / "chaos.out"
+    with out_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chaos", "--profile", "short", "--seed", seed,
+             "--workdir", str(workdir), "--json", str(summary_path)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(RUN_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:  # timed out or interrupted: its own teardown first
+                os.kill(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(90)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(30)
+                    subprocess.run([sys.executable, "-m", "chaos", "--cleanup", str(workdir)],
+                                   cwd=ROOT, timeout=120, check=False)
+    return proc.returncode, out_path.read_text(errors="replace")
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)
 def test_short_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
     summary_path = tmp_path / "summary.json"
     seed = os.environ.get("CHAOS_SEED", "11")
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaos", "--profile", "short", "--seed", seed,
-         "--workdir", str(tmp_path / "run"), "--json", str(summary_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert summary_path.exists(), f"no summary; exit {proc.returncode}:\n{proc.stdout[-4000:]}" \
-                                  f"\n{proc.stderr[-4000:]}"
+    code, output = run_harness(tmp_path / "run", summary_path, seed)
+    assert summary_path.exists(), f"no summary; exit {code}:\n{output[-6000:]}"
     s = json.loads(summary_path.read_text())
     assert s["error"] is None, s["error"]
     for kind in ("kill9", "pause", "broker_kill9"):
@@ -48,4 +68,4 @@ def test_short_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
     assert all(b["ok"] for b in s["bounds"].values()), s["bounds"]
     anomalies = {k: (a["count"], a["examples"][:1]) for k, a in s["anomalies"].items()}
     assert s["anomaly_count"] == 0, f"{s['anomaly_count']} anomalies: {anomalies}"
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert code == 0, output[-4000:]
