@@ -24,6 +24,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from txnstream import Config, TopicNames
 from txnstream.admin_topics import ensure_topics
@@ -188,8 +189,12 @@ class ChaosCluster:
         raise RuntimeError(f"topics {names} did not appear within 60 s")
 
     @staticmethod
+    @retry(retry=retry_if_exception_type(KafkaException), stop=stop_after_delay(60),
+           wait=wait_fixed(0.5), reraise=True)
     def _enforce_min_isr(admin: AdminClient, names: list[str]) -> dict[str, str]:
         """Set ``min.insync.replicas=2`` on each topic that does not have it explicitly."""
+        # Retried: just after creation a broker may not know a topic yet
+        # (UNKNOWN_TOPIC_OR_PART); setting a config twice is harmless.
         res = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in names]
         described = {r.name: f.result(30) for r, f in admin.describe_configs(res).items()}
         todo = []
