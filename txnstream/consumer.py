@@ -188,24 +188,33 @@ class Consumer:
 
     def _on_assign(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         # A rebalance callback must never raise (it would surface from poll() and end the
-        # caller): a takeover that fails is retried from receive().
+        # caller): a takeover that fails is retried from receive(). librdkafka's
+        # assignment always equals the group's (a partition not taken yet, or fenced,
+        # stays assigned but paused), else its automatic unassign on the next revoke
+        # fails inside poll().
+        ready, waiting = [], []
         for p in parts:
             tp = TopicPartition(p.topic, p.partition)
             with self._lock:
                 self._owned.add(tp)
             try:
-                self._take(tp)
+                ready.append(self._take(tp))
             except (TxnStreamError, KafkaException) as exc:
                 log.warning("%s: cannot take %s yet (%s); retrying in %.0fs", self.member_id,
                             tp, exc, CLAIM_RETRY_S)
+                waiting.append(KafkaTP(p.topic, p.partition))
                 with self._lock:
                     self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
+        consumer.incremental_assign([*ready, *waiting])
+        if waiting:
+            consumer.pause(waiting)
 
-    def _take(self, tp: TopicPartition) -> None:
-        """Become the owner of ``tp``: replay its pending acks, claim it, start reading.
+    def _take(self, tp: TopicPartition) -> KafkaTP:
+        """Become the owner of ``tp``: replay its pending acks, claim it.
 
-        Nothing is delivered before the claim's OWNER record is in the log and every
-        record before it is folded (a zombie's late ack included).
+        Returns where to start fetching (the caller assigns it). Nothing is delivered
+        before the claim's OWNER record is in the log and every record before it is
+        folded (a zombie's late ack included).
         """
         timeout = self._client.config.admin_timeout_s
         ktp = KafkaTP(tp.topic, tp.partition)
@@ -228,14 +237,12 @@ class Consumer:
         if low >= start:
             reader.fold_pos = start
         with self._lock:
-            if tp not in self._owned:
-                return  # revoked meanwhile
             self._readers[tp] = reader
             self._retake.pop(tp, None)
             # The tail passes what follows the OWNER to this reader from now on: under
             # the consumer lock, as every reader of the tail runs.
             self._acks.resume_tail(tp, owner_at + 1)
-        self._kafka.incremental_assign([KafkaTP(tp.topic, tp.partition, min(low, start))])
+        return KafkaTP(tp.topic, tp.partition, min(low, start))
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         """A clean revoke: our acks are made durable and the cursor committed first."""
@@ -319,10 +326,35 @@ class Consumer:
                 self._retake[tp] = now + CLAIM_RETRY_S  # until _take succeeds
         for tp in due:
             try:
-                self._take(tp)
-                log.info("%s: took %s (again)", self.member_id, tp)
+                start = self._take(tp)
             except (TxnStreamError, KafkaException) as exc:
                 log.warning("%s: cannot take %s yet (%s)", self.member_id, tp, exc)
+                continue
+            # It is in librdkafka's assignment, paused: assign it again at the start.
+            with self._lock:
+                if tp not in self._owned:  # revoked meanwhile (inside a poll)
+                    self._readers.pop(tp, None)
+                    continue
+                try:
+                    self._kafka.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
+                    self._kafka.incremental_assign([start])
+                    log.info("%s: took %s (again)", self.member_id, tp)
+                except KafkaException as exc:
+                    log.warning("%s: cannot assign %s again (%s)", self.member_id, tp, exc)
+                    self._readers.pop(tp, None)
+                    self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
+                    self._keep_assigned_paused(tp)
+
+    def _keep_assigned_paused(self, tp: TopicPartition) -> None:
+        """Put ``tp`` back in librdkafka's assignment, paused (it is the group's)."""
+        ktp = KafkaTP(tp.topic, tp.partition)
+        try:
+            if (tp.topic, tp.partition) not in {(p.topic, p.partition)
+                                                for p in self._kafka.assignment()}:
+                self._kafka.incremental_assign([ktp])
+            self._kafka.pause([ktp])
+        except KafkaException as exc:
+            log.warning("%s: cannot keep %s assigned (%s)", self.member_id, tp, exc)
 
     def _next_ready(self) -> Message | None:
         if self._nacked and self._nacked[0][0] <= time.monotonic():
@@ -569,10 +601,10 @@ class Consumer:
         log.warning("%s: fenced on %s by %s (generation %d)", self.member_id, tp,
                     owner.member_id, owner.generation)
         self._drop_reader(tp, "fenced", fence_txns=False)
-        try:
-            self._kafka.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
+        try:  # stays in librdkafka's assignment (it is the group's), paused
+            self._kafka.pause([KafkaTP(tp.topic, tp.partition)])
         except KafkaException as exc:
-            log.debug("unassign %s: %s", tp, exc)
+            log.debug("pause %s: %s", tp, exc)
         if tp in self._owned:
             self._retake[tp] = time.monotonic() + RETAKE_AFTER_S
 
