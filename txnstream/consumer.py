@@ -271,11 +271,12 @@ class Consumer:
                                   fence_txns=lost)
         assigned = {(p.topic, p.partition) for p in consumer.assignment()}
         mine = [p for p in parts if (p.topic, p.partition) in assigned]
-        if mine:
-            try:
-                consumer.incremental_unassign(mine)
-            except KafkaException as exc:  # librdkafka already dropped them (lost)
-                log.info("%s: unassign %s: %s", self.member_id, mine, exc)
+        try:
+            # Always called, even with nothing left to unassign: a callback that calls
+            # none makes the client unassign by itself, and that error escapes poll().
+            consumer.incremental_unassign(mine or parts)
+        except KafkaException as exc:  # librdkafka already dropped them (lost)
+            log.info("%s: unassign %s: %s", self.member_id, mine or parts, exc)
 
     def _drop_reader(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
         """Stop delivering ``tp`` (consumer lock held); its undelivered messages go."""
@@ -338,7 +339,8 @@ class Consumer:
                 try:
                     self._kafka.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
                     self._kafka.incremental_assign([start])
-                    log.info("%s: took %s (again)", self.member_id, tp)
+                    self._kafka.resume([start])  # a partition's pause outlives unassign
+                    log.warning("%s: took %s again", self.member_id, tp)
                 except KafkaException as exc:
                     log.warning("%s: cannot assign %s again (%s)", self.member_id, tp, exc)
                     self._readers.pop(tp, None)
@@ -679,7 +681,10 @@ class Consumer:
         with self._lock:
             self._commit(force=True)
             self._closed = True
-        self._kafka.close()
+        try:
+            self._kafka.close()
+        except KafkaException as exc:  # the group is gone already: nothing left to leave
+            log.info("%s: close: %s", self.member_id, exc)
         self._acks.close()
 
     def pending_ack_stats(self, tp: TopicPartition) -> PendingAckStats:
