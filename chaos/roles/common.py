@@ -15,7 +15,8 @@ from typing import Any
 from txnstream import Client, Config, TopicNames, TxnStatus
 from txnstream.errors import RequestTimeoutError
 
-__all__ = ["RoleArgs", "parse_args", "install_stop", "make_client", "commit_outcome"]
+__all__ = ["RoleArgs", "parse_args", "install_stop", "make_client", "commit_outcome",
+           "run_role"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +99,18 @@ def commit_outcome(txn: Any, exc: BaseException | None) -> str:
     if st is TxnStatus.COMMITTED:
         return "committed"
     return "unknown"
+
+
+def run_role(make_role: Any, args: RoleArgs) -> int:
+    """Run ``make_role(args, client, stop).loop()`` until SIGTERM; close it and the client."""
+    stop = install_stop()
+    client = make_client(args)
+    role = make_role(args, client, stop)
+    try:
+        role.loop()
+    finally:
+        try:
+            role.close()
+        finally:
+            client.close()
+    return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from chaos.roles.common import RoleArgs, install_stop, make_client
+from chaos.roles.common import RoleArgs, run_role
 from chaos.truth import TruthLog, decode_value
 from txnstream import Client
 from txnstream.consumer import Message
@@ -85,14 +85,4 @@ class ConsumerRole:
 
 def run(args: RoleArgs) -> int:
     """Consume until SIGTERM."""
-    stop = install_stop()
-    client = make_client(args)
-    role = ConsumerRole(args, client, stop)
-    try:
-        role.loop()
-    finally:
-        try:
-            role.close()
-        finally:
-            client.close()
-    return 0
+    return run_role(ConsumerRole, args)

@@ -24,7 +24,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from chaos.roles.common import RoleArgs, commit_outcome, install_stop, make_client
+from chaos.roles.common import RoleArgs, commit_outcome, run_role
 from chaos.truth import TruthLog, decode_value, encode_value
 from txnstream import Client
 from txnstream.consumer import Consumer, Message
@@ -206,14 +206,4 @@ class ProcessorRole:
 
 def run(args: RoleArgs) -> int:
     """Process batches until SIGTERM."""
-    stop = install_stop()
-    client = make_client(args)
-    role = ProcessorRole(args, client, stop)
-    try:
-        role.loop()
-    finally:
-        try:
-            role.close()
-        finally:
-            client.close()
-    return 0
+    return run_role(ProcessorRole, args)

@@ -2,8 +2,10 @@
 
 from tests.integration.coordinator.conftest import (  # noqa: F401
     client,
+    fill,
     make_topic,
     read_all,
+    receive_n,
     wait_until,
     worker,
 )

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.integration.consumer.conftest import make_topic, wait_until
+from tests.integration.consumer.conftest import fill, make_topic, receive_n, wait_until
 from txnstream import Client
 from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
 from txnstream.errors import InvalidTxnStatusError, TxnStreamError
@@ -30,13 +30,13 @@ def committed_values(client, topic, n_expected, timeout_s=5.0):
     return out
 
 
-def receive_n(consumer, n):
-    out = []
-    while len(out) < n:
-        m = consumer.receive(timeout_s=8)
-        assert m is not None, f"only {len(out)} of {n} delivered"
-        out.append(m)
-    return out
+def one_delivered(config, client):
+    """A one-record topic and a consumer that received that record."""
+    topic = make_topic(config, 1)
+    fill(client, topic, 1)
+    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    (m,) = receive_n(c, 1)
+    return c, m
 
 
 def test_a_send_racing_a_commit_fails_or_is_committed_never_silently_dropped(config, worker,
@@ -171,12 +171,7 @@ def test_a_second_buffer_error_does_not_leak_the_outstanding_count(config, worke
 def test_acking_again_right_after_abort_returned(config, worker, client):
     """Item 10: abort() returned, so its acks are undone: a new txn may ack the message
     at once, without a receive() in between."""
-    topic = make_topic(config, 1)
-    p = client.create_producer(topic)
-    p.send(b"m0", partition=0)
-    p.flush()
-    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
-    (m,) = receive_n(c, 1)
+    c, m = one_delivered(config, client)
     t1 = client.new_transaction(timeout_s=30)
     c.acknowledge(m, txn=t1)
     t1.abort()
@@ -240,12 +235,7 @@ def test_ack_under_the_consumer_lock_while_a_commit_confirms_acks_does_not_deadl
         config, worker, client):
     """Item 10: the consumer takes its lock then the txn's, commit() took them the other
     way round (txn lock, then _confirm_acks takes the consumer lock)."""
-    topic = make_topic(config, 1)
-    p = client.create_producer(topic)
-    p.send(b"m0", partition=0)
-    p.flush()
-    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
-    (m,) = receive_n(c, 1)
+    c, m = one_delivered(config, client)
     txn = client.new_transaction(timeout_s=30)
     c.acknowledge(m, txn=txn)
     done = threading.Event()

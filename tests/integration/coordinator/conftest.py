@@ -234,3 +234,21 @@ def replay_log(config: Config, tc_id: int) -> TransactionMetadataStore:
 def restarts(client: Client, tc_id: int) -> int:
     """How often the worker serving TC ``tc_id`` replayed it after a failure."""
     return {s.tc_id: s.stats for s in client.admin.coordinator_stats()}[tc_id]["restarts"]
+
+
+def fill(client: Client, topic: str, n: int) -> None:
+    """``n`` plain records ``m0``.. ``m{n-1}`` to partition 0 of ``topic``."""
+    p = client.create_producer(topic)
+    for i in range(n):
+        p.send(f"m{i}".encode(), partition=0)
+    p.flush()
+
+
+def receive_n(consumer, n: int, timeout_s: float = 8.0) -> list:
+    """Exactly ``n`` messages from ``consumer``; fails naming how many came."""
+    out = []
+    while len(out) < n:
+        m = consumer.receive(timeout_s=timeout_s)
+        assert m is not None, f"only {len(out)} of {n} delivered"
+        out.append(m)
+    return out

@@ -7,16 +7,9 @@ import uuid
 
 import pytest
 
-from tests.integration.pendingack.conftest import make_topic, wait_until
+from tests.integration.pendingack.conftest import fill, make_topic, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def fill(client, topic, n):
-    p = client.create_producer(topic)
-    for i in range(n):
-        p.send(f"m{i}".encode(), partition=0)
-    p.flush()
 
 
 def test_a_new_owner_replays_from_the_latest_checkpoint_not_the_log_start(config, worker,

@@ -6,28 +6,12 @@ import uuid
 
 import pytest
 
-from tests.integration.pendingack.conftest import make_topic
+from tests.integration.pendingack.conftest import fill, make_topic, receive_n
 from txnstream.errors import TxnStreamError
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
 from txnstream.pendingack.store import PendingAckStore
 
 pytestmark = pytest.mark.integration
-
-
-def fill(client, topic, n):
-    p = client.create_producer(topic)
-    for i in range(n):
-        p.send(f"m{i}".encode(), partition=0)
-    p.flush()
-
-
-def receive_n(consumer, n):
-    out = []
-    while len(out) < n:
-        m = consumer.receive(timeout_s=8)
-        assert m is not None, f"only {len(out)} of {n} delivered"
-        out.append(m)
-    return out
 
 
 def test_zombie_cumulative_ack_after_a_newer_owner_cannot_commit(config, worker, client):
