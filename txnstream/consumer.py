@@ -206,6 +206,8 @@ class Consumer:
                 with self._lock:
                     self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
         consumer.incremental_assign([*ready, *waiting])
+        if ready:  # a partition paused (not taken, fenced) before a revoke stays paused
+            consumer.resume(ready)
         if waiting:
             consumer.pause(waiting)
 
