@@ -176,8 +176,10 @@ def test_acking_again_right_after_abort_returned(config, worker, client):
     c.acknowledge(m, txn=t1)
     t1.abort()
     t2 = client.new_transaction(timeout_s=30)
-    c.acknowledge(m, txn=t2)
+    c.acknowledge(m, txn=t2)          # raised TransactionConflictError before
     t2.commit()
+    assert t2.status.value == "COMMITTED"
+    assert c.pending_ack_stats(m.tp).cursor == 1, "the commit's ack is applied at once"
     c.close()
 
 
