@@ -271,14 +271,14 @@ class Consumer:
                 self._retake.pop(tp, None)
                 self._drop_reader(tp, f"partition {'lost' if lost else 'revoked'}",
                                   fence_txns=lost)
-        assigned = {(p.topic, p.partition) for p in consumer.assignment()}
-        mine = [p for p in parts if (p.topic, p.partition) in assigned]
         try:
-            # Always called, even with nothing left to unassign: a callback that calls
-            # none makes the client unassign by itself, and that error escapes poll().
-            consumer.incremental_unassign(mine or parts)
+            # librdkafka's assignment is the group's (see _on_assign), so these are all
+            # assigned. Always called: a callback that calls no unassign makes the client
+            # unassign by itself, and that error escapes poll() (or close()). Nothing
+            # else is asked of the handle here: during close() it is being destroyed.
+            consumer.incremental_unassign(parts)
         except KafkaException as exc:  # librdkafka already dropped them (lost)
-            log.info("%s: unassign %s: %s", self.member_id, mine or parts, exc)
+            log.info("%s: unassign %s: %s", self.member_id, parts, exc)
 
     def _drop_reader(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
         """Stop delivering ``tp`` (consumer lock held); its undelivered messages go."""
