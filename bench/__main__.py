@@ -57,7 +57,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--only", choices=("coordinator", "buffer", "processor", "spark"),
                     action="append")
     ap.add_argument("--txns", type=int, default=2000, help="txns per coordinator measurement")
-    ap.add_argument("--records", type=int, default=50_000, help="records for buffer benches")
+    ap.add_argument("--records", type=int, default=100_000, help="records for buffer benches")
+    ap.add_argument("--latency-txns", type=int, default=300,
+                    help="10-record txns per produce-to-visible measurement (buffer)")
+    ap.add_argument("--cpu-window", type=float, default=20.0,
+                    help="seconds of each worker-CPU window (buffer)")
     args = ap.parse_args(argv)
     which = args.only or ["coordinator", "buffer", "processor", "spark"]
     bootstrap = os.environ.get("TXNSTREAM_BOOTSTRAP")
@@ -81,11 +85,15 @@ def main(argv: list[str]) -> int:
             sections.append(("Coordinator (issue 3): begin + add partition + commit", rows))
             _show(sections[-1][0], rows)
         if "buffer" in which:
-            from bench import buffer
+            from bench import buffer, worker_cpu
 
+            cfg = fresh_config(bootstrap)
             with console.status("buffer: produce / consume / visibility ..."):
-                rows = buffer.run(fresh_config(bootstrap), records=args.records,
+                rows = buffer.run(cfg, records=args.records, txns=args.latency_txns,
                                   progress=lambda r: console.print(r))
+            with console.status("buffer: worker CPU, 1 and 4 subscriptions ..."):
+                rows += worker_cpu.run(cfg, window_s=args.cpu_window,
+                                       progress=lambda r: console.print(r))
             sections.append(("Transactional produce and committed-only consume (issue 4)", rows))
             _show(sections[-1][0], rows)
         if "processor" in which:
