@@ -38,6 +38,8 @@ class TopicReport:
     detail: str = ""
 
 
+BUFFER_STATE_RETENTION_MS = _DAY_MS
+"""Retention of the buffer-state deltas: far beyond the snapshot interval (seconds)."""
 PENDING_ACK_RETENTION_MS = 7 * _DAY_MS
 """Retention of the pending-ack log: Kafka's default committed-offset retention."""
 
@@ -57,8 +59,13 @@ def topic_specs(config: Config) -> list[TopicSpec]:
                   {"retention.ms": str(_DAY_MS), "min.insync.replicas": isr}, strict=True),
         TopicSpec(t.replies, config.num_reply_partitions,
                   {"retention.ms": str(3600 * 1000)}, strict=False),
-        TopicSpec(t.buffer_snapshots, 4,
+        TopicSpec(t.buffer_snapshots, config.num_buffer_slots,
                   {"cleanup.policy": "compact", "min.insync.replicas": isr}, strict=True),
+        # Deltas are needed only after the latest snapshot of their partition (one every
+        # few seconds while it changes); a reader that finds a gap reloads a snapshot.
+        TopicSpec(t.buffer_state, config.num_buffer_slots,
+                  {"retention.ms": str(BUFFER_STATE_RETENTION_MS), "cleanup.policy": "delete",
+                   "min.insync.replicas": isr}, strict=True),
         # Time-bounded like Kafka's committed offsets (offsets.retention.minutes, 7 days):
         # each owner checkpoints its partitions' pending acks every few seconds and a new
         # owner replays from the latest checkpoint, so only a subscription left without

@@ -46,13 +46,19 @@ class TopicNames:
         return f"{self.prefix}_buffer_snapshots"
 
     @property
+    def buffer_state(self) -> str:
+        """Served transaction-buffer state: owner claims and deltas, partition = slot."""
+        return f"{self.prefix}_buffer_state"
+
+    @property
     def pending_ack(self) -> str:
         """Pending-ack log of every subscription."""
         return f"{self.prefix}_pending_ack"
 
     def all(self) -> list[str]:
         """Every internal topic name."""
-        return [self.log, self.requests, self.replies, self.buffer_snapshots, self.pending_ack]
+        return [self.log, self.requests, self.replies, self.buffer_snapshots, self.buffer_state,
+                self.pending_ack]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,10 @@ class Config:
     """Partitions of the log/requests topics = number of TCs; fixed once created."""
     num_reply_partitions: int = 8
     """Partitions of the replies topic; a client picks one at random to listen on."""
+    num_buffer_slots: int = 4
+    """Partitions of the snapshot and buffer-state topics (buffer slots: a data partition's
+    slot is Java's murmur2 of ``topic-partition``); at most this many workers share the
+    buffer role. Fixed once created."""
     replication_factor: int = 1
     kafka: Mapping[str, Any] = field(default_factory=dict)
 

@@ -1,14 +1,15 @@
 """``Consumer``: committed-only reads with Pulsar-style acks (subscription = consumer group).
 
-Per assigned partition a :class:`_PartitionReader` folds every record through a
-:class:`~txnstream.buffer.TransactionBuffer` and delivers, in offset order, only plain
-records and records of committed transactions, never beyond the buffer's
-``max_read_position`` and never a marker.
-
-Memory is bounded however large an open transaction grows: records that wait behind an
-open transaction are held only up to ``max_buffered_bytes``; past that the reader keeps
-folding forward (it needs only headers to find the marker) and later re-reads the
-records it could not hold, by seeking back.
+Reads filter by position (DESIGN.md section 6): the buffer role of ``txnstream worker``
+folds each transactional partition once and serves its state; a
+:class:`~txnstream.buffer.state_store.BufferStateFollower` keeps this consumer's view of
+it. Per assigned partition the consumer delivers, in offset order, only records at or
+below the served ``max_read_position`` that the view does not skip (markers, aborted
+txns' records, stragglers). It never holds or re-reads: at the first record past the
+max read position it pauses the partition there and resumes when the position moves.
+A partition no txn ever registered is read plain (it pays nothing) until a record with
+txn headers shows up; from then on it waits for served state, so no txn record is ever
+delivered unfiltered. Memory is bounded by one fetch, whatever an open txn holds back.
 
 Acks: the group's committed Kafka offset is the cursor (mark-delete position), so lag
 tools keep working. ``acknowledge`` acks one record; the cursor moves to the lowest
@@ -34,7 +35,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka import Message as KafkaMessage
 from confluent_kafka import TopicPartition as KafkaTP
 
-from txnstream.buffer import TransactionBuffer
+from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.errors import (
     ConfigError,
@@ -43,7 +44,7 @@ from txnstream.errors import (
     classify_kafka_error,
     message_error,
 )
-from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, classify_headers
+from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
 from txnstream.pendingack.store import Checkpointed, PendingAckStore
@@ -57,8 +58,10 @@ __all__ = ["Consumer", "Message"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BUFFERED_BYTES = 64 * 1024 * 1024
-"""Records held behind open transactions, per consumer; beyond it they are re-read."""
+FETCH_BATCH = 5000
+"""Records taken from the fetcher per call: one Python call per batch, not per record."""
+POLL_SLICE_S = 0.1
+"""Longest single wait inside receive: rebalances and retakes are served between waits."""
 READ_BACK_TIMEOUT_S = 30.0
 """How long a commit waits to read its own ack records back; a healthy tail takes ms."""
 COMMIT_INTERVAL_S = 0.5
@@ -94,26 +97,16 @@ class Message:
         return TopicPartition(self.topic, self.partition)
 
 
-def _to_message(m: KafkaMessage, txn_id: TxnID | None) -> Message:
-    hdrs = tuple((k, v) for k, v in (m.headers() or [])
-                 if k not in (TXN_ID_HEADER, TXN_MARKER_HEADER))
-    return Message(m.topic(), m.partition(), m.offset(), m.key(), m.value(), hdrs,
-                   m.timestamp()[1], txn_id)
-
-
 @dataclass
 class _PartitionReader:
-    """Fold + bounded hold + in-order release for one partition."""
+    """Position filter + in-order delivery for one partition."""
 
     tp: TopicPartition
-    buffer: TransactionBuffer
+    status: ServeStatus
     deliver_pos: int
     """Next offset to deliver (or skip)."""
-    fold_pos: int
-    """Next offset to fold; >= deliver_pos."""
-    held: deque[KafkaMessage] = field(default_factory=deque)
-    held_bytes: int = 0
-    overflow: bool = False
+    wait_at: int | None = None
+    """Paused here (sought back) until the served max read position reaches it."""
     unacked: dict[int, Message] = field(default_factory=dict)
     """Delivered (or queued) and not yet acked, by offset."""
     committed: int = -1
@@ -126,9 +119,6 @@ class _PartitionReader:
     """The latest pending-ack checkpoint; committed with the cursor as offset metadata."""
     checkpoint_due: float = 0.0
     pointer_dirty: bool = False
-    reseeking: bool = False
-    """Sought back to re-read what the hold dropped: the rest of the current fetch batch
-    for this partition is from before the seek and must be ignored (it comes again)."""
 
     def cursor(self) -> int:
         """The group offset to commit: below every unacked or pending offset."""
@@ -145,7 +135,7 @@ class Consumer:
 
     def __init__(self, client: Client, topics: str | Sequence[str], subscription: str,
                  initial_position: str = "earliest",
-                 max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
+                 max_buffered_bytes: int | None = None,
                  nack_delay_s: float = 1.0,
                  checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
                  **kafka: object) -> None:
@@ -158,7 +148,7 @@ class Consumer:
         self.subscription = subscription
         self._client = client
         self._initial = initial_position
-        self._max_bytes = max_buffered_bytes
+        del max_buffered_bytes  # accepted for compatibility: nothing is held any more
         self._nack_delay = nack_delay_s
         self._checkpoint_interval = checkpoint_interval_s
         self._closed = False
@@ -170,6 +160,7 @@ class Consumer:
         self._last_commit = 0.0
         self.member_id = f"{subscription}-{uuid.uuid4().hex[:8]}"
         self._acks = PendingAckStore(client.config, subscription, self.member_id)
+        self._follower = BufferStateFollower(client.config, name=self.member_id)
         self._txns: dict[TxnID, Transaction] = {}
         """Txns that acked through this consumer, until they end (bounded by txns in
         flight: ended ones are dropped at their mark or at their local end)."""
@@ -223,28 +214,33 @@ class Consumer:
         found = self._kafka.committed([ktp], timeout=timeout)[0]
         committed = found.offset
         pointer = Checkpointed.from_metadata(found.metadata)
+        with self._lock:
+            status = self._follower.follow(tp)
         low, high = self._kafka.get_watermark_offsets(ktp, timeout=timeout)
         if committed >= 0:
             start = committed
-        else:
-            start = low if self._initial == "earliest" else high
-        # Fold from the log start: txns that began before ``start`` must be known.
+        elif self._initial == "earliest":
+            start = low
+        else:  # latest: the committed end (Kafka's LSO), as far as the served state says
+            start = high
+            if status is not ServeStatus.PLAIN:
+                with self._lock:
+                    self._follower.catch_up([tp], timeout_s=timeout)
+                    view = self._follower.views.get(tp)
+                start = min(high, view.max_read_position + 1) if view is not None else low
         # Rebuild the pending acks before delivering anything, then claim the partition.
         handle = self._acks.replay(tp, pointer)
-        start = max(start, handle.cursor)
+        start = max(start, handle.cursor, low)
         owner_at = self._acks.claim(handle, cursor=start)
-        reader = _PartitionReader(tp, TransactionBuffer(tp), deliver_pos=start,
-                                  fold_pos=low, committed=committed, handle=handle,
-                                  checkpoint=pointer)
-        if low >= start:
-            reader.fold_pos = start
+        reader = _PartitionReader(tp, self._follower.status.get(tp, status), deliver_pos=start,
+                                  committed=committed, handle=handle, checkpoint=pointer)
         with self._lock:
             self._readers[tp] = reader
             self._retake.pop(tp, None)
             # The tail passes what follows the OWNER to this reader from now on: under
             # the consumer lock, as every reader of the tail runs.
             self._acks.resume_tail(tp, owner_at + 1)
-        return KafkaTP(tp.topic, tp.partition, min(low, start))
+        return KafkaTP(tp.topic, tp.partition, start)
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         """A clean revoke: our acks are made durable and the cursor committed first."""
@@ -283,6 +279,7 @@ class Consumer:
     def _drop_reader(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
         """Stop delivering ``tp`` (consumer lock held); its undelivered messages go."""
         self._readers.pop(tp, None)
+        self._follower.unfollow(tp)
         self._ready = deque(m for m in self._ready if m.tp != tp)
         self._nacked = [n for n in self._nacked if n[2].tp != tp]
         heapq.heapify(self._nacked)
@@ -298,25 +295,98 @@ class Consumer:
 
     def receive(self, timeout_s: float = 5.0) -> Message | None:
         """The next committed record, or None if none came within ``timeout_s``."""
+        got = self.receive_batch(1, timeout_s)
+        return got[0] if got else None
+
+    def receive_batch(self, max_records: int = 1000, timeout_s: float = 5.0) -> list[Message]:
+        """Up to ``max_records`` committed records (Pulsar's ``batchReceive``).
+
+        Waits up to ``timeout_s`` for the first; returns what is ready then, in offset
+        order per partition (at most ``max_records``); ``[]`` if nothing came.
+        """
+        if max_records < 1:
+            raise ConfigError(f"max_records must be at least 1, got {max_records}")
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                msg = self._next_ready()
-                if msg is not None:
-                    return msg
+                out = self._take_ready(max_records)
+                if out:
+                    return out
             left = deadline - time.monotonic()
             if left <= 0:
-                return None
-            self._retake_due()
-            first = self._kafka.poll(min(left, 0.1))
-            batch = [first, *self._kafka.consume(1000, 0)] if first is not None else []
-            with self._lock:
-                for m in batch:
-                    self._ingest(m)
-                for r in self._readers.values():
-                    r.reseeking = False  # later fetches start at the seek
-                self._apply_marks()
-                self._commit()
+                return []
+            self._pump(min(left, POLL_SLICE_S), max(max_records, 500))
+
+    def _take_ready(self, n: int) -> list[Message]:
+        out: list[Message] = []
+        nacked, now = self._nacked, time.monotonic()
+        while nacked and nacked[0][0] <= now and len(out) < n:
+            out.append(heapq.heappop(nacked)[2])
+        ready = self._ready
+        if len(out) + len(ready) <= n:
+            out.extend(ready)
+            ready.clear()
+        else:
+            while ready and len(out) < n:
+                out.append(ready.popleft())
+        return out
+
+    def _pump(self, timeout_s: float, max_records: int) -> None:
+        """One round: served state first, then records; acks' marks; the cursor."""
+        self._retake_due()
+        with self._lock:
+            readers = list(self._readers.values())
+        blocked = bool(readers) and all(r.wait_at is not None or r.status is ServeStatus.WAITING
+                                        for r in readers)
+        # Waiting on served state only: block on it (a commit shows up as a delta).
+        moved = self._follower.poll(timeout_s if blocked else 0.0)
+        with self._lock:
+            self._unblock(moved)
+        batch = self._kafka.consume(max_records, 0.0 if blocked else timeout_s)
+        with self._lock:
+            for m in batch:
+                self._ingest(m)
+            self._apply_marks()
+            self._commit()
+            for r in self._readers.values():
+                view = self._follower.views.get(r.tp)
+                if view is not None:  # below the cursor nothing is asked again
+                    view.trim(min(r.cursor(), r.deliver_pos))
+
+    def _unblock(self, moved: set[TopicPartition]) -> None:
+        """Resume partitions whose served max read position reached where they wait."""
+        for r in self._readers.values():
+            if r.status is ServeStatus.WAITING:
+                r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
+            if r.wait_at is None or (r.tp not in moved and r.status is not ServeStatus.SERVED):
+                continue
+            view = self._follower.views.get(r.tp)
+            if view is not None and view.max_read_position >= r.wait_at:
+                r.wait_at = None
+                try:
+                    self._kafka.resume([KafkaTP(r.tp.topic, r.tp.partition)])
+                except KafkaException as exc:
+                    log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
+
+    def _wait_at(self, r: _PartitionReader, offset: int) -> None:
+        """Stop fetching ``r`` at ``offset`` until the served state covers it.
+
+        The rest of the current fetch batch for it is ignored (``wait_at`` is set); the
+        seek makes the fetcher drop what it prefetched beyond.
+        """
+        r.wait_at = offset
+        ktp = KafkaTP(r.tp.topic, r.tp.partition, offset)
+        try:
+            self._kafka.pause([ktp])
+            self._kafka.seek(ktp)
+        except KafkaException as exc:
+            log.warning("%s: pause %s at %d: %s", self.member_id, r.tp, offset, exc)
+
+    def buffer_status(self) -> dict[TopicPartition, tuple[str, float | None]]:
+        """Per assigned partition: plain, waiting (and for how long, s) or served."""
+        with self._lock:
+            return {tp: (r.status.value, self._follower.waiting_for(tp))
+                    for tp, r in self._readers.items()}
 
     def _retake_due(self) -> None:
         """(Re)claim owned partitions whose takeover failed or whose claim was fenced."""
@@ -360,66 +430,61 @@ class Consumer:
         except KafkaException as exc:
             log.warning("%s: cannot keep %s assigned (%s)", self.member_id, tp, exc)
 
-    def _next_ready(self) -> Message | None:
-        if self._nacked and self._nacked[0][0] <= time.monotonic():
-            return heapq.heappop(self._nacked)[2]
-        if self._ready:
-            return self._ready.popleft()
-        return None
-
     def _ingest(self, m: KafkaMessage) -> None:
+        """Deliver ``m`` if the served state says it is committed; else wait at it."""
         if message_error(m, f"consumer {self.subscription}", log):
             return
         tp = TopicPartition(m.topic(), m.partition())
         r = self._readers.get(tp)
-        if r is None or r.reseeking:
+        if r is None or r.wait_at is not None:
             return
         off = m.offset()
-        if off >= r.fold_pos:
-            ts = m.timestamp()[1]
-            r.buffer.fold(off, m.headers(), value=m.value(),
-                          timestamp_ms=ts if ts > 0 else None)
-            r.fold_pos = off + 1
-        if off >= r.deliver_pos and not r.overflow:
-            if r.held_bytes + len(m.value() or b"") > self._max_bytes and r.held:
-                # Stop holding; fold on to find the marker; re-read these later.
-                r.overflow = True
-                r.held.clear()
-                r.held_bytes = 0
+        if off < r.deliver_pos:
+            return
+        txn_raw = None
+        marker = False
+        user: list[tuple[str, bytes]] = []
+        for k, v in m.headers() or ():
+            if k == TXN_ID_HEADER:
+                txn_raw = v
+            elif k == TXN_MARKER_HEADER:
+                marker = True
             else:
-                r.held.append(m)
-                r.held_bytes += len(m.value() or b"")
-        self._release(r)
-
-    def _release(self, r: _PartitionReader) -> None:
-        limit = r.buffer.max_read_position
-        while r.held and r.held[0].offset() <= limit:
-            m = r.held.popleft()
-            r.held_bytes -= len(m.value() or b"")
-            off = m.offset()
-            if off < r.deliver_pos:
-                continue
-            r.deliver_pos = off + 1
-            if not r.buffer.is_visible(off):
-                continue
+                user.append((k, v))
+        if r.status is ServeStatus.PLAIN:
+            if txn_raw is None and not marker:
+                r.deliver_pos = off + 1
+                self._queue(r, Message(m.topic(), m.partition(), off, m.key(), m.value(),
+                                       tuple(user), m.timestamp()[1], None))
+                return
+            # The partition's first txn record: it is transactional from here on.
+            log.info("%s: %s has txn records from offset %d on: reading served state",
+                     self.member_id, tp, off)
+            self._follower.unfollow(tp)
+            r.status = self._follower.follow(tp, plain_ok=False)
+        view = self._follower.views.get(tp)
+        if view is None or off > view.max_read_position:
+            self._wait_at(r, off)
+            return
+        r.deliver_pos = off + 1
+        if marker or not view.visible(off, txn_raw):
+            return
+        txn_id = None
+        if txn_raw is not None:
             try:
-                _, txn_id = classify_headers(m.headers())
-            except TxnStreamError:
-                txn_id = None
-            msg = _to_message(m, txn_id)
-            if r.handle is not None and r.handle.pending_txn(off) is not None:
-                r.held_back[off] = msg  # acked in an open txn: wait for its outcome
-            elif r.handle is None or r.handle.is_deliverable(off):
-                self._ready.append(msg)
-                r.unacked[off] = msg  # queued counts as unacked: the cursor stays below it
-        if not r.held and r.overflow and limit >= r.deliver_pos:
-            # The blocking txn ended: re-read what could not be held. Records after this
-            # one in the current fetch batch predate the seek: they are ignored until
-            # the batch ends, else one of them would move deliver_pos past the re-read
-            # range and the re-read records would be skipped (lost).
-            r.overflow = False
-            r.reseeking = True
-            self._kafka.seek(KafkaTP(r.tp.topic, r.tp.partition, r.deliver_pos))
+                txn_id = TxnID.from_bytes(txn_raw)
+            except ValueError:
+                return  # the fold hid it too; never delivered
+        self._queue(r, Message(m.topic(), m.partition(), off, m.key(), m.value(), tuple(user),
+                               m.timestamp()[1], txn_id))
+
+    def _queue(self, r: _PartitionReader, msg: Message) -> None:
+        off = msg.offset
+        if r.handle is not None and r.handle.pending_txn(off) is not None:
+            r.held_back[off] = msg  # acked in an open txn: wait for its outcome
+        elif r.handle is None or r.handle.is_deliverable(off):
+            self._ready.append(msg)
+            r.unacked[off] = msg  # queued counts as unacked: the cursor stays below it
 
     # ------------------------------------------------------------ acks
 
@@ -452,7 +517,7 @@ class Consumer:
             r = self._reader_for(msg)
             # Never delivered: beyond what was released, or not a visible record there.
             # (An already acked one is the handle's call: a conflict in a txn, else a no-op.)
-            if msg.offset >= r.deliver_pos or not r.buffer.is_visible(msg.offset):
+            if msg.offset >= r.deliver_pos or not self._was_visible(r, msg):
                 raise TxnStreamError(
                     f"cannot ack {msg.tp}@{msg.offset}: not a message delivered to this "
                     f"consumer of {self.subscription!r}")
@@ -497,6 +562,12 @@ class Consumer:
                 for o in covered:
                     r.unacked.pop(o, None)
             self._commit()
+
+    def _was_visible(self, r: _PartitionReader, msg: Message) -> bool:
+        view = self._follower.views.get(r.tp)
+        if view is None or msg.offset < view.trimmed_below:
+            return True  # plain, or below the cursor (the handle decides)
+        return view.visible(msg.offset, msg.txn_id.to_bytes() if msg.txn_id else None)
 
     def _confirm_acks(self, txn_id: TxnID) -> None:
         """Before ``txn_id`` commits: its ack records are durable and were read back.
@@ -638,7 +709,6 @@ class Consumer:
             self._maybe_checkpoint(r, now)
             if c > r.committed or r.pointer_dirty:
                 offsets.append((r, c))
-            r.buffer.trim(min(c, r.deliver_pos))  # below the cursor nothing is asked again
         self._last_commit = now
         if not offsets:
             return
@@ -688,6 +758,7 @@ class Consumer:
         except KafkaException as exc:  # the group is gone already: nothing left to leave
             log.info("%s: close: %s", self.member_id, exc)
         self._acks.close()
+        self._follower.close()
 
     def pending_ack_stats(self, tp: TopicPartition) -> PendingAckStats:
         """The pending-ack state of one owned partition."""

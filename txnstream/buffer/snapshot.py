@@ -23,7 +23,7 @@ from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
 from txnstream.types import TopicPartition, TxnID
 
-__all__ = ["TransactionBufferSnapshot", "TransactionBufferSnapshotSegment",
+__all__ = ["TransactionBufferSnapshot", "TransactionBufferSnapshotSegment", "BufferRegistration",
            "MAX_SNAPSHOT_RECORD_BYTES", "take_snapshot", "restore", "split_snapshot",
            "join_segments"]
 
@@ -50,6 +50,10 @@ class TransactionBufferSnapshot:
     invisible: tuple[int, ...]
     lwms: tuple[tuple[int, int], ...]
     ended: tuple[tuple[int, tuple[int, ...]], ...]
+    generation: int = -1
+    """The owner generation that took it (the offset of its OWNER state record)."""
+    state_offset: int = -1
+    """Offset in the state topic of the last delta it includes: readers tail from after it."""
 
     def to_avro(self) -> dict[str, Any]:
         """The dict fastavro writes."""
@@ -64,6 +68,7 @@ class TransactionBufferSnapshot:
             "invisible": list(self.invisible),
             "lwms": [{"tc": tc, "lwm": lwm} for tc, lwm in self.lwms],
             "ended": [{"tc": tc, "seqs": list(seqs)} for tc, seqs in self.ended],
+            "generation": self.generation, "state_offset": self.state_offset,
         }
 
     @classmethod
@@ -78,6 +83,7 @@ class TransactionBufferSnapshot:
             tuple(r["invisible"]),
             tuple((x["tc"], x["lwm"]) for x in r["lwms"]),
             tuple((x["tc"], tuple(x["seqs"])) for x in r["ended"]),
+            r["generation"], r["state_offset"],
         )
 
     def encode(self) -> bytes:
@@ -94,7 +100,8 @@ class TransactionBufferSnapshot:
             raise CorruptRecordError(f"txn_buffer_snapshot: {exc!r}") from exc
 
 
-def take_snapshot(buf: TransactionBuffer, min_offset: int = 0) -> TransactionBufferSnapshot:
+def take_snapshot(buf: TransactionBuffer, min_offset: int = 0, generation: int = -1,
+                  state_offset: int = -1) -> TransactionBufferSnapshot:
     """Snapshot ``buf``, dropping what lies below ``min_offset`` (the log start)."""
     return TransactionBufferSnapshot(
         buf.tp.topic, buf.tp.partition, buf.last_offset, buf.max_read_position,
@@ -105,6 +112,7 @@ def take_snapshot(buf: TransactionBuffer, min_offset: int = 0) -> TransactionBuf
         tuple(sorted(o for o in buf.invisible if o >= min_offset)),
         tuple(sorted(buf.lwm.items())),
         tuple(sorted((tc, tuple(sorted(seqs))) for tc, seqs in buf.ended.items() if seqs)),
+        generation, state_offset,
     )
 
 
@@ -208,3 +216,26 @@ def join_segments(segments: Sequence[TransactionBufferSnapshotSegment]
             f"snapshot {first.snapshot_id} of {first.topic}-{first.partition}: joined "
             f"segments fail their length or checksum")
     return TransactionBufferSnapshot.decode(data)
+
+
+@dataclass(frozen=True, slots=True)
+class BufferRegistration:
+    """Mirrors ``schemas/txn_buffer_registration.avsc``: ``topic``-``partition`` is served.
+
+    Written by a coordinator, to the partition's snapshot slot, before it confirms the
+    first txn registration of that partition.
+    """
+
+    topic: str
+    partition: int
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        return codec("txn_buffer_registration").encode(
+            {"topic": self.topic, "partition": self.partition})
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> BufferRegistration:
+        """Parse; ``CorruptRecordError`` on garbage or an unknown version."""
+        r = codec("txn_buffer_registration").decode(data)
+        return cls(r["topic"], r["partition"])

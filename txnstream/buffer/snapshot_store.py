@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.snapshot import (
+    BufferRegistration,
     TransactionBufferSnapshot,
     TransactionBufferSnapshotSegment,
     join_segments,
@@ -45,7 +46,8 @@ from txnstream.errors import (
 from txnstream.producer import murmur2_partition
 from txnstream.types import TopicPartition
 
-__all__ = ["TransactionBufferSnapshotStore", "LatestSnapshotFinder", "segment_key"]
+__all__ = ["TransactionBufferSnapshotStore", "LatestSnapshotFinder", "SlotScan", "segment_key",
+           "registration_key"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,14 @@ SLOTS = 2
 def segment_key(tp: TopicPartition, slot: int, index: int) -> bytes:
     """Key of segment ``index`` in ``slot`` (topic names never contain ``/``)."""
     return f"{tp}/{slot}/{index}".encode()
+
+
+REGISTERED = "registered"
+
+
+def registration_key(tp: TopicPartition) -> bytes:
+    """Key of ``tp``'s registration: a coordinator registered it in a txn (it is served)."""
+    return f"{tp}/{REGISTERED}".encode()
 
 
 class LatestSnapshotFinder:
@@ -70,6 +80,9 @@ class LatestSnapshotFinder:
         self.tp = tp
         self.at_or_before = at_or_before
         self.best: TransactionBufferSnapshot | None = None
+        self.registered = False
+        """Whether a coordinator registered ``tp`` (a txn wrote, or may write, to it)."""
+        self._registration_key = registration_key(tp)
         self._legacy_key = str(tp).encode()
         self._prefix = f"{tp}/".encode()
         self._partial: dict[str, dict[int, TransactionBufferSnapshotSegment]] = {}
@@ -77,6 +90,9 @@ class LatestSnapshotFinder:
     def add(self, key: bytes | None, value: bytes | None, where: str) -> None:
         """One record of the partition; ``where`` names it in logs (topic[part]@offset)."""
         if key is None or value is None:  # not ours, or a tombstone
+            return
+        if key == self._registration_key:
+            self.registered = True
             return
         if key == self._legacy_key:
             try:
@@ -114,8 +130,39 @@ class LatestSnapshotFinder:
             log.error("skipping buffer snapshot ending at %s: %s", where, exc)
 
     def _consider(self, snap: TransactionBufferSnapshot) -> None:
-        if self.at_or_before is None or snap.position <= self.at_or_before:
+        """The newest: the highest owner generation, then the furthest position.
+
+        A zombie owner's snapshot written after a newer owner's claim (lower generation)
+        never displaces the newer owner's, whose deltas readers follow.
+        """
+        if self.at_or_before is not None and snap.position > self.at_or_before:
+            return
+        self.registered = True
+        best = self.best
+        if best is None or (snap.generation, snap.position) >= (best.generation, best.position):
             self.best = snap
+
+
+class SlotScan:
+    """Fed one snapshot partition's records: every partition registered or snapshotted there."""
+
+    def __init__(self) -> None:
+        self.finders: dict[TopicPartition, LatestSnapshotFinder] = {}
+
+    def add(self, key: bytes | None, value: bytes | None, where: str) -> None:
+        """One record of the partition (see :meth:`LatestSnapshotFinder.add`)."""
+        if key is None:
+            return
+        head = key.split(b"/", 1)[0]
+        try:
+            tp = TopicPartition.parse(head.decode())
+        except (ValueError, UnicodeDecodeError):
+            log.error("skipping snapshot record with an unknown key at %s: %r", where, key)
+            return
+        finder = self.finders.get(tp)
+        if finder is None:
+            finder = self.finders[tp] = LatestSnapshotFinder(tp)
+        finder.add(key, value, where)
 
 
 @dataclass
@@ -159,7 +206,8 @@ class TransactionBufferSnapshotStore:
             self._producer = Producer(self.config.producer())
         return self._producer
 
-    def _partition_of(self, tp: TopicPartition) -> int:
+    def partition_of(self, tp: TopicPartition) -> int:
+        """The snapshot partition (= buffer slot) of ``tp``."""
         return murmur2_partition(str(tp).encode(), self._num_partitions())
 
     def publish(self, snap: TransactionBufferSnapshot, tp: TopicPartition) -> None:
@@ -171,7 +219,7 @@ class TransactionBufferSnapshotStore:
         """
         p = self._producer_()
         p.poll(0)  # deliveries of the previous write decide which slot is good
-        part = self._partition_of(tp)
+        part = self.partition_of(tp)
         slot = 1 - self._good_slot.get(tp, 1)
         segs = split_snapshot(snap, uuid.uuid4().hex)
         write = _Write(tp, slot, len(segs))
@@ -227,15 +275,29 @@ class TransactionBufferSnapshotStore:
     def latest(self, tp: TopicPartition, at_or_before: int | None = None
                ) -> TransactionBufferSnapshot | None:
         """The newest usable snapshot of ``tp`` (folded to <= ``at_or_before`` if given)."""
-        part = self._partition_of(tp)
+        return self.find(tp, at_or_before).best
+
+    def find(self, tp: TopicPartition, at_or_before: int | None = None) -> LatestSnapshotFinder:
+        """Scan ``tp``'s snapshot partition: its newest snapshot and whether it is registered."""
         finder = LatestSnapshotFinder(tp, at_or_before)
+        self.scan(self.partition_of(tp), finder)
+        return finder
+
+    def scan_slot(self, slot: int) -> tuple[SlotScan, int]:
+        """Every partition registered or snapshotted in ``slot``, and the slot's end offset."""
+        found = SlotScan()
+        return found, self.scan(slot, found)
+
+    def scan(self, part: int, sink: LatestSnapshotFinder | SlotScan) -> int:
+        """Feed every record of snapshot partition ``part`` to ``sink``; the end scanned to."""
         where = f"snapshot store {self.topic}[{part}]"
-        c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-snap-{uuid.uuid4().hex}"))
+        c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-snap-{uuid.uuid4().hex}",
+                                          **{"fetch.wait.max.ms": 10}))
         try:
             ktp = KafkaTP(self.topic, part)
             low, high = c.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
             if high <= low:
-                return None
+                return high
             ktp.offset = low
             c.assign([ktp])
             pos = low
@@ -247,7 +309,35 @@ class TransactionBufferSnapshotStore:
                     if message_error(m, where, log):
                         continue
                     pos = m.offset() + 1
-                    finder.add(m.key(), m.value(), f"{self.topic}[{part}]@{m.offset()}")
-            return finder.best
+                    sink.add(m.key(), m.value(), f"{self.topic}[{part}]@{m.offset()}")
+            return high
         finally:
             c.close()
+
+    def register(self, tps: list[TopicPartition], timeout_s: float) -> bool:
+        """Write ``tps``' registrations and wait for them: whether all were written.
+
+        A coordinator calls this before it confirms the first txn registration of a
+        partition, so the registration precedes every txn record written there.
+        """
+        p = self._producer_()
+        failed: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                failed.append(err)
+
+        try:
+            for tp in tps:
+                p.produce(self.topic, BufferRegistration(tp.topic, tp.partition).encode(),
+                          key=registration_key(tp), partition=self.partition_of(tp),
+                          on_delivery=delivered)
+        except (KafkaException, BufferError) as exc:
+            log.warning("registration of %s not written: %s", tps, exc)
+            return False
+        left = p.flush(timeout_s)
+        if left or failed:
+            log.warning("registration of %s not written: %s", tps,
+                        failed[0] if failed else f"{left} undelivered")
+            return False
+        return True

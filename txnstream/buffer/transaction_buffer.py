@@ -58,7 +58,7 @@ from txnstream.markers import (
 )
 from txnstream.types import TopicPartition, TxnID
 
-__all__ = ["TransactionBuffer", "Verdict", "BufferStats", "OngoingTxn"]
+__all__ = ["TransactionBuffer", "Verdict", "BufferStats", "OngoingTxn", "Journal"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,21 @@ class BufferStats:
     blocked_for_s: float | None
 
 
+@dataclass(slots=True)
+class Journal:
+    """What a fold decided since the owner last published (it clears it then)."""
+
+    hidden: list[int] = field(default_factory=list)
+    """Offsets hidden (markers, stragglers, undecodable), in the order folded."""
+    aborted: list[tuple[TxnID, int, int]] = field(default_factory=list)
+    """Txns that ended aborted here: (txn, first offset, last offset)."""
+
+    def clear(self) -> None:
+        """Forget what was published."""
+        self.hidden.clear()
+        self.aborted.clear()
+
+
 @dataclass
 class TransactionBuffer:
     """The fold state of one partition. Feed every record once, in offset order."""
@@ -132,6 +147,9 @@ class TransactionBuffer:
     _aborted_order: list[tuple[int, TxnID]] = field(default_factory=list, repr=False,
                                                     compare=False)
     """Min-heap of (last offset, txn) of :attr:`aborted`, for the same reason."""
+    journal: Journal | None = field(default=None, repr=False, compare=False)
+    """If set, what the fold decides is also noted here, for the owner to publish
+    (:mod:`txnstream.buffer.served`): hidden offsets and aborted spans."""
 
     # ------------------------------------------------------------------ fold
 
@@ -190,11 +208,15 @@ class TransactionBuffer:
         entry = self.ongoing.pop(txn_id, None)
         if kind is MarkerKind.ABORT and entry is not None:
             self.mark_aborted(txn_id, entry.offsets)
+            if self.journal is not None:
+                self.journal.aborted.append((txn_id, entry.offsets[0], entry.offsets[-1]))
 
     def _hide(self, offset: int) -> None:
         if offset >= self.trimmed_below and offset not in self.invisible:
             self.invisible.add(offset)
             heapq.heappush(self._invisible_order, offset)
+            if self.journal is not None:
+                self.journal.hidden.append(offset)
 
     def mark_invisible(self, offsets: Iterable[int]) -> None:
         """Add ``offsets`` to :attr:`invisible` (those below the trim point are dropped)."""

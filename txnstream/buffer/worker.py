@@ -1,52 +1,66 @@
-"""``BufferWorker``: keeps transaction buffers current and publishes their snapshots.
+"""``BufferWorker``: the buffer role of ``txnstream worker``: serves transaction buffers.
 
-Hosted by ``txnstream worker --buffer-topics PATTERN``. Workers form the consumer group
-``<prefix>-buffers`` over the data topics; the member assigned a partition:
+Ownership (as coordinators own ``__txn_log`` partitions): the buffer slots are the
+partitions of the buffer-state topic; workers form the consumer group
+``<prefix>-buffers`` over it, and the member assigned slot ``s`` owns every data
+partition whose snapshot key falls in slot ``s`` (Java's murmur2 of ``topic-partition``).
+Starting more workers spreads the slots. Which partitions are transactional is learnt
+from the registrations coordinators write to the snapshot topic (a topic becomes served
+the first time a txn registers one of its partitions); ``topics`` may restrict it.
 
-1. restores its buffer from the latest snapshot (else folds from the log start);
-2. folds every new record;
-3. every ``snapshot_interval_s`` trims the buffer below the partition's log start (no
-   reader can start below it) and publishes a snapshot (position folded to, max read
-   position, ongoing/aborted txns, LWMs) to the compacted snapshot topic, in segments
-   of at most ``MAX_SNAPSHOT_RECORD_BYTES`` (see :mod:`txnstream.buffer.snapshot_store`),
-   so readers start from it instead of the log start;
-4. every ``lwm_check_interval_s`` asks the coordinators for their low watermarks: a txn
-   still ongoing here whose sequence is below its TC's LWM ended at the TC without a
-   marker here (its partition was never registered). The worker writes an ABORT marker
-   for it, so every reader converges and the partition is unblocked.
+Claiming slot ``s`` (in order; a crash after any step leaves the previous owner's
+snapshots and deltas valid, and the next claim starts over):
+
+1. append an OWNER record to state partition ``s`` and wait for it: its offset is this
+   owner's generation. Readers refuse deltas of lower generations from then on (a
+   zombie owner is fenced); this owner stops serving ``s`` when it reads a newer OWNER
+   there (a newer claim);
+2. scan snapshot partition ``s``: every registered partition, and its newest snapshot;
+3. per partition: restore from the snapshot if it is at or above the log start, else
+   fold from the log start (:meth:`_serve`, the one place a fold starts);
+4. tail snapshot partition ``s`` from where the scan ended, for new registrations.
+
+Serving a partition, every turn: fold the new records; publish a DELTA (what was hidden
+or aborted since the last one, and the new max read position) at once, so readers see
+a commit within a fetch round trip; every ``snapshot_interval_s`` trim below the log
+start and publish a snapshot that names the state offset of its last delta (readers
+start from it). Every ``lwm_check_interval_s``: a txn still ongoing here whose sequence
+is below its TC's LWM ended at the TC without a marker here; write an ABORT marker for
+it, so every reader converges and the partition is unblocked.
 
 Why writing ABORT there is safe: a TC's LWM passes a txn only after that txn's markers
 were written to every registered partition. If the txn *did* commit here, its COMMIT
 marker is at a lower offset than the ABORT this worker appends, and the fold keeps the
-first marker. A crash at any point loses nothing: snapshots are an optimisation, and
-the fold is a function of the log.
+first marker.
 
-The worker thread outlives every Kafka error: each step (fold, snapshot, LWM check)
-fails alone, is logged, and runs again at its next turn; a snapshot that is refused or
-not delivered leaves its partition due, so the next interval writes it again, and the
-LWM aborts go on meanwhile. A consumer that reports a fatal error can consume no more:
-it is closed and a new one joins the group (its partitions are assigned and restored
-anew).
+The worker thread outlives every Kafka error: each step fails alone, is logged, and
+runs again at its next turn. A delta that is not delivered leaves readers a gap: they
+reload from a snapshot, and the owner publishes one at once.
 
-Bounds: per partition, the buffer's state above the log start (see
+Bounds: per partition, the fold's state above the log start (see
 :mod:`txnstream.buffer.transaction_buffer`); per snapshot record,
-``MAX_SNAPSHOT_RECORD_BYTES``.
+``MAX_SNAPSHOT_RECORD_BYTES``; per delta, what one turn folded.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from txnstream.buffer.served import BufferStateKind, BufferStateRecord, take_delta
 from txnstream.buffer.snapshot import restore, take_snapshot
-from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
-from txnstream.buffer.transaction_buffer import TransactionBuffer
+from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapshotStore
+from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.markers import MarkerKind, TxnMarker
@@ -59,63 +73,89 @@ log = logging.getLogger(__name__)
 ERROR_BACKOFF_S = 1.0
 """Pause after a failed fold step: no busy loop on a broker that is down, and short next
 to the session timeout, so the group keeps the member."""
+FOLD_WAIT_S = 0.005
+"""How long one turn waits for data records: the latency a commit's marker sees."""
+CLAIM_TIMEOUT_S = 10.0
+"""How long the OWNER record of a claim may take to be written."""
+
+
+@dataclass
+class _Served:
+    """One data partition this owner serves."""
+
+    buf: TransactionBuffer
+    slot: int
+    next_from: int
+    """``from_position`` of the next delta: one after what the last delta covered."""
+    delta_offset: int = -1
+    """State-topic offset of the latest delivered delta of this owner for it."""
+    produced: int = 0
+    """Deltas produced; ``delivered`` catches up as the producer reports."""
+    delivered: int = 0
+    snapshot_due: bool = True
+    dirty: bool = False
+    snapshots_at: int = 0
+    """``produced`` when the last snapshot was taken: no new snapshot without new deltas."""
+
+
+@dataclass
+class _Slot:
+    generation: int
+    served: set[TopicPartition] = field(default_factory=set)
 
 
 class BufferWorker:
-    """Folds the partitions it is assigned; publishes snapshots; unblocks stuck partitions."""
+    """Owns buffer slots; folds and publishes their partitions; unblocks stuck ones."""
 
-    def __init__(self, config: Config, topics: list[str], snapshot_interval_s: float = 10.0,
-                 lwm_check_interval_s: float = 5.0) -> None:
+    def __init__(self, config: Config, topics: list[str] | None = None,
+                 snapshot_interval_s: float = 10.0, lwm_check_interval_s: float = 5.0,
+                 member: str | None = None, session_timeout_ms: int | None = None) -> None:
         self.config = config
         self.topics = topics
+        """Serve only these topics (names, or regexes starting with ``^``); None: all."""
+        self._topic_res = [re.compile(t) for t in topics or () if t.startswith("^")]
         self.snapshot_interval_s = snapshot_interval_s
         self.lwm_check_interval_s = lwm_check_interval_s
-        self.buffers: dict[TopicPartition, TransactionBuffer] = {}
-        self._dirty: set[TopicPartition] = set()
+        self.member = member or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self._session_timeout_ms = session_timeout_ms
+        self.slots: dict[int, _Slot] = {}
+        self.served: dict[TopicPartition, _Served] = {}
         self._store = TransactionBufferSnapshotStore(config)
-        self._consumer = self._new_consumer()
-        self._producer = Producer(config.producer())
+        self._state_topic = config.topics.buffer_state
+        self._group = self._new_group_consumer()
+        self._data = Consumer(config.consumer(
+            f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
+            **{"fetch.wait.max.ms": 5, "client.id": f"tb-data-{self.member}"}))
+        self._registry = Consumer(config.consumer(
+            f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
+            **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))
+        self._producer = Producer(config.producer(**{"linger.ms": 0,
+                                                     "client.id": f"tb-{self.member}"}))
+        self._retry_claim: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.markers_written = 0
         self.snapshots_published = 0
         self.snapshot_failures = 0
+        self.deltas_published = 0
+        self.delta_failures = 0
         self.consumers_renewed = 0
 
-    def _new_consumer(self) -> Consumer:
-        return Consumer(self.config.consumer(
-            f"{self.config.topics.prefix}-buffers",
-            **{"client.id": f"tb-{uuid.uuid4().hex[:6]}"}))
+    def _new_group_consumer(self) -> Consumer:
+        extra: dict[str, object] = {"client.id": f"tb-{self.member}",
+                                    "auto.offset.reset": "latest", "fetch.wait.max.ms": 50}
+        if self._session_timeout_ms:
+            extra["session.timeout.ms"] = self._session_timeout_ms
+            extra["heartbeat.interval.ms"] = max(100, self._session_timeout_ms // 6)
+        return Consumer(self.config.consumer(f"{self.config.topics.prefix}-buffers", **extra))
 
-    def _on_assign(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
-        for p in parts:
-            tp = TopicPartition(p.topic, p.partition)
-            try:
-                low, _ = consumer.get_watermark_offsets(p, timeout=self.config.admin_timeout_s)
-            except KafkaException as exc:  # fold from the earliest record the broker has
-                log.warning("%s: log start unknown (%s); folding from the earliest", tp, exc)
-                low = 0
-            snap = None
-            try:
-                snap = self._store.latest(tp)
-            except Exception as exc:
-                log.warning("%s: no usable snapshot (%s); folding from the log start", tp, exc)
-            if snap is not None and snap.position >= low - 1:
-                buf = restore(snap)
-            else:
-                buf = TransactionBuffer(tp)
-                buf.last_offset = low - 1
-            buf.trim(low)
-            self.buffers[tp] = buf
-            p.offset = buf.last_offset + 1
-        consumer.assign(parts)
+    def serves_topic(self, topic: str) -> bool:
+        """Whether ``topics`` lets this worker serve ``topic``."""
+        if self.topics is None:
+            return True
+        return topic in self.topics or any(r.match(topic) for r in self._topic_res)
 
-    def _on_revoke(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
-        self._publish()  # what changed since the last snapshot, for the next owner
-        self._step("snapshot flush", lambda: self._store.flush())
-        for p in parts:
-            self.buffers.pop(TopicPartition(p.topic, p.partition), None)
-        consumer.unassign()
+    # ------------------------------------------------------------ lifecycle
 
     def start(self) -> BufferWorker:
         """Run in a daemon thread."""
@@ -136,20 +176,30 @@ class BufferWorker:
         next_lwm = time.monotonic() + self.lwm_check_interval_s
         try:
             while not self._stop.is_set():
+                self._step("group poll", self._poll_group)
+                self._step("registrations", self._poll_registrations)
                 if not self._step("fold", self._fold_new):
                     self._stop.wait(ERROR_BACKOFF_S)
+                self._step("deltas", self._publish_deltas)
                 now = time.monotonic()
-                if now >= next_snap:
-                    self._step("snapshot", self._publish)
-                    next_snap = now + self.snapshot_interval_s
+                if self._retry_claim:
+                    self._step("claims", self._retry_claims)
+                due = now >= next_snap
+                if due or any(s.snapshot_due for s in self.served.values()):
+                    self._step("snapshot", partial(self._publish_snapshots, force=due))
+                    if due:
+                        next_snap = now + self.snapshot_interval_s
                 if now >= next_lwm:
                     self._step("LWM check", self._abort_below_lwm)
                     next_lwm = now + self.lwm_check_interval_s
         finally:
-            self._publish()
+            self._step("final deltas", self._publish_deltas)
+            self._step("final snapshots", lambda: self._publish_snapshots(force=True))
             for what, close in (("snapshot flush", lambda: self._store.flush()),
-                                ("marker flush", lambda: self._producer.flush(5)),
-                                ("consumer close", self._consumer.close)):
+                                ("producer flush", lambda: self._producer.flush(5)),
+                                ("group close", self._group.close),
+                                ("data close", self._data.close),
+                                ("registry close", self._registry.close)):
                 self._step(what, close)
 
     def _step(self, what: str, fn: Callable[[], object]) -> bool:
@@ -157,87 +207,286 @@ class BufferWorker:
         try:
             fn()
             return True
-        except KafkaClientError as exc:  # the consumer is done for: a new one rejoins
+        except KafkaClientError as exc:  # the group consumer is done for: rejoin
             log.error("buffer worker: %s: %s; renewing the group consumer", what, exc)
-            self._renew_consumer()
+            self._renew_group()
         except Exception:
             log.exception("buffer worker: %s failed; retrying at its next turn", what)
         return False
 
     def _subscribe(self) -> None:
-        self._consumer.subscribe(self.topics, on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._group.subscribe([self._state_topic], on_assign=self._on_assign,
+                              on_revoke=self._on_revoke, on_lost=self._on_lost)
 
-    def _renew_consumer(self) -> None:
-        old, self._consumer = self._consumer, self._new_consumer()
+    def _renew_group(self) -> None:
+        old, self._group = self._group, self._new_group_consumer()
         try:
             old.close()
         except Exception as exc:  # already failed; the new member matters now
             log.warning("buffer worker: closing the failed consumer: %s", exc)
-        self.buffers.clear()
-        self._dirty.clear()
+        for slot in list(self.slots):
+            self._drop_slot(slot, "group consumer renewed")
         self.consumers_renewed += 1
         self._subscribe()
 
+    # ------------------------------------------------------------ slots
+
+    def _on_assign(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
+        consumer.assign(parts)
+        for p in parts:
+            self._claim(p.partition)
+
+    def _on_revoke(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
+        self._publish_deltas()  # what changed since the last delta, for readers
+        self._publish_snapshots(force=True, slots={p.partition for p in parts})
+        self._step("snapshot flush", lambda: self._store.flush())
+        for p in parts:
+            self._drop_slot(p.partition, "revoked")
+        consumer.unassign()
+
+    def _on_lost(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
+        for p in parts:  # another member may own them already: publish nothing more
+            self._drop_slot(p.partition, "lost")
+        consumer.unassign()
+
+    def _claim(self, slot: int) -> None:
+        """Claim ``slot`` (steps 1-4 of the module docstring); retried if it fails."""
+        try:
+            generation = self._write_owner(slot)
+            scan, end = self._store.scan_slot(slot)
+        except Exception as exc:
+            log.warning("buffer worker %s: cannot claim slot %d yet (%s); retrying",
+                        self.member, slot, exc)
+            self._retry_claim[slot] = time.monotonic() + ERROR_BACKOFF_S
+            return
+        self._retry_claim.pop(slot, None)
+        self.slots[slot] = _Slot(generation)
+        for tp, found in scan.finders.items():
+            if found.registered and self.serves_topic(tp.topic):
+                self._serve(tp, slot, found.best)
+        self._registry.incremental_assign([KafkaTP(self._store.topic, slot, end)])
+        log.info("buffer worker %s: owns slot %d (generation %d), serving %d partitions",
+                 self.member, slot, generation, len(self.slots[slot].served))
+
+    def _retry_claims(self) -> None:
+        now = time.monotonic()
+        assigned = {p.partition for p in self._group.assignment()}
+        for slot, at in list(self._retry_claim.items()):
+            if slot not in assigned:
+                del self._retry_claim[slot]
+            elif at <= now:
+                self._claim(slot)
+
+    def _write_owner(self, slot: int) -> int:
+        """Append this owner's OWNER record to state partition ``slot``; its offset."""
+        got: list[Message] = []
+        errors: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            (errors.append(err) if err is not None else got.append(msg))
+
+        rec = BufferStateRecord(BufferStateKind.OWNER, self.member, -1, "", slot,
+                                ts_ms=int(time.time() * 1000))
+        self._producer.produce(self._state_topic, rec.encode(), key=str(slot).encode(),
+                               partition=slot, on_delivery=delivered)
+        self._producer.flush(CLAIM_TIMEOUT_S)
+        if not got:
+            raise KafkaException(errors[0] if errors else "OWNER record not delivered in time")
+        return got[0].offset()
+
+    def _drop_slot(self, slot: int, why: str) -> None:
+        self._retry_claim.pop(slot, None)
+        s = self.slots.pop(slot, None)
+        if s is None:
+            return
+        gone = [KafkaTP(tp.topic, tp.partition) for tp in s.served]
+        for tp in s.served:
+            self.served.pop(tp, None)
+        for c, parts in ((self._data, gone), (self._registry,
+                                               [KafkaTP(self._store.topic, slot)])):
+            try:
+                if parts:
+                    c.incremental_unassign(parts)
+            except KafkaException as exc:
+                log.debug("unassign %s: %s", parts, exc)
+        log.info("buffer worker %s: slot %d %s (%d partitions)", self.member, slot, why,
+                 len(gone))
+
+    def _serve(self, tp: TopicPartition, slot: int, snap) -> None:  # type: ignore[no-untyped-def]
+        """Start serving ``tp``: restore from ``snap`` if still usable, else fold from the start.
+
+        The one place a fold starts (owners only: readers never fold).
+        """
+        if tp in self.served:
+            return
+        ktp = KafkaTP(tp.topic, tp.partition)
+        try:
+            low, _ = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+        except KafkaException as exc:
+            log.warning("%s: log start unknown (%s); folding from the earliest", tp, exc)
+            low = 0
+        if snap is not None and snap.position >= low - 1:
+            buf = restore(snap)
+        else:
+            buf = TransactionBuffer(tp)
+            buf.last_offset = low - 1
+            buf.max_read_position = low - 1
+        buf.trim(low)
+        buf.journal = Journal()
+        self.served[tp] = _Served(buf, slot, next_from=buf.last_offset + 1)
+        self.slots[slot].served.add(tp)
+        ktp.offset = buf.last_offset + 1
+        self._data.incremental_assign([ktp])
+
+    def _poll_group(self) -> None:
+        """Serve rebalance callbacks; a newer OWNER in an owned slot fences this owner."""
+        for m in self._group.consume(100, 0):
+            if message_error(m, "buffer worker group", log):
+                continue
+            slot = self.slots.get(m.partition())
+            if slot is None or m.offset() <= slot.generation:
+                continue
+            try:
+                rec = BufferStateRecord.decode(m.value())
+            except Exception:
+                continue
+            if rec.kind is BufferStateKind.OWNER and rec.member != self.member:
+                log.warning("buffer worker %s: fenced on slot %d by %s", self.member,
+                            m.partition(), rec.member)
+                self._drop_slot(m.partition(), "fenced by a newer owner")
+                self._retry_claim[m.partition()] = time.monotonic() + 10.0
+
+    def _poll_registrations(self) -> None:
+        if not self.slots:
+            return
+        for m in self._registry.consume(100, 0):
+            if message_error(m, "buffer worker registrations", log):
+                continue
+            key = m.key() or b""
+            if not key.endswith(f"/{REGISTERED}".encode()) or m.value() is None:
+                continue
+            try:
+                tp = TopicPartition.parse(key.rsplit(b"/", 1)[0].decode())
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if m.partition() in self.slots and self.serves_topic(tp.topic):
+                self._serve(tp, m.partition(), None)
+
+    # ------------------------------------------------------------ folding
+
     def _fold_new(self) -> None:
+        if not self.served:
+            self._stop.wait(FOLD_WAIT_S)
+            return
         runs: dict[tuple[str, int], list[Message]] = {}
-        for m in self._consumer.consume(2000, 0.2):
+        for m in self._data.consume(5000, FOLD_WAIT_S):
             if message_error(m, "buffer worker", log):
                 continue
             runs.setdefault((m.topic(), m.partition()), []).append(m)
         for (topic, partition), msgs in runs.items():
-            tp = TopicPartition(topic, partition)
-            buf = self.buffers.get(tp)
-            if buf is not None and buf.fold_messages(msgs):
-                self._dirty.add(tp)
+            s = self.served.get(TopicPartition(topic, partition))
+            if s is not None and s.buf.fold_messages(msgs):
+                s.dirty = True
+
+    def _publish_deltas(self) -> None:
+        """One DELTA per partition that folded something since the last one."""
+        now_ms = int(time.time() * 1000)
+        for tp, s in list(self.served.items()):
+            if not s.dirty:
+                continue
+            self._produce_delta(tp, s, now_ms)
+        self._producer.poll(0)
+
+    def _produce_delta(self, tp: TopicPartition, s: _Served, now_ms: int) -> None:
+        slot = self.slots.get(s.slot)
+        if slot is None:
+            return
+        low = s.buf.trimmed_below
+        rec = take_delta(s.buf, self.member, slot.generation, s.next_from, low, now_ms)
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self.delta_failures += 1
+                s.snapshot_due = True  # readers see a gap and reload from a snapshot
+                log.error("buffer worker: delta of %s at %d not written (%s): publishing a "
+                          "snapshot", tp, rec.position, err)
+                return
+            s.delivered += 1
+            s.delta_offset = max(s.delta_offset, msg.offset())
+            self.deltas_published += 1
+
+        self._producer.produce(self._state_topic, rec.encode(), key=str(tp).encode(),
+                               partition=s.slot, on_delivery=delivered)
+        s.produced += 1
+        s.next_from = rec.position + 1
+        s.dirty = False
 
     def _log_start(self, tp: TopicPartition) -> int:
         """The partition's log start: the fetcher's cached value, else asked of the broker."""
         ktp = KafkaTP(tp.topic, tp.partition)
-        low = self._consumer.get_watermark_offsets(ktp, cached=True)[0]
+        low = self._data.get_watermark_offsets(ktp, cached=True)[0]
         if low < 0:
-            low = self._consumer.get_watermark_offsets(
-                ktp, timeout=self.config.admin_timeout_s)[0]
+            low = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)[0]
         return max(low, 0)
 
-    def _publish(self) -> None:
-        """Trim and snapshot every changed partition; one that fails stays due. Never raises.
+    def _publish_snapshots(self, force: bool, slots: set[int] | None = None) -> None:
+        """Snapshot partitions that changed (``force``) or are due; one that fails stays due.
 
-        A partition is due when it folded records since its last snapshot, or when that
-        snapshot was refused or not delivered.
+        A snapshot names the state offset of its last delta, so every delta it includes
+        must be delivered first: the pending ones are flushed (an empty delta anchors a
+        partition this owner has published nothing of yet).
         """
         try:
-            self._dirty |= self._store.take_failed()
+            for tp in self._store.take_failed():
+                if tp in self.served:
+                    self.served[tp].snapshot_due = True
         except Exception:
             log.exception("buffer worker: reading snapshot deliveries failed")
-        for tp in list(self._dirty):
-            buf = self.buffers.get(tp)
-            if buf is None:
-                self._dirty.discard(tp)
+        todo = [(tp, s) for tp, s in self.served.items()
+                if (slots is None or s.slot in slots)
+                and (s.snapshot_due or (force and s.delta_offset >= 0
+                                        and s.produced > s.snapshots_at))]
+        if not todo:
+            return
+        now_ms = int(time.time() * 1000)
+        for tp, s in todo:
+            if s.dirty or s.delivered == 0:
+                s.dirty = True
+                self._produce_delta(tp, s, now_ms)
+        self._producer.flush(self.config.admin_timeout_s)
+        for tp, s in todo:
+            slot = self.slots.get(s.slot)
+            if slot is None or s.delivered < s.produced or s.delta_offset < 0:
+                s.snapshot_due = True  # a delta is missing: next turn
                 continue
             try:
                 low = self._log_start(tp)
-                buf.trim(low)
-                self._store.publish(take_snapshot(buf, min_offset=low), tp)
+                s.buf.trim(low)
+                self._store.publish(take_snapshot(s.buf, min_offset=low,
+                                                  generation=slot.generation,
+                                                  state_offset=s.delta_offset), tp)
             except Exception as exc:
                 self.snapshot_failures += 1
                 log.error("buffer worker: snapshot of %s at %d not published (%r); "
-                          "retrying at the next interval", tp, buf.last_offset, exc)
-                self._dirty.add(tp)
+                          "retrying at the next interval", tp, s.buf.last_offset, exc)
+                s.snapshot_due = True
                 continue
             self.snapshots_published += 1
-            self._dirty.discard(tp)
+            s.snapshot_due = False
+            s.snapshots_at = s.produced
+
+    # ------------------------------------------------------------ LWM duty
 
     def _abort_below_lwm(self) -> None:
-        stuck = {tp: buf.ongoing_txns() for tp, buf in self.buffers.items() if buf.ongoing}
+        stuck = {tp: s.buf.ongoing_txns() for tp, s in self.served.items() if s.buf.ongoing}
         if not stuck:
             return
         from txnstream.client import Client
 
         try:
             with Client(config=self.config) as client:
-                lwms = {s.tc_id: s.stats.get("low_watermark", 0)
-                        for s in client.admin.coordinator_stats()}
+                lwms = {st.tc_id: st.stats.get("low_watermark", 0)
+                        for st in client.admin.coordinator_stats()}
         except Exception as exc:
             log.warning("buffer worker: cannot read coordinator LWMs: %s", exc)
             return

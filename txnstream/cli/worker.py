@@ -1,4 +1,4 @@
-"""``txnstream worker``: host transaction coordinators (and, as they land, buffer roles)."""
+"""``txnstream worker``: host transaction coordinators and the buffer role."""
 
 from __future__ import annotations
 
@@ -20,8 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--session-timeout-ms", type=int, default=WorkerSettings().session_timeout_ms,
                    help="group session timeout: how fast a dead worker's TCs move")
     p.add_argument("--buffer-topics", default=None,
-                   help="also host buffer roles for these data topics (comma-separated, "
-                        "or a regex starting with ^)")
+                   help="serve only these data topics in the buffer role (comma-separated "
+                        "names, or regexes starting with ^; default: every topic a txn "
+                        "registers)")
+    p.add_argument("--no-buffer-role", action="store_true",
+                   help="host coordinators only (another worker must serve buffers)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)")
     p.set_defaults(handler=_run)
@@ -32,24 +35,20 @@ def _run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
     config = config_from_args(args)
-    worker = CoordinatorWorker(config, args.id,
-                               WorkerSettings(session_timeout_ms=args.session_timeout_ms))
+    topics = (tuple(t for t in args.buffer_topics.split(",") if t)
+              if args.buffer_topics else None)
+    worker = CoordinatorWorker(config, args.id, WorkerSettings(
+        session_timeout_ms=args.session_timeout_ms, buffer_role=not args.no_buffer_role,
+        buffer_topics=topics))
     if args.metrics_port:
         from txnstream import metrics
 
         metrics.serve(args.metrics_port)
-    buffers = None
-    if args.buffer_topics:
-        from txnstream.buffer.worker import BufferWorker
-
-        buffers = BufferWorker(config, [t for t in args.buffer_topics.split(",") if t]).start()
     done = threading.Event()
 
     def stop(signum: int, _frame: object) -> None:
         console.print(f"signal {signum}: leaving the group")
         worker.stop(0)
-        if buffers is not None:
-            buffers.stop(0)
         done.set()
 
     signal.signal(signal.SIGTERM, stop)

@@ -73,6 +73,8 @@ from confluent_kafka.admin import AdminClient
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from txnstream import metrics
+from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+from txnstream.buffer.worker import BufferWorker
 from txnstream.config import Config
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, TransactionMetadataStore
@@ -85,7 +87,7 @@ from txnstream.errors import (
     message_error,
 )
 from txnstream.markers import MarkerKind, TxnMarker
-from txnstream.types import TxnStatus
+from txnstream.types import TopicPartition, TxnStatus
 
 __all__ = ["CoordinatorWorker", "WorkerSettings"]
 
@@ -116,6 +118,12 @@ class WorkerSettings:
     end_retention_ms: int = 300_000
     """Ended txns stay in the log this long, so a client retrying its commit sees the outcome."""
     finalize_backoff_max_s: float = 5.0
+    buffer_role: bool = True
+    """Also host the buffer role (:class:`~txnstream.buffer.worker.BufferWorker`): readers
+    of transactional topics need one somewhere."""
+    buffer_topics: tuple[str, ...] | None = None
+    """Serve only these data topics (names, or regexes starting with ``^``); None: all."""
+    buffer_snapshot_interval_s: float = 10.0
 
 
 class _Phase(enum.Enum):
@@ -181,6 +189,15 @@ class CoordinatorWorker:
         """Failed appends in a row per TC id, for the restart backoff."""
         self._restarts: dict[int, int] = defaultdict(int)
         """Replays after a failure per TC id since this worker started (in STATS)."""
+        self._registered: set[TopicPartition] = set()
+        """Data partitions whose registration (they are served) this worker wrote."""
+        self._registry = TransactionBufferSnapshotStore(config)
+        self.buffers: BufferWorker | None = None
+        if s.buffer_role:
+            self.buffers = BufferWorker(
+                config, list(s.buffer_topics) if s.buffer_topics is not None else None,
+                snapshot_interval_s=s.buffer_snapshot_interval_s, member=self.worker_id,
+                session_timeout_ms=s.session_timeout_ms)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -206,6 +223,8 @@ class CoordinatorWorker:
         self._log.subscribe([self.config.topics.log], on_assign=self._on_assign,
                             on_revoke=self._on_revoke, on_lost=self._on_revoke)
         log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
+        if self.buffers is not None:
+            self.buffers.start()
         try:
             while not self._stop.is_set():
                 try:
@@ -228,6 +247,8 @@ class CoordinatorWorker:
         finally:
             for tc in list(self.tcs.values()):
                 self._drop(tc, "worker stopping")
+            if self.buffers is not None:
+                self.buffers.stop()
             self._producer.flush(5)
             self._log.close()
             self._req.close()
@@ -522,13 +543,17 @@ class CoordinatorWorker:
                 if offset is not None:
                     want[tc.tc_id] = (tc, max(offset, want.get(tc.tc_id, (tc, -1))[1]))
         # 3. Read back; reply only as the incarnation that handled the requests, still
-        #    serving, and (if it appended) with every entry read back.
+        #    serving, and (if it appended) with every entry read back; a partition's
+        #    first registration only once its buffer registration is written.
         confirmed = self._read_back(want) if want else set()
+        unregistered = self._register_partitions(replies)
         for tc_id, pairs in replies.items():
             tc = handled[tc_id]
             if not self._serving(tc) or (tc_id in appended and tc_id not in confirmed):
                 continue
             for req, reply in pairs:
+                if req.op is TcOp.ADD_PARTITIONS and unregistered.intersection(req.partitions):
+                    continue  # the client retries; the registration is tried again
                 self._reply(req, reply)
         for tc_id in appended & confirmed:
             self._failures.pop(tc_id, None)
@@ -536,6 +561,34 @@ class CoordinatorWorker:
         self._truncate(now_ms)
         if msgs:
             self._req.commit(asynchronous=True)
+
+    def _register_partitions(self, replies: dict[int, list[tuple[TcRequest, TcReply]]]
+                             ) -> set[TopicPartition]:
+        """Register the data partitions txns add for the first time; those not written.
+
+        A topic becomes served (DESIGN.md section 6) the first time a txn registers one of
+        its partitions: every partition of it is registered, in the snapshot topic, before
+        the registration is confirmed, so a reader that finds no registration knows no
+        txn record precedes it there.
+        """
+        new = {p for pairs in replies.values() for req, _ in pairs
+               if req.op is TcOp.ADD_PARTITIONS for p in req.partitions} - self._registered
+        if not new:
+            return set()
+        todo = set(new)
+        for topic in {p.topic for p in new}:
+            try:
+                meta = self._producer.list_topics(topic, timeout=self.config.admin_timeout_s)
+                t = meta.topics.get(topic)
+                if t is not None and t.error is None:
+                    todo |= {TopicPartition(topic, p) for p in t.partitions}
+            except KafkaException as exc:  # the partitions asked for are registered anyway
+                log.warning("registering %s: partitions unknown (%s)", topic, exc)
+        todo -= self._registered
+        if not self._registry.register(sorted(todo), self.settings.readback_timeout_s):
+            return new
+        self._registered |= todo
+        return set()
 
     def _checkpoint(self, tc: _Tc) -> int | None:
         """Renew the epoch, then append a CHECKPOINT; the checkpoint's offset, or None.

@@ -1,0 +1,271 @@
+"""The served transaction buffer: what an owner publishes and what a reader keeps.
+
+Pulsar keeps the transaction buffer in the broker (``maxReadPosition`` and the aborted
+txn list); Kafka keeps the last stable offset and an aborted-transaction index on the
+broker. Here the buffer role of ``txnstream worker`` folds each data partition once
+(:class:`~txnstream.buffer.TransactionBuffer`) and publishes what readers need as
+:class:`BufferStateRecord` deltas; a reader keeps a :class:`BufferView` per partition
+and only compares positions:
+
+* never past ``max_read_position``;
+* never an offset in ``hidden`` (markers, stragglers, undecodable records);
+* never a record whose ``txn.id`` is an aborted txn whose span ``[first, last]`` holds
+  the offset (Kafka's aborted-transaction index: a span and an id, not every offset).
+
+Both are pure: the I/O is in :mod:`txnstream.buffer.state_store`. A view is sized by
+markers and aborted txns above the reader's position (:meth:`BufferView.trim`), never
+by committed records.
+
+Deltas are idempotent (set unions, a maximum): a reader may apply overlapping deltas
+(a new owner re-folds from its snapshot), in any owner's order as long as they are
+contiguous with what it has (``from_position <= position + 1``); a delta that leaves a
+gap is refused and the reader reloads from a snapshot.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+from txnstream.buffer.snapshot import TransactionBufferSnapshot
+from txnstream.buffer.transaction_buffer import BufferStats, TransactionBuffer
+from txnstream.codec import codec
+from txnstream.errors import CorruptRecordError
+from txnstream.types import TopicPartition, TxnID
+
+__all__ = ["BufferStateKind", "BufferStateRecord", "BufferView", "take_delta"]
+
+
+class BufferStateKind(enum.Enum):
+    """What a state record is."""
+
+    OWNER = "OWNER"
+    DELTA = "DELTA"
+
+
+@dataclass(frozen=True, slots=True)
+class BufferStateRecord:
+    """Mirrors ``schemas/txn_buffer_state.avsc`` (offsets as absolute values here)."""
+
+    kind: BufferStateKind
+    member: str
+    generation: int
+    topic: str
+    partition: int
+    from_position: int = 0
+    position: int = -1
+    max_read_position: int = -1
+    hidden: tuple[int, ...] = ()
+    aborted: tuple[tuple[TxnID, int, int], ...] = ()
+    ongoing: int = 0
+    aborted_txns: int = 0
+    blocking_txn: TxnID | None = None
+    blocking_offset: int = -1
+    blocking_since_ms: int = -1
+    log_start: int = 0
+    ts_ms: int = 0
+
+    @property
+    def tp(self) -> TopicPartition:
+        """The data partition a DELTA is about."""
+        return TopicPartition(self.topic, self.partition)
+
+    def to_avro(self) -> dict[str, Any]:
+        """The dict fastavro writes."""
+        gaps, prev = [], 0
+        for o in self.hidden:
+            gaps.append(o - prev)
+            prev = o
+        b = self.blocking_txn
+        return {
+            "kind": self.kind.value, "member": self.member, "generation": self.generation,
+            "topic": self.topic, "partition": self.partition,
+            "from_position": self.from_position, "position": self.position,
+            "max_read_position": self.max_read_position, "hidden_gaps": gaps,
+            "aborted": [{"most_bits": t.most_bits, "least_bits": t.least_bits, "first": f,
+                         "last": la} for t, f, la in self.aborted],
+            "ongoing": self.ongoing, "aborted_txns": self.aborted_txns,
+            "blocking_most_bits": b.most_bits if b else -1,
+            "blocking_least_bits": b.least_bits if b else -1,
+            "blocking_offset": self.blocking_offset, "blocking_since_ms": self.blocking_since_ms,
+            "log_start": self.log_start, "ts_ms": self.ts_ms,
+        }
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        return codec("txn_buffer_state").encode(self.to_avro())
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> BufferStateRecord:
+        """Parse; ``CorruptRecordError`` on garbage or an unknown version."""
+        r = codec("txn_buffer_state").decode(data)
+        try:
+            hidden, at = [], 0
+            for g in r["hidden_gaps"]:
+                at += g
+                hidden.append(at)
+            bm, bl = r["blocking_most_bits"], r["blocking_least_bits"]
+            return cls(
+                BufferStateKind(r["kind"]), r["member"], r["generation"], r["topic"],
+                r["partition"], r["from_position"], r["position"], r["max_read_position"],
+                tuple(hidden),
+                tuple((TxnID(a["most_bits"], a["least_bits"]), a["first"], a["last"])
+                      for a in r["aborted"]),
+                r["ongoing"], r["aborted_txns"], TxnID(bm, bl) if bm >= 0 else None,
+                r["blocking_offset"], r["blocking_since_ms"], r["log_start"], r["ts_ms"])
+        except (ValueError, KeyError) as exc:
+            raise CorruptRecordError(f"txn_buffer_state: {exc!r}") from exc
+
+
+def take_delta(buf: TransactionBuffer, member: str, generation: int, from_position: int,
+               log_start: int, now_ms: int) -> BufferStateRecord:
+    """The delta of ``buf`` since ``from_position``: what its journal noted; clears it.
+
+    ``buf.journal`` must have been set when the owner started folding at
+    ``from_position`` (everything it hid or aborted since is in it).
+    """
+    journal = buf.journal
+    assert journal is not None, "take_delta needs a buffer with a journal"
+    st = buf.stats(now_ms)
+    hidden = tuple(sorted(set(journal.hidden)))
+    aborted = tuple(journal.aborted)
+    journal.clear()
+    blocking_since = -1
+    if st.blocking_txn is not None:
+        entry = buf.ongoing.get(st.blocking_txn)
+        if entry is not None and entry.first_timestamp_ms is not None:
+            blocking_since = entry.first_timestamp_ms
+    return BufferStateRecord(
+        BufferStateKind.DELTA, member, generation, buf.tp.topic, buf.tp.partition,
+        from_position, buf.last_offset, buf.max_read_position, hidden, aborted,
+        len(buf.ongoing), len(buf.aborted), st.blocking_txn,
+        st.blocking_offset if st.blocking_offset is not None else -1, blocking_since,
+        log_start, now_ms)
+
+
+@dataclass
+class BufferView:
+    """What a reader knows of one partition's buffer: filter by position, nothing else.
+
+    Bound: ``hidden`` and ``aborted`` hold what lies at or above :attr:`trimmed_below`
+    (a reader trims below what it delivered), so markers and aborted txns ahead of the
+    reader, never committed records.
+    """
+
+    tp: TopicPartition
+    position: int = -1
+    """Last offset the deltas applied so far cover."""
+    max_read_position: int = -1
+    generation: int = -1
+    """The owner generation whose deltas are applied (older owners' are fenced)."""
+    hidden: set[int] = field(default_factory=set)
+    aborted: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    """Raw ``txn.id`` header -> (first, last) offset of that aborted txn here."""
+    trimmed_below: int = 0
+    last: BufferStateRecord | None = None
+    """The latest delta applied (stats: ongoing, blocking txn)."""
+    fenced: int = 0
+    """Deltas refused because a newer owner's were seen."""
+    _hidden_order: list[int] = field(default_factory=list, repr=False)
+    _aborted_order: list[tuple[int, bytes]] = field(default_factory=list, repr=False)
+
+    # ---------------------------------------------------------------- build
+
+    @classmethod
+    def from_snapshot(cls, snap: TransactionBufferSnapshot) -> BufferView:
+        """The view an owner's snapshot describes (readers start from it)."""
+        view = cls(TopicPartition(snap.topic, snap.partition), snap.position,
+                   snap.max_read_position, snap.generation)
+        in_spans: set[int] = set()
+        for txn, offs in snap.aborted:
+            if offs:
+                view._add_span(txn.to_bytes(), offs[0], offs[-1])
+                in_spans.update(offs)
+        view._add_hidden(o for o in snap.invisible if o not in in_spans)
+        return view
+
+    def _add_hidden(self, offsets: Any) -> None:
+        floor, hidden, order = self.trimmed_below, self.hidden, self._hidden_order
+        for o in offsets:
+            if o >= floor and o not in hidden:
+                hidden.add(o)
+                heapq.heappush(order, o)
+
+    def _add_span(self, raw: bytes, first: int, last: int) -> None:
+        if last < self.trimmed_below or raw in self.aborted:
+            return
+        self.aborted[raw] = (first, last)
+        heapq.heappush(self._aborted_order, (last, raw))
+
+    def apply(self, delta: BufferStateRecord) -> bool:
+        """Apply a delta; False if it is fenced (older owner) or leaves a gap.
+
+        A delta entirely below :attr:`position` adds nothing new but is harmless.
+        """
+        if delta.generation < self.generation:
+            self.fenced += 1
+            return False
+        if delta.from_position > self.position + 1:
+            return False  # a gap: the caller reloads from a snapshot
+        self.generation = delta.generation
+        self._add_hidden(delta.hidden)
+        for txn, first, last in delta.aborted:
+            self._add_span(txn.to_bytes(), first, last)
+        if delta.position > self.position:
+            self.position = delta.position
+        if delta.max_read_position > self.max_read_position:
+            self.max_read_position = delta.max_read_position
+        if self.last is None or delta.position >= self.last.position:
+            self.last = delta
+        return True
+
+    # --------------------------------------------------------------- queries
+
+    def visible(self, offset: int, txn_raw: bytes | None) -> bool:
+        """Whether a committed-only reader may deliver the record at ``offset``.
+
+        ``txn_raw`` is its ``txn.id`` header (None for a plain record).
+        """
+        if offset > self.max_read_position or offset in self.hidden:
+            return False
+        if txn_raw is not None:
+            span = self.aborted.get(txn_raw)
+            if span is not None and span[0] <= offset <= span[1]:
+                return False
+        return True
+
+    def skip_in(self, start: int, end: int) -> tuple[list[int], list[tuple[bytes, int, int]]]:
+        """What a range ``[start, end)`` must skip: hidden offsets, aborted spans in it."""
+        hidden = sorted(o for o in self.hidden if start <= o < end)
+        spans = [(raw, f, la) for raw, (f, la) in self.aborted.items()
+                 if f < end and la >= start]
+        return hidden, spans
+
+    def trim(self, below: int) -> None:
+        """Forget what only offsets below ``below`` need (the reader is past them)."""
+        if below <= self.trimmed_below:
+            return
+        self.trimmed_below = below
+        order, hidden = self._hidden_order, self.hidden
+        while order and order[0] < below:
+            hidden.discard(heapq.heappop(order))
+        spans, by_last = self.aborted, self._aborted_order
+        while by_last and by_last[0][0] < below:
+            _, raw = heapq.heappop(by_last)
+            span = spans.get(raw)
+            if span is not None and span[1] < below:
+                del spans[raw]
+
+    def stats(self, now_ms: int) -> BufferStats:
+        """How far readers may go and what blocks them (as the owner last said)."""
+        d = self.last
+        blocking = d.blocking_txn if d is not None else None
+        age = None
+        if d is not None and blocking is not None and d.blocking_since_ms >= 0:
+            age = max(0.0, (now_ms - d.blocking_since_ms) / 1000)
+        return BufferStats(self.tp, self.position, self.max_read_position,
+                           d.ongoing if d else 0, d.aborted_txns if d else len(self.aborted),
+                           blocking, d.blocking_offset if blocking is not None and d else None,
+                           age)

@@ -1,0 +1,255 @@
+"""Readers of the served transaction buffer: :class:`BufferStateFollower`.
+
+Where a partition's state lives (DESIGN.md section 6): its slot ``s`` is the partition
+the snapshot topic puts the key ``topic-partition`` in (Java's murmur2); the buffer
+state topic has as many partitions, and the owner of slot ``s`` writes the partition's
+deltas to state partition ``s``. A reader of ``tp``:
+
+1. scans snapshot partition ``s`` (compacted, short) for ``tp``'s registration and its
+   newest snapshot (highest owner generation, then furthest position);
+2. never registered: ``tp`` has never had a txn; it is read plain (no filtering) until
+   a record with txn headers shows up, which cannot precede the registration (a
+   coordinator writes it before it confirms the registration), so the reader then
+   follows ``tp`` before delivering that record;
+3. registered, no snapshot yet: the reader waits (its owner publishes one as soon as it
+   serves the partition), and says so in :meth:`status`;
+4. else the view starts from the snapshot, and the reader tails state partition ``s``
+   from the snapshot's ``state_offset`` on, applying ``tp``'s deltas (a gap: the view
+   is reloaded from a newer snapshot).
+
+Start-up cost is the snapshot partition's scan plus the deltas since the snapshot
+(seconds of them): independent of how long the data partition is.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferView
+from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+from txnstream.config import Config
+from txnstream.errors import CorruptRecordError, message_error
+from txnstream.types import TopicPartition
+
+__all__ = ["BufferStateFollower", "ServeStatus"]
+
+log = logging.getLogger(__name__)
+
+RESCAN_INTERVAL_S = 0.25
+"""How often a partition waiting for its first snapshot (or after a gap) looks again."""
+WAIT_WARN_AFTER_S = 10.0
+"""A partition registered but not served for this long is logged as a warning."""
+
+
+class ServeStatus(enum.Enum):
+    """What a reader knows of a partition."""
+
+    PLAIN = "plain"
+    """Never registered in a txn: every record is visible (until a txn record appears)."""
+    WAITING = "waiting"
+    """Registered, but no served state yet (no buffer owner, or a gap being reloaded)."""
+    SERVED = "served"
+
+
+class BufferStateFollower:
+    """Keeps a :class:`BufferView` per followed partition current. Not thread-safe.
+
+    Single-threaded by design: the owner of the follower (a consumer's receive loop, the
+    Spark planner) calls :meth:`poll` or :meth:`catch_up` itself.
+    """
+
+    def __init__(self, config: Config, name: str = "reader") -> None:
+        self.config = config
+        self.name = name
+        self.topic = config.topics.buffer_state
+        self._store = TransactionBufferSnapshotStore(config)
+        self._consumer = Consumer(config.consumer(
+            f"{config.topics.prefix}-state-{uuid.uuid4().hex[:8]}",
+            **{"fetch.wait.max.ms": 5, "client.id": f"tb-follow-{name}"}))
+        self.views: dict[TopicPartition, BufferView] = {}
+        self.status: dict[TopicPartition, ServeStatus] = {}
+        self._slot: dict[TopicPartition, int] = {}
+        self._waiting_since: dict[TopicPartition, float] = {}
+        self._next_rescan = 0.0
+        self._warned: set[TopicPartition] = set()
+        self._assigned: dict[int, int] = {}
+        """Slot -> the offset it was (re)assigned at."""
+        self._reseek: dict[int, int] = {}
+        """Slots to seek back (a newly followed partition's snapshot is older)."""
+        self.gaps = 0
+
+    # ------------------------------------------------------------ following
+
+    def follow(self, tp: TopicPartition, plain_ok: bool = True) -> ServeStatus:
+        """Start following ``tp``: its status now (see :class:`ServeStatus`).
+
+        ``plain_ok=False``: the caller saw a txn record in ``tp``, so it is transactional
+        whatever the scan says (it stays WAITING until served).
+        """
+        if tp in self.views:
+            return self.status[tp]
+        slot = self._store.partition_of(tp)
+        self._slot[tp] = slot
+        found = self._store.find(tp)
+        if found.best is not None:
+            self._start_view(tp, found.best)
+        elif found.registered or not plain_ok:
+            self._wait(tp)
+        else:
+            self.status[tp] = ServeStatus.PLAIN
+        return self.status[tp]
+
+    def unfollow(self, tp: TopicPartition) -> None:
+        """Stop following ``tp``."""
+        self.views.pop(tp, None)
+        self.status.pop(tp, None)
+        self._waiting_since.pop(tp, None)
+        slot = self._slot.pop(tp, None)
+        if slot is not None and slot not in self._slot.values() and slot in self._assigned:
+            del self._assigned[slot]
+            self._reseek.pop(slot, None)
+            self._consumer.incremental_unassign([KafkaTP(self.topic, slot)])
+
+    def _wait(self, tp: TopicPartition) -> None:
+        self.status[tp] = ServeStatus.WAITING
+        self._waiting_since.setdefault(tp, time.monotonic())
+        self.views.pop(tp, None)
+
+    def _start_view(self, tp: TopicPartition, snap) -> None:  # type: ignore[no-untyped-def]
+        view = BufferView.from_snapshot(snap)
+        self.views[tp] = view
+        self.status[tp] = ServeStatus.SERVED
+        self._waiting_since.pop(tp, None)
+        self._warned.discard(tp)
+        slot = self._slot[tp]
+        start = snap.state_offset + 1 if snap.state_offset >= 0 else OFFSET_BEGINNING
+        if slot not in self._assigned:
+            self._assigned[slot] = start
+            self._consumer.incremental_assign([KafkaTP(self.topic, slot, start)])
+        elif start != OFFSET_BEGINNING:
+            # Tailing already, maybe past this snapshot: go back (others skip old deltas).
+            self._reseek[slot] = min(self._reseek.get(slot, start), start)
+        else:
+            self._reseek[slot] = 0
+
+    # ------------------------------------------------------------ reading
+
+    def poll(self, timeout_s: float) -> set[TopicPartition]:
+        """Read what the owners published (waiting up to ``timeout_s`` for it).
+
+        Returns the partitions whose max read position moved.
+        """
+        self._do_reseeks()
+        moved: set[TopicPartition] = set()
+        if self._assigned:
+            msgs = self._consumer.consume(1000, timeout_s)
+            before = {tp: v.max_read_position for tp, v in self.views.items()}
+            for m in msgs:
+                self._apply(m)
+            moved = {tp for tp, v in self.views.items()
+                     if v.max_read_position != before.get(tp, -2)}
+        elif timeout_s > 0 and not self._waiting_since:
+            time.sleep(timeout_s)
+        if self._waiting_since and time.monotonic() >= self._next_rescan:
+            self._next_rescan = time.monotonic() + RESCAN_INTERVAL_S
+            for tp in list(self._waiting_since):
+                self._rescan(tp)
+                if tp in self.views:
+                    moved.add(tp)
+        elif self._waiting_since and not self._assigned and timeout_s > 0:
+            time.sleep(min(timeout_s, RESCAN_INTERVAL_S))
+        return moved
+
+    def catch_up(self, tps: Iterable[TopicPartition], timeout_s: float = 30.0) -> None:
+        """Follow ``tps`` and read their slots to their current ends (planners, admin)."""
+        tps = list(tps)
+        for tp in tps:
+            self.follow(tp)
+        self._do_reseeks()
+        ends = {}
+        for slot in {self._slot[tp] for tp in tps if tp in self.views}:
+            _, high = self._consumer.get_watermark_offsets(
+                KafkaTP(self.topic, slot), timeout=self.config.admin_timeout_s)
+            ends[slot] = high
+        deadline = time.monotonic() + timeout_s
+        while ends and time.monotonic() < deadline:
+            for m in self._consumer.consume(1000, 0.2):
+                if message_error(m, f"buffer state follower {self.name}", log):
+                    continue
+                self._apply(m)
+                part = m.partition()
+                if part in ends and m.offset() >= ends[part] - 1:
+                    del ends[part]
+            for slot in list(ends):
+                pos = self._consumer.position([KafkaTP(self.topic, slot)])[0].offset
+                if pos >= ends[slot]:
+                    del ends[slot]
+        for tp in tps:
+            if self.status.get(tp) is ServeStatus.WAITING:
+                self._rescan(tp)
+
+    def _do_reseeks(self) -> None:
+        for slot, offset in list(self._reseek.items()):
+            try:
+                self._consumer.seek(KafkaTP(self.topic, slot, offset))
+                del self._reseek[slot]
+            except Exception as exc:  # not yet fetching (just assigned): next poll
+                log.debug("seek state slot %d: %s", slot, exc)
+
+    def _apply(self, m) -> None:  # type: ignore[no-untyped-def]
+        if message_error(m, f"buffer state follower {self.name}", log):
+            return
+        try:
+            rec = BufferStateRecord.decode(m.value())
+        except CorruptRecordError as exc:
+            log.error("skipping unreadable buffer state record at %s[%d]@%d: %s",
+                      m.topic(), m.partition(), m.offset(), exc)
+            return
+        if rec.kind is BufferStateKind.OWNER:
+            # A new owner claimed the slot: older owners' deltas are fenced from now on.
+            for tp, view in self.views.items():
+                if self._slot.get(tp) == m.partition() and view.generation < m.offset():
+                    view.generation = m.offset()
+            return
+        tp = rec.tp
+        view = self.views.get(tp)
+        if view is None:
+            return
+        if not view.apply(rec) and rec.generation >= view.generation:
+            self.gaps += 1
+            log.warning("%s: buffer state of %s has a gap (delta from %d, have %d): "
+                        "reloading from a snapshot", self.name, tp, rec.from_position,
+                        view.position)
+            self._wait(tp)
+            self._rescan(tp)
+
+    def _rescan(self, tp: TopicPartition) -> None:
+        found = self._store.find(tp)
+        old = self.views.get(tp)
+        if found.best is not None and (old is None or found.best.position > old.position):
+            self._start_view(tp, found.best)
+            return
+        since = self._waiting_since.get(tp)
+        if since is not None and time.monotonic() - since > WAIT_WARN_AFTER_S \
+                and tp not in self._warned:
+            self._warned.add(tp)
+            log.warning("%s: %s is transactional but no buffer owner serves it yet "
+                        "(waiting %.0fs; is a `txnstream worker` with the buffer role "
+                        "running?): nothing of it is delivered until one does", self.name,
+                        tp, time.monotonic() - since)
+
+    def waiting_for(self, tp: TopicPartition) -> float | None:
+        """Seconds ``tp`` has waited for served state, or None if it does not wait."""
+        since = self._waiting_since.get(tp)
+        return None if since is None else time.monotonic() - since
+
+    def close(self) -> None:
+        """Release the consumer."""
+        self._consumer.close()
