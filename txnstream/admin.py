@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from txnstream.coordinator.protocol import TcOp, TxnInfo
+from txnstream.errors import TxnStreamError
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
@@ -62,20 +63,33 @@ class Admin:
         return [CoordinatorStats(r.tc_id, r.owner_id, dict(r.stats)) for r in replies]
 
     def buffer_stats(self, tp: TopicPartition | str) -> BufferStats:
-        """Fold ``tp`` to its end: how far committed readers may go, and what blocks them.
+        """How far committed readers of ``tp`` may go, and what blocks them.
 
-        Starts from the latest snapshot; the fold keeps only what lies at or above the
-        log start (``aborted`` counts the aborted txns with records there), so the work
-        and memory are bounded by the retained log's markers, not its length.
+        Read from the state its buffer owner serves (its latest snapshot and the deltas
+        since), never by folding the partition. A partition no txn ever registered has
+        every record visible; one registered but not served yet raises
+        ``TxnStreamError`` saying so (readers wait for it).
         """
-        from txnstream.buffer.reader import PartitionFolder
+        from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
+        from txnstream.buffer.transaction_buffer import BufferStats
 
         tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
-        folder = PartitionFolder(self._client.config)
+        config = self._client.config
+        follower = BufferStateFollower(config, name="admin")
         try:
-            return folder.catch_up([tpp])[tpp].stats()
+            _, high = follower.watermarks(tpp)
+            follower.catch_up([tpp], timeout_s=ADMIN_TIMEOUT_S)
+            status = follower.status.get(tpp)
+            if status is ServeStatus.PLAIN:
+                return BufferStats(tpp, high - 1, high - 1, 0, 0, None, None, None)
+            view = follower.views.get(tpp)
+            if view is None:
+                raise TxnStreamError(
+                    f"{tpp} is transactional but no buffer owner serves it yet (is a "
+                    "`txnstream worker` with the buffer role running?)")
+            return view.stats(int(time.time() * 1000))
         finally:
-            folder.close()
+            follower.close()
 
     def pending_ack_stats(self, tp: TopicPartition | str, subscription: str) -> PendingAckStats:
         """Replay the pending-ack log of ``subscription`` on ``tp``: cursor, pending acks."""

@@ -106,6 +106,17 @@ class BufferStateFollower:
             self.status[tp] = ServeStatus.PLAIN
         return self.status[tp]
 
+    def recheck(self, tp: TopicPartition) -> ServeStatus:
+        """A PLAIN partition's status again (a txn may have registered it since).
+
+        Read the partition's end first, then recheck: if it is still not registered, no
+        txn record precedes that end (a registration precedes every txn record).
+        """
+        if self.status.get(tp) is ServeStatus.PLAIN:
+            self.unfollow(tp)
+            return self.follow(tp)
+        return self.status.get(tp) or self.follow(tp)
+
     def unfollow(self, tp: TopicPartition) -> None:
         """Stop following ``tp``."""
         self.views.pop(tp, None)
@@ -244,6 +255,20 @@ class BufferStateFollower:
                         "(waiting %.0fs; is a `txnstream worker` with the buffer role "
                         "running?): nothing of it is delivered until one does", self.name,
                         tp, time.monotonic() - since)
+
+    def watermarks(self, tp: TopicPartition) -> tuple[int, int]:
+        """``tp``'s log start and end (high watermark) now."""
+        low, high = self._consumer.get_watermark_offsets(
+            KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)
+        return int(low), int(high)
+
+    def partitions_of(self, topic: str) -> list[TopicPartition] | None:
+        """Every partition of ``topic``; None if it does not exist."""
+        meta = self._consumer.list_topics(topic, timeout=self.config.admin_timeout_s)
+        t = meta.topics.get(topic)
+        if t is None or t.error is not None:
+            return None
+        return [TopicPartition(topic, p) for p in sorted(t.partitions)]
 
     def waiting_for(self, tp: TopicPartition) -> float | None:
         """Seconds ``tp`` has waited for served state, or None if it does not wait."""
