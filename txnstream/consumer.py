@@ -44,6 +44,7 @@ from txnstream.errors import (
     classify_kafka_error,
     message_error,
 )
+from txnstream.fetch import drain
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
@@ -342,7 +343,7 @@ class Consumer:
         moved = self._follower.poll(timeout_s if blocked else 0.0)
         with self._lock:
             self._unblock(moved)
-        batch = self._kafka.consume(max_records, 0.0 if blocked else timeout_s)
+        batch = drain(self._kafka, max_records, 0.0 if blocked else timeout_s)
         with self._lock:
             for m in batch:
                 self._ingest(m)

@@ -302,7 +302,9 @@ class TransactionBufferSnapshotStore:
             c.assign([ktp])
             pos = low
             while pos < high:
-                msgs = c.consume(500, 2.0)
+                # ask for no more than is left: consume() waits its whole timeout for
+                # the count it was asked unless that many records come
+                msgs = c.consume(min(500, high - pos), 2.0)
                 if not msgs:
                     break
                 for m in msgs:

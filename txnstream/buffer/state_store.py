@@ -36,6 +36,7 @@ from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferVi
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
+from txnstream.fetch import drain
 from txnstream.types import TopicPartition
 
 __all__ = ["BufferStateFollower", "ServeStatus"]
@@ -160,7 +161,7 @@ class BufferStateFollower:
         self._do_reseeks()
         moved: set[TopicPartition] = set()
         if self._assigned:
-            msgs = self._consumer.consume(1000, timeout_s)
+            msgs = drain(self._consumer, 1000, timeout_s)
             before = {tp: v.max_read_position for tp, v in self.views.items()}
             for m in msgs:
                 self._apply(m)
@@ -190,21 +191,22 @@ class BufferStateFollower:
                 KafkaTP(self.topic, slot), timeout=self.config.admin_timeout_s)
             ends[slot] = high
         deadline = time.monotonic() + timeout_s
+        for slot in list(ends):
+            if self._position(slot) >= ends[slot]:
+                del ends[slot]
         while ends and time.monotonic() < deadline:
-            for m in self._consumer.consume(1000, 0.2):
-                if message_error(m, f"buffer state follower {self.name}", log):
-                    continue
+            for m in drain(self._consumer, 1000, 0.05):
                 self._apply(m)
-                part = m.partition()
-                if part in ends and m.offset() >= ends[part] - 1:
-                    del ends[part]
             for slot in list(ends):
-                pos = self._consumer.position([KafkaTP(self.topic, slot)])[0].offset
-                if pos >= ends[slot]:
+                if self._position(slot) >= ends[slot]:
                     del ends[slot]
         for tp in tps:
             if self.status.get(tp) is ServeStatus.WAITING:
                 self._rescan(tp)
+
+    def _position(self, slot: int) -> int:
+        pos = self._consumer.position([KafkaTP(self.topic, slot)])[0].offset
+        return pos if pos >= 0 else -1
 
     def _do_reseeks(self) -> None:
         for slot, offset in list(self._reseek.items()):

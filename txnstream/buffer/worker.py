@@ -63,6 +63,7 @@ from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapsho
 from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
+from txnstream.fetch import drain
 from txnstream.markers import MarkerKind, TxnMarker
 from txnstream.types import TopicPartition
 
@@ -251,8 +252,10 @@ class BufferWorker:
 
     def _claim(self, slot: int) -> None:
         """Claim ``slot`` (steps 1-4 of the module docstring); retried if it fails."""
+        t0 = time.monotonic()
         try:
             generation = self._write_owner(slot)
+            t1 = time.monotonic()
             scan, end = self._store.scan_slot(slot)
         except Exception as exc:
             log.warning("buffer worker %s: cannot claim slot %d yet (%s); retrying",
@@ -265,8 +268,10 @@ class BufferWorker:
             if found.registered and self.serves_topic(tp.topic):
                 self._serve(tp, slot, found.best)
         self._registry.incremental_assign([KafkaTP(self._store.topic, slot, end)])
-        log.info("buffer worker %s: owns slot %d (generation %d), serving %d partitions",
-                 self.member, slot, generation, len(self.slots[slot].served))
+        log.info("buffer worker %s: owns slot %d (generation %d), serving %d partitions "
+                 "(claimed in %.0f ms, scan %.0f ms)", self.member, slot, generation,
+                 len(self.slots[slot].served), (time.monotonic() - t0) * 1000,
+                 (time.monotonic() - t1) * 1000)
 
     def _retry_claims(self) -> None:
         now = time.monotonic()
@@ -379,7 +384,7 @@ class BufferWorker:
             self._stop.wait(FOLD_WAIT_S)
             return
         runs: dict[tuple[str, int], list[Message]] = {}
-        for m in self._data.consume(5000, FOLD_WAIT_S):
+        for m in drain(self._data, 5000, FOLD_WAIT_S):
             if message_error(m, "buffer worker", log):
                 continue
             runs.setdefault((m.topic(), m.partition()), []).append(m)

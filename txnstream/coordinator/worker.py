@@ -86,6 +86,7 @@ from txnstream.errors import (
     is_retriable_kafka_error,
     message_error,
 )
+from txnstream.fetch import drain as _drain
 from txnstream.markers import MarkerKind, TxnMarker
 from txnstream.types import TopicPartition, TxnStatus
 
@@ -826,18 +827,6 @@ class CoordinatorWorker:
             dropped = tc.store.forget_before(point)
             log.info("tc %d: log truncated below offset %d (%d ended txns forgotten)",
                      tc.tc_id, point, dropped)
-
-
-def _drain(consumer: Consumer, max_messages: int, timeout: float) -> list[Message]:
-    """Wait up to ``timeout`` for the first message, then take what is already there.
-
-    ``Consumer.consume(n, timeout)`` waits the whole timeout unless ``n`` messages come;
-    a coordinator must not sit on a request that has arrived.
-    """
-    first = consumer.poll(timeout)
-    if first is None:
-        return []
-    return [first, *consumer.consume(max_messages - 1, 0)]
 
 
 def _pending_ack_mark(commit: bool, sub: Any, txn_id: Any) -> Any:
