@@ -680,7 +680,7 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
     """
     from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
-    from txnstream.coordinator.protocol import TcOp
+    from txnstream.types import TxnID
 
     msgs = [m for m in messages if isinstance(m, TxnCommitMessage) and m.txn_seq != NO_TXN]
     if not msgs:
@@ -695,15 +695,14 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
         for tc_id, seqs in by_tc.items():
             if not commit:
                 for s in seqs:
-                    client.tc.request(TcOp.END, tc_id, txn_seq=s, commit=False)
+                    client.abort_transaction(TxnID(tc_id, s))
                 continue
             retrying = Retrying(retry=retry_if_exception_type(RequestTimeoutError),
                                 stop=stop_after_attempt(GROUP_END_ATTEMPTS), reraise=True)
             try:
                 for attempt in retrying:
                     with attempt:
-                        reply = client.tc.request(TcOp.END_GROUP, tc_id, group_key=key,
-                                                  group_seqs=tuple(seqs), commit=True)
+                        already = client.end_group(tc_id, key, seqs, commit=True)
             except TransactionTimeoutError as exc:
                 raise TransactionTimeoutError(
                     f"{exc}; the batch took longer than option "
@@ -715,9 +714,9 @@ def _end_group(opts: SinkOptions, messages: list[Any], key: str, commit: bool) -
                     f"{tc_id} in {GROUP_END_ATTEMPTS} attempts ({exc}): it may have "
                     "committed or not. Restarting the query replays the batch; its key "
                     "makes the outcome exactly once either way.") from exc
-            if reply.already and attempt.retry_state.attempt_number > 1:
+            if already and attempt.retry_state.attempt_number > 1:
                 log.info("batch %s: committed by an attempt whose reply was lost", key)
-            elif reply.already:
+            elif already:
                 log.warning("batch %s was committed before: its replay was aborted", key)
     except BaseException:
         _drop_client(opts.config)

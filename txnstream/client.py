@@ -81,6 +81,33 @@ class Client:
                                         f"{info.status.value}")
         return Transaction(self.tc, tid, info.timeout_ms / 1000, attached=True)
 
+    def end_group(self, tc_id: int, group_key: str, txn_seqs: Sequence[int],
+                  commit: bool = True, timeout_s: float | None = None) -> bool:
+        """End the txns ``txn_seqs`` of coordinator ``tc_id`` as one group under ``group_key``.
+
+        Committing a group is all or nothing, and idempotent by its key: a repeat (a lost
+        reply asked again, or a replayed batch) commits nothing new, and the coordinator
+        aborts the txns it names that are not in the group that ended first. Returns
+        whether the key had already ended (``already``): True when this call ended
+        nothing itself. Raises the coordinator's error (``TransactionTimeoutError``,
+        ``InvalidTxnStatusError``: the group was aborted), or ``RequestTimeoutError`` if
+        no reply came in time (the outcome is unknown: ask again under the same key).
+        """
+        reply = self.tc.request(TcOp.END_GROUP, tc_id, timeout_s=timeout_s,
+                                group_key=group_key, group_seqs=tuple(txn_seqs),
+                                commit=commit)
+        return reply.already
+
+    def abort_transaction(self, txn_id: TxnID | str, timeout_s: float | None = None) -> None:
+        """Abort an open transaction by its id, without a handle on it.
+
+        For a txn another process opened and passed the TxnID of. Aborting one already
+        aborted is a no-op; one that committed raises ``InvalidTxnStatusError``.
+        """
+        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
+        self.tc.request(TcOp.END, tid.tc_id, timeout_s=timeout_s, txn_seq=tid.least_bits,
+                        commit=False)
+
     @contextmanager
     def transaction(self, timeout_s: float | None = None) -> Iterator[Transaction]:
         """Commit on normal exit, abort on an exception (which is re-raised)."""
