@@ -101,7 +101,14 @@ class BufferStateFollower:
         found = self._store.find(tp)
         if found.best is not None:
             self._start_view(tp, found.best)
-        elif found.registered or not plain_ok:
+        elif found.registered:
+            self._wait(tp)
+        elif not plain_ok:
+            # Txn records no coordinator registered (written around the client, e.g. by a
+            # raw producer): register the partition, so a buffer owner serves it.
+            log.warning("%s: %s holds txn records but was never registered: registering "
+                        "it for the buffer role", self.name, tp)
+            self._store.register([tp], self.config.admin_timeout_s)
             self._wait(tp)
         else:
             self.status[tp] = ServeStatus.PLAIN

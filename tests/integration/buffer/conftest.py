@@ -4,6 +4,7 @@ from tests.integration.coordinator.conftest import (  # noqa: F401
     client,
     make_topic,
     read_all,
+    tc_worker,
     wait_until,
     worker,
 )

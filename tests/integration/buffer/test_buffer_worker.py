@@ -16,7 +16,7 @@ from txnstream.markers import TXN_ID_HEADER
 pytestmark = pytest.mark.integration
 
 
-def test_unregistered_txn_record_is_aborted_at_lwm_and_unblocks(config, worker, client):
+def test_unregistered_txn_record_is_aborted_at_lwm_and_unblocks(config, tc_worker, client):
     topic = make_topic(config, 2)
     producer = client.create_producer(topic)
     txn = client.new_transaction()
@@ -32,11 +32,19 @@ def test_unregistered_txn_record_is_aborted_at_lwm_and_unblocks(config, worker, 
     later = client.new_transaction()     # moves the TC's LWM past txn
     later.commit()
     tp1 = TopicPartition(topic, 1)
-    assert client.admin.buffer_stats(tp1).blocking_txn == txn.id
+    # served, without the LWM duty yet: the txn blocks partition 1
+    idle = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=3600)
+    idle.start()
+    try:
+        wait_until(lambda: _served(client, tp1), 30, "partition 1 served")
+        assert client.admin.buffer_stats(tp1).blocking_txn == txn.id
+    finally:
+        idle.stop()
     bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=1).start()
     try:
         wait_until(lambda: bw.markers_written >= 1, 30, "an ABORT marker from the buffer worker")
-        assert client.admin.buffer_stats(tp1).blocking_txn is None
+        wait_until(lambda: client.admin.buffer_stats(tp1).blocking_txn is None, 30,
+                   "the ABORT marker folded and published")
         consumer = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
         got = []
         while (m := consumer.receive(timeout_s=4)) is not None:
@@ -49,3 +57,13 @@ def test_unregistered_txn_record_is_aborted_at_lwm_and_unblocks(config, worker, 
                    "a published snapshot of partition 1")
     finally:
         bw.stop()
+
+
+def _served(client, tp) -> bool:
+    from txnstream.errors import TxnStreamError
+
+    try:
+        client.admin.buffer_stats(tp)
+        return True
+    except TxnStreamError:
+        return False

@@ -9,9 +9,9 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from tests.integration.buffer.conftest import make_topic, read_all, wait_until
 from txnstream import TopicPartition
-from txnstream.buffer import take_snapshot
-from txnstream.buffer.reader import PartitionFolder
-from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+from txnstream.buffer import TransactionBuffer, take_snapshot
+from txnstream.buffer.state_store import BufferStateFollower
+from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore, registration_key
 from txnstream.buffer.worker import BufferWorker
 from txnstream.markers import TXN_ID_HEADER, MarkerKind, TxnMarker
 from txnstream.types import TxnID
@@ -46,7 +46,7 @@ def produce_markers(raw: KafkaProducer, topic: str, partition: int, n: int) -> N
 
 
 def test_a_snapshot_over_1mb_is_published_in_segments_restored_and_the_worker_survives(
-        config, worker, client):
+        config, tc_worker, client):
     topic = make_topic(config, 2)
     tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
     raw = KafkaProducer(config.producer(**{"linger.ms": 50}))
@@ -86,12 +86,11 @@ def test_a_snapshot_over_1mb_is_published_in_segments_restored_and_the_worker_su
         snap = store.latest(tp0)
 
         # the state a fold from the log start reaches, in a snapshot that used to be refused
-        folder = PartitionFolder(config, use_snapshots=False)
-        try:
-            local = folder.catch_up([tp0])[tp0]
-        finally:
-            folder.close()
-        assert snap == take_snapshot(local)
+        records = [m for m in read_all(config, topic, timeout_s=120) if m.partition() == 0]
+        local = TransactionBuffer(tp0)
+        local.fold_messages(records)
+        assert snap == take_snapshot(local, generation=snap.generation,
+                                     state_offset=snap.state_offset)
         assert len(snap.encode()) > 1_000_000
 
         # on the wire: several records of one snapshot, each under the bound
@@ -102,16 +101,21 @@ def test_a_snapshot_over_1mb_is_published_in_segments_restored_and_the_worker_su
 
         segs = [TransactionBufferSnapshotSegment.decode(m.value())
                 for m in read_all(config, config.topics.buffer_snapshots)
-                if m.key().startswith(f"{tp0}/".encode()) and m.value() is not None]
+                if m.key().startswith(f"{tp0}/".encode()) and m.value() is not None
+                and m.key() != registration_key(tp0)]
         assert all(len(s.encode()) <= MAX_SNAPSHOT_RECORD_BYTES for s in segs)
         last = [s for s in segs if s.position == snap.position]
         assert len({s.index for s in last}) == last[0].count > 1
 
-        # a reader starts from it instead of the log start
-        reader = PartitionFolder(config)
+        # a reader starts from it (and the deltas after it), never folding the partition
+        reader = BufferStateFollower(config)
         try:
-            buf = reader.catch_up([tp0])[tp0]
-            assert take_snapshot(buf) == take_snapshot(local)
+            reader.catch_up([tp0])
+            view = reader.views[tp0]
+            assert view.max_read_position == local.max_read_position
+            for m in records:
+                raw = dict(m.headers() or []).get(TXN_ID_HEADER)
+                assert view.visible(m.offset(), raw) == local.is_visible(m.offset()), m.offset()
         finally:
             reader.close()
     finally:

@@ -43,6 +43,20 @@ def worker(config: Config) -> Iterator[CoordinatorWorker]:
 
 
 @pytest.fixture
+def tc_worker(config: Config) -> Iterator[CoordinatorWorker]:
+    """One in-process worker serving every coordinator and no buffer role (a test runs
+    its own :class:`~txnstream.buffer.worker.BufferWorker`)."""
+    w = CoordinatorWorker(config, settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS,
+                                                          buffer_role=False))
+    w.start()
+    try:
+        wait_until(lambda: len(w.serving()) == config.num_coordinators, 60, "worker serving")
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.fixture
 def client(config: Config) -> Iterator[Client]:
     c = Client(config=config)
     try:
