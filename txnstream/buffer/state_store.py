@@ -84,6 +84,8 @@ class BufferStateFollower:
         """Slot -> the offset it was (re)assigned at."""
         self._reseek: dict[int, int] = {}
         """Slots to seek back (a newly followed partition's snapshot is older)."""
+        self._next: dict[int, int] = {}
+        """Slot -> the next state offset this follower reads there."""
         self.gaps = 0
 
     # ------------------------------------------------------------ following
@@ -134,6 +136,7 @@ class BufferStateFollower:
         if slot is not None and slot not in self._slot.values() and slot in self._assigned:
             del self._assigned[slot]
             self._reseek.pop(slot, None)
+            self._next.pop(slot, None)
             self._consumer.incremental_unassign([KafkaTP(self.topic, slot)])
 
     def _wait(self, tp: TopicPartition) -> None:
@@ -151,12 +154,15 @@ class BufferStateFollower:
         start = snap.state_offset + 1 if snap.state_offset >= 0 else OFFSET_BEGINNING
         if slot not in self._assigned:
             self._assigned[slot] = start
+            self._next[slot] = start
             self._consumer.incremental_assign([KafkaTP(self.topic, slot, start)])
-        elif start != OFFSET_BEGINNING:
-            # Tailing already, maybe past this snapshot: go back (others skip old deltas).
-            self._reseek[slot] = min(self._reseek.get(slot, start), start)
-        else:
-            self._reseek[slot] = 0
+            return
+        # Tailing the slot already: go back if this view needs older deltas (the other
+        # views skip what they have); never forward, which would skip theirs.
+        nxt = self._next.get(slot, OFFSET_BEGINNING)
+        if start == OFFSET_BEGINNING or (nxt != OFFSET_BEGINNING and start < nxt):
+            self._reseek[slot] = start if start != OFFSET_BEGINNING else 0
+            self._next[slot] = self._reseek[slot]
 
     # ------------------------------------------------------------ reading
 
@@ -226,6 +232,10 @@ class BufferStateFollower:
     def _apply(self, m) -> None:  # type: ignore[no-untyped-def]
         if message_error(m, f"buffer state follower {self.name}", log):
             return
+        part = m.partition()
+        if part in self._reseek:
+            return  # fetched before a seek back: it comes again
+        self._next[part] = m.offset() + 1
         try:
             rec = BufferStateRecord.decode(m.value())
         except CorruptRecordError as exc:

@@ -496,6 +496,13 @@ class BufferWorker:
             log.warning("buffer worker: cannot read coordinator LWMs: %s", exc)
             return
         for tp, txns in stuck.items():
+            # The LWM passed a txn only after its markers were written: a fold that has
+            # not reached the end (read after the LWMs) may just not have read its marker.
+            high = self._data.get_watermark_offsets(
+                KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)[1]
+            s = self.served.get(tp)
+            if s is None or s.buf.last_offset < high - 1:
+                continue
             for txn_id in txns:
                 if txn_id.least_bits < lwms.get(txn_id.tc_id, 0):
                     marker = TxnMarker(txn_id, MarkerKind.ABORT, lwms[txn_id.tc_id])
