@@ -63,13 +63,30 @@ class FakeConsumer:
     """Hands out the scripted records, then nothing."""
 
     script: list[Rec] = []
+    """What a reader (or the buffer worker's data consumer) gets."""
+    group_script: list[Rec] = []
+    """What the buffer worker's group consumer (on the buffer-state topic) gets."""
     made: list[FakeConsumer] = []
 
     def __init__(self, conf) -> None:
-        self.queue = list(type(self).script)
+        cid = str(conf.get("client.id", ""))
+        self.role = ("data" if cid.startswith("tb-data") else "registry"
+                     if cid.startswith("tb-reg") else "group" if cid.startswith("tb-")
+                     else "reader")
+        self.queue = {"group": list(type(self).group_script), "registry": []}.get(
+            self.role, list(type(self).script))
         self.callbacks: dict = {}
         self.closed = False
         type(self).made.append(self)
+
+    def incremental_assign(self, parts):
+        pass
+
+    def incremental_unassign(self, parts):
+        pass
+
+    def assignment(self):
+        return []
 
     def list_topics(self, topic=None, timeout=None):
         return SimpleNamespace(topics={TP.topic: SimpleNamespace(error=None, partitions={0: 0})})
@@ -194,15 +211,28 @@ def test_partition_folder_scan_logs_consumed_errors_and_folds_on(fake_consumer, 
 # ---------------------------------------------------------------------- buffer worker
 
 class FakeStore:
-    """Snapshot store whose first ``fail`` publishes raise, as a broker refusing them."""
+    """Snapshot store whose first ``fail`` publishes raise, as a broker refusing them.
+
+    ``TP`` is registered in slot 0, with no snapshot yet.
+    """
+
+    topic = "snapshots"
 
     def __init__(self, fail: int) -> None:
         self.fail = fail
         self.attempts = 0
         self.published: list = []
 
-    def latest(self, tp, at_or_before=None):
-        return None
+    def scan_slot(self, slot):
+        from txnstream.buffer.snapshot_store import LatestSnapshotFinder, SlotScan
+
+        scan = SlotScan()
+        scan.finders[TP] = LatestSnapshotFinder(TP)
+        scan.finders[TP].registered = True
+        return scan, 0
+
+    def take_failed(self):
+        return set()
 
     def publish(self, snap, tp):
         self.attempts += 1
@@ -214,12 +244,30 @@ class FakeStore:
         pass
 
 
+class FakeProducer:
+    """Delivers every record at once, at the next offset."""
+
+    def __init__(self, conf) -> None:
+        self.offset = -1
+
+    def produce(self, topic, value=None, key=None, partition=None, on_delivery=None,
+                headers=None):
+        self.offset += 1
+        if on_delivery is not None:
+            on_delivery(None, SimpleNamespace(offset=lambda at=self.offset: at))
+
+    def flush(self, *a):
+        return 0
+
+    def poll(self, *a):
+        return 0
+
+
 def _worker(monkeypatch, store):
     import txnstream.buffer.worker as worker
 
     monkeypatch.setattr(worker, "TransactionBufferSnapshotStore", lambda config: store)
-    monkeypatch.setattr(worker, "Producer", lambda conf: SimpleNamespace(
-        produce=lambda *a, **k: None, flush=lambda *a: 0, poll=lambda *a: 0))
+    monkeypatch.setattr(worker, "Producer", FakeProducer)
     return worker.BufferWorker(CONFIG, [TP.topic], snapshot_interval_s=0.05,
                                lwm_check_interval_s=3600)
 
@@ -246,16 +294,20 @@ def test_buffer_worker_survives_failed_snapshot_publishes_and_retries_them(
 
 def test_buffer_worker_renews_its_consumer_after_a_fatal_consumer_error(
         fake_consumer, monkeypatch, caplog):
-    fake_consumer.script = [Rec(err=denied(fatal=True))]
+    fake_consumer.group_script = [Rec(err=denied(fatal=True))]
     bw = _worker(monkeypatch, FakeStore(fail=0)).start()
+
+    def groups():
+        return [c for c in fake_consumer.made if c.role == "group"]
+
     try:
-        assert _wait(lambda: len(fake_consumer.made) >= 2), \
+        assert _wait(lambda: len(groups()) >= 2), \
             "a consumer with a fatal error was kept (it can never consume again)"
-        assert fake_consumer.made[0].closed
+        assert groups()[0].closed
         assert bw._thread.is_alive()
         assert "denied-by-acl" in caplog.text
     finally:
-        fake_consumer.script = []
+        fake_consumer.group_script = []
         bw.stop()
 
 
