@@ -222,13 +222,10 @@ class Consumer:
             start = committed
         elif self._initial == "earliest":
             start = low
-        else:  # latest: the committed end (Kafka's LSO), as far as the served state says
+        else:  # latest: the committed end (Kafka's LSO) as of now
             start = high
             if status is not ServeStatus.PLAIN:
-                with self._lock:
-                    self._follower.catch_up([tp], timeout_s=timeout)
-                    view = self._follower.views.get(tp)
-                start = min(high, view.max_read_position + 1) if view is not None else low
+                start = self._committed_end(tp, high, low, timeout)
         # Rebuild the pending acks before delivering anything, then claim the partition.
         handle = self._acks.replay(tp, pointer)
         start = max(start, handle.cursor, low)
@@ -242,6 +239,26 @@ class Consumer:
             # the consumer lock, as every reader of the tail runs.
             self._acks.resume_tail(tp, owner_at + 1)
         return KafkaTP(tp.topic, tp.partition, start)
+
+    def _committed_end(self, tp: TopicPartition, high: int, low: int, timeout_s: float) -> int:
+        """Where ``latest`` starts on a served partition: its max read position + 1 once
+        the owner has folded up to ``high`` (records before it may belong to a txn still
+        open, which ``high`` itself would skip). An owner that does not get there in
+        ``timeout_s`` leaves the served position so far (a warning says so)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._follower.catch_up([tp], timeout_s=max(0.1, deadline - time.monotonic()))
+                view = self._follower.views.get(tp)
+            if view is not None and view.position >= high - 1:
+                return min(high, view.max_read_position + 1)
+            if time.monotonic() >= deadline:
+                at = view.max_read_position + 1 if view is not None else low
+                log.warning("%s: the buffer owner of %s has not folded to its end (%d) in "
+                            "%.0fs; 'latest' starts at the served position %d", self.member_id,
+                            tp, high, timeout_s, at)
+                return max(low, at)
+            time.sleep(0.05)
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         """A clean revoke: our acks are made durable and the cursor committed first."""
