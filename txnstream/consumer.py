@@ -241,10 +241,13 @@ class Consumer:
         return KafkaTP(tp.topic, tp.partition, start)
 
     def _committed_end(self, tp: TopicPartition, high: int, low: int, timeout_s: float) -> int:
-        """Where ``latest`` starts on a served partition: its max read position + 1 once
-        the owner has folded up to ``high`` (records before it may belong to a txn still
-        open, which ``high`` itself would skip). An owner that does not get there in
-        ``timeout_s`` leaves the served position so far (a warning says so)."""
+        """Where ``latest`` starts on a served partition: the committed end as of now.
+
+        That is its max read position + 1 once the owner has folded up to ``high``
+        (records before it may belong to a txn still open, which ``high`` itself would
+        skip). An owner that does not get there in ``timeout_s`` leaves the served
+        position so far (a warning says so).
+        """
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
