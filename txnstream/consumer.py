@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 
 FETCH_BATCH = 5000
 """Records taken from the fetcher per call: one Python call per batch, not per record."""
+DATA_FETCH_WAIT_MS = 5
+"""The broker's long-poll wait for data fetches. A reader pauses a partition at the max
+read position and resumes it when a commit moves it: a fetch still parked on the broker
+(librdkafka's default 500 ms) would delay the records the commit made visible."""
 POLL_SLICE_S = 0.1
 """Longest single wait inside receive: rebalances and retakes are served between waits."""
 READ_BACK_TIMEOUT_S = 30.0
@@ -172,7 +176,8 @@ class Consumer:
         """Owned partitions to (re)claim, with when: failed takeovers and fenced ones."""
         self._kafka = KafkaConsumer(client.config.consumer(
             subscription, **{"auto.offset.reset": initial_position,
-                             "partition.assignment.strategy": "cooperative-sticky"}, **kafka))
+                             "partition.assignment.strategy": "cooperative-sticky",
+                             "fetch.wait.max.ms": DATA_FETCH_WAIT_MS}, **kafka))
         self._kafka.subscribe(self.topics, on_assign=self._on_assign,
                               on_revoke=self._on_revoke, on_lost=self._on_lost)
 
