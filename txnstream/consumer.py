@@ -388,11 +388,16 @@ class Consumer:
                 continue
             view = self._follower.views.get(r.tp)
             if view is not None and view.max_read_position >= r.wait_at:
-                r.wait_at = None
+                # Seek again after the resume: a resumed partition alone is fetched again
+                # only at librdkafka's next periodic fetch decision (~1 s later).
+                ktp = KafkaTP(r.tp.topic, r.tp.partition, r.wait_at)
                 try:
-                    self._kafka.resume([KafkaTP(r.tp.topic, r.tp.partition)])
+                    self._kafka.resume([ktp])
+                    self._kafka.seek(ktp)
                 except KafkaException as exc:
                     log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
+                    continue
+                r.wait_at = None
 
     def _wait_at(self, r: _PartitionReader, offset: int) -> None:
         """Stop fetching ``r`` at ``offset`` until the served state covers it.
