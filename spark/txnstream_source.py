@@ -1,12 +1,12 @@
 """The ``txnstream`` Spark data source (PySpark 4.x Python Data Source API).
 
-Read (``spark.read`` / ``spark.readStream``): committed records only. The driver folds
-each partition's new records through a :class:`TransactionBuffer` (v1 choice: a
-driver-side fold; published buffer snapshots would let it skip the fold) and ends every
-micro-batch at the partition's ``max_read_position + 1``, so every transactional record
-in a batch's range has already ended. Each input partition carries the offsets in its
-range that must not be delivered (markers, aborted and straggler records): executors
-filter without reading ahead. Offsets are JSON dicts ``{topic: {"partition": next}}``.
+Read (``spark.read`` / ``spark.readStream``): committed records only. The driver follows
+the transaction buffer state that the buffer owners (``txnstream worker``) serve and
+never folds: a partition's committed end is its served ``max_read_position + 1`` (a
+partition no txn ever registered: its high watermark), so every transactional record in
+a range has already ended. Each input partition carries what its range must skip (hidden
+offsets, aborted txns' spans): executors compare positions, without reading ahead.
+Offsets are JSON dicts ``{topic: {"partition": next}}``.
 
 Write (``df.write`` / ``df.writeStream``): each task attempt writes its rows in its own
 transaction on the coordinator chosen by the query id (stable across restarts from the
@@ -23,7 +23,8 @@ import os
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -98,35 +99,59 @@ def _layout(value_schema: str | None) -> tuple[T.StructType, pa.Schema]:
 
 
 class TxnStreamPartition(InputPartition):
-    """One topic partition's range ``[start, end)`` and the offsets in it to skip.
+    """One topic partition's range ``[start, end)`` and what in it not to deliver.
 
-    ``skip=None``: the task folds the partition itself and delivers what is committed
-    (a batch read); else the driver folded it and ``skip`` lists what not to deliver.
+    Planned on the driver from the served buffer state (``BufferView.skip_in``), so a
+    task only compares positions: ``hidden`` offsets (markers, stragglers, undecodable
+    records; packed, see :func:`_pack_offsets`) and ``aborted`` spans, raw ``txn.id``
+    header -> ``(first, last)`` offset of an aborted txn: its records in the span are
+    not delivered (Kafka's aborted-transaction index).
     """
 
     def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
-                 skip: list[int] | None, value_schema: str | None = None,
-                 fold_to: int | None = None) -> None:
+                 hidden: Sequence[int] = (), aborted: Iterable[tuple[bytes, int, int]] = (),
+                 value_schema: str | None = None) -> None:
         super().__init__((topic, partition, start, end))
-        self.fold_to = max(end, fold_to or end)
-        """How far a folding task may read to learn the fate of records before ``end``."""
         self.config = config
         self.value_schema = value_schema
         self.topic = topic
         self.partition = partition
         self.start = start
         self.end = end
-        self.skip = skip
+        self.hidden = _pack_offsets(hidden)
+        self.aborted = {raw: (first, last) for raw, first, last in aborted}
+
+
+def _pack_offsets(offsets: Sequence[int]) -> tuple[int, str, bytes]:
+    """Sorted offsets as ``(first, typecode, gaps)``, compact to ship to a task.
+
+    The gaps go in the narrowest array type that holds them: a marker after each
+    one-record txn costs one byte.
+    """
+    if not offsets:
+        return -1, "B", b""
+    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    top = max(gaps, default=0)
+    code = next(c for c in "BHIQ" if top < 1 << (8 * array(c).itemsize))
+    return offsets[0], code, array(code, gaps).tobytes()
+
+
+def _unpack_offsets(packed: tuple[int, str, bytes]) -> set[int]:
+    """The offsets :func:`_pack_offsets` packed, as a set."""
+    first, code, data = packed
+    if first < 0:
+        return set()
+    gaps = array(code)
+    gaps.frombytes(data)
+    return set(itertools.accumulate(gaps, initial=first))
 
 
 def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
+    """Deliver the range's records that are not skipped; never reads past its end."""
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTP
 
     if p.end <= p.start:
-        return
-    if p.skip is None:
-        yield from _read_folding(p)
         return
     vs = _value_schema(p.value_schema)
     rows = _Rows(p, vs)
@@ -150,75 +175,14 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
         c.close()
 
 
-MAX_HELD = 100_000
-"""Records a folding read holds while an open transaction blocks; past it, it re-reads."""
-
-
-def _offset(m: Any) -> int:
-    return m.offset()
-
-
-def _read_folding(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
-    """A batch read's task: fold the partition and deliver what is decided, in one pass.
-
-    Records at or below the buffer's max read position are decided (committed, plain,
-    or never to deliver); the rest wait for their transaction's end. Records of a
-    transaction still open at the range's end are not delivered, exactly as when the
-    driver plans the range. If an open transaction holds back more than ``MAX_HELD``
-    records, they are let go and re-read, filtered, once the fold has reached the end.
-    """
-    from bisect import bisect_right
-
-    from txnstream.buffer.reader import PartitionFolder
-
-    rows = _Rows(p, _value_schema(p.value_schema))
-    folder = PartitionFolder(p.config)
-    held: list[Any] = []
-    reread_from: int | None = None
-    buf = None
-    try:
-        for buf, batch in folder.scan(TopicPartition(p.topic, p.partition), p.start,
-                                      p.fold_to):
-            if reread_from is not None:
-                if buf.max_read_position >= p.end - 1:
-                    break  # every record before the end is decided
-                buf.trim(reread_from)  # the re-read needs the skip list from there on
-                continue
-            if batch and (batch[0].offset() < p.start or batch[-1].offset() >= p.end):
-                batch = [m for m in batch if p.start <= m.offset() < p.end]
-            held += batch
-            ready = bisect_right(held, buf.max_read_position, key=_offset)
-            if ready:
-                rows.skip = buf.invisible
-                rows.add(held[:ready], p.start)
-                del held[:ready]
-                if len(rows) >= BATCH_ROWS:
-                    yield rows.flush()
-            if len(held) > MAX_HELD:
-                reread_from, held = held[0].offset(), []
-            if buf.max_read_position >= p.end - 1:
-                break  # every record before the end is decided (and delivered)
-            # delivered below here: forget it (rows.skip is the same set, trimmed too)
-            buf.trim(held[0].offset() if held else buf.max_read_position + 1)
-    finally:
-        folder.close()
-    if len(rows):
-        yield rows.flush()
-    if reread_from is not None and buf is not None:
-        end = min(p.end, buf.max_read_position + 1)
-        if end > reread_from:
-            yield from _read_partition(TxnStreamPartition(
-                p.config, p.topic, p.partition, reread_from, end,
-                sorted(buf.invisible_in_range(reread_from, end)), p.value_schema))
-
-
 class _Rows:
     """Columns of the deliverable records of one input partition, built batch by batch."""
 
     def __init__(self, p: TxnStreamPartition, vs: ValueSchema | None) -> None:
         self.p = p
         self.vs = vs
-        self.skip: set[int] | frozenset[int] = frozenset(p.skip or ())
+        self.skip = _unpack_offsets(p.hidden)
+        self.spans = p.aborted
         self.schema = _layout(p.value_schema)[1]
         self.txn_names: dict[bytes, str | None] = {}
         self._reset()
@@ -240,7 +204,7 @@ class _Rows:
 
         try:
             name = self.txn_names[raw] = str(TxnID.from_bytes(raw))
-        except ValueError:
+        except (ValueError, TypeError):
             name = self.txn_names[raw] = None
         return name
 
@@ -248,7 +212,7 @@ class _Rows:
         """Take the deliverable records of ``batch``; returns the next position to read."""
         from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 
-        end, skip, names = self.p.end, self.skip, self.txn_names
+        end, skip, spans, names = self.p.end, self.skip, self.spans, self.txn_names
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
         for m in batch:
@@ -264,6 +228,10 @@ class _Rows:
             if h is not None and len(h) == 1 and h[0][0] == TXN_ID_HEADER:  # the common case
                 user: list[dict[str, Any]] = []
                 raw = h[0][1]
+                if spans and raw in spans:
+                    first, last = spans[raw]
+                    if first <= off <= last:
+                        continue  # a record of an aborted txn
                 txn = names[raw] if raw in names else self._txn_name(raw)
                 if txn is None:
                     continue  # an undecodable txn.id is never delivered
@@ -271,6 +239,9 @@ class _Rows:
                 user, txn = [], None
                 for k, v in h or ():
                     if k == TXN_ID_HEADER:
+                        span = spans.get(v) if spans else None
+                        if span is not None and span[0] <= off <= span[1]:
+                            break  # a record of an aborted txn
                         txn = names[v] if v in names else self._txn_name(v)
                         if txn is None:
                             break
@@ -310,40 +281,126 @@ class _Rows:
         return rb
 
 
+FRESH_WAIT_S = 10.0
+"""How long a plan that must hold everything committed before it (a batch read, the
+target of ``Trigger.AvailableNow``, ``startingOffsets=latest``) waits for the buffer
+owners to serve each partition up to its end as read when planning began."""
+COVER_WAIT_S = 30.0
+"""How long a micro-batch's plan waits for the served state to cover its range (a
+restarted driver plans ranges its predecessor found committed: the state it follows
+may still be behind, e.g. reloading from a snapshot)."""
+
+
 class _Planner:
-    """Driver side: partitions, their committed ends, and the ranges' skip lists."""
+    """Driver side: partitions, their committed ends, and each range's skip info.
+
+    Reads the served buffer state (:class:`BufferStateFollower`); never folds. Per
+    partition, the committed end is:
+
+    * SERVED: the view's ``max_read_position + 1``;
+    * PLAIN (no txn ever registered it): its high watermark, read *before* checking
+      again that it is still not registered (a registration precedes every txn record,
+      so nothing transactional lies below that end);
+    * WAITING (registered, no buffer owner serves it yet): it does not move, and nothing
+      of it is delivered meanwhile (never unfiltered data).
+
+    The ends never move back (a view reloaded from an older snapshot is waited for).
+    """
 
     def __init__(self, opts: SourceOptions) -> None:
-        from txnstream.buffer.reader import PartitionFolder
+        from txnstream.buffer.state_store import BufferStateFollower
 
         self.opts = opts
-        self.folder = PartitionFolder(opts.config)
-        meta = self.folder._consumer.list_topics(timeout=opts.config.admin_timeout_s)
+        self.follower = BufferStateFollower(opts.config, name="spark")
         self.tps: list[TopicPartition] = []
-        for t in opts.topics:
-            tm = meta.topics.get(t)
-            if tm is None or tm.error is not None:
-                raise ConfigError(f"option 'subscribe': topic {t!r} does not exist on "
-                                  f"{opts.config.bootstrap_servers}")
-            self.tps += [TopicPartition(t, p) for p in sorted(tm.partitions)]
+        try:
+            for t in opts.topics:
+                tps = self.follower.partitions_of(t)
+                if tps is None:
+                    raise ConfigError(f"option 'subscribe': topic {t!r} does not exist on "
+                                      f"{opts.config.bootstrap_servers}")
+                self.tps += tps
+        except BaseException:
+            self.follower.close()
+            raise
+        self.committed: dict[TopicPartition, int] = {}
+        """Each partition's committed end as last found: never moves back."""
+        self._plain_end: dict[TopicPartition, int] = {}
+        """The furthest end up to which a partition was found PLAIN: nothing below is
+        transactional (a partition registered later keeps it)."""
+        self._warned: set[TopicPartition] = set()
 
-    def ends(self) -> dict[str, dict[str, int]]:
-        bufs = self.folder.catch_up(self.tps)
-        out: dict[str, dict[str, int]] = {}
+    def close(self) -> None:
+        self.follower.close()
+
+    def _covered_end(self, tp: TopicPartition) -> int:
+        """Up to where the state at hand says what to skip: the plain prefix, or the view."""
+        end = self._plain_end.get(tp, 0)
+        view = self.follower.views.get(tp)
+        if view is not None:
+            end = max(end, view.max_read_position + 1)
+        return end
+
+    def refresh(self, fresh_s: float = 0.0) -> dict[TopicPartition, int]:
+        """Bring the committed ends up to date (``catch_up`` of the served state).
+
+        ``fresh_s > 0``: the ends hold everything committed before this call: wait up to
+        that long for each partition's owner to have served it up to the end read now.
+        """
+        from txnstream.buffer.state_store import ServeStatus
+
+        f = self.follower
+        marks = {tp: f.watermarks(tp) for tp in self.tps}  # first: see PLAIN
         for tp in self.tps:
-            out.setdefault(tp.topic, {})[str(tp.partition)] = bufs[tp].max_read_position + 1
+            st = f.status.get(tp)
+            if st is None or (st is ServeStatus.PLAIN
+                              and marks[tp][1] > self._plain_end.get(tp, 0)):
+                if f.recheck(tp) is ServeStatus.PLAIN:
+                    self._plain_end[tp] = max(self._plain_end.get(tp, 0), marks[tp][1])
+        txnl = [tp for tp in self.tps if f.status.get(tp) is not ServeStatus.PLAIN]
+        if txnl:
+            f.catch_up(txnl)
+        def behind() -> list[TopicPartition]:
+            return [tp for tp in txnl
+                    if (v := f.views.get(tp)) is not None and v.position < marks[tp][1] - 1]
+
+        deadline = time.monotonic() + fresh_s
+        while fresh_s > 0 and time.monotonic() < deadline and (
+                behind() or any(f.status.get(tp) is ServeStatus.WAITING for tp in txnl)):
+            f.poll(0.1)
+        if fresh_s > 0 and (late := behind()):
+            log.warning("the buffer owners of %s have not served them up to their ends yet "
+                        "after %.0f s: the plan ends where they are (records committed just "
+                        "before it may be left to a later read)", late, fresh_s)
+        for tp in self.tps:
+            low = marks[tp][0]
+            if f.status.get(tp) is ServeStatus.WAITING:
+                if tp not in self._warned:
+                    self._warned.add(tp)
+                    log.warning("%s is transactional but no buffer owner serves it (is a "
+                                "`txnstream worker` with the buffer role running?): nothing "
+                                "of it past offset %d is read until one does", tp,
+                                max(self.committed.get(tp, low), self._covered_end(tp)))
+            else:
+                self._warned.discard(tp)
+            self.committed[tp] = max(self.committed.get(tp, low), self._covered_end(tp))
+        return dict(self.committed)
+
+    @staticmethod
+    def _json(ends: dict[TopicPartition, int]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for tp, e in ends.items():
+            out.setdefault(tp.topic, {})[str(tp.partition)] = e
         return out
 
-    def starts(self, spec: Any) -> dict[str, dict[str, int]]:
-        from confluent_kafka import TopicPartition as KafkaTP
+    def ends(self, fresh_s: float = 0.0) -> dict[str, dict[str, int]]:
+        """The committed ends now (JSON offsets); see :meth:`refresh`."""
+        return self._json(self.refresh(fresh_s))
 
+    def starts(self, spec: Any) -> dict[str, dict[str, int]]:
         if spec == "latest":
-            return self.ends()
-        out: dict[str, dict[str, int]] = {}
-        for tp in self.tps:
-            low, _ = self.folder._consumer.get_watermark_offsets(
-                KafkaTP(tp.topic, tp.partition), timeout=self.opts.config.admin_timeout_s)
-            out.setdefault(tp.topic, {})[str(tp.partition)] = low
+            return self.ends(FRESH_WAIT_S)
+        out = self._json({tp: self.follower.watermarks(tp)[0] for tp in self.tps})
         if isinstance(spec, dict):
             for t, parts in spec.items():
                 if t not in out:
@@ -353,73 +410,72 @@ class _Planner:
         return out
 
     def trim(self, below: dict) -> None:
-        """Forget buffer state below ``below`` (JSON offsets): no batch starts there again."""
+        """Forget served state below ``below`` (JSON offsets): no batch starts there again."""
         for tp in self.tps:
-            buf = self.folder.buffers.get(tp)
+            view = self.follower.views.get(tp)
             at = below.get(tp.topic, {}).get(str(tp.partition))
-            if buf is not None and at is not None:
-                buf.trim(int(at))
+            if view is not None and at is not None:
+                view.trim(int(at))
 
-    def high_watermarks(self) -> dict[str, dict[str, int]]:
-        """Each partition's end right now (a batch read's executors fold up to it)."""
-        from confluent_kafka import TopicPartition as KafkaTP
+    def partitions(self, start: dict, end: dict, clamp: bool) -> list[TxnStreamPartition]:
+        """The input partitions of ``[start, end)``, each with its skip info.
 
-        out: dict[str, dict[str, int]] = {}
-        for tp in self.tps:
-            _, high = self.folder._consumer.get_watermark_offsets(
-                KafkaTP(tp.topic, tp.partition), timeout=self.opts.config.admin_timeout_s)
-            out.setdefault(tp.topic, {})[str(tp.partition)] = high
-        return out
-
-    def folding_partitions(self, start: dict, end: dict, high: dict
-                           ) -> list[TxnStreamPartition]:
-        """Ranges whose tasks fold as they read (no skip list): a batch read's plan.
-
-        A task reads at most to ``high`` (the ends now) to learn its records' fates.
+        ``clamp``: a range past the committed end is cut there (``endingOffsets``, or an
+        offset from elsewhere, would hold records of txns that have not ended). Else
+        (a micro-batch, whose end was found committed) the state is waited for until
+        it covers the range; ``RuntimeError`` if it does not in ``COVER_WAIT_S``.
         """
-        parts = []
-        for tp in self.tps:
-            s = int(start.get(tp.topic, {}).get(str(tp.partition), 0))
-            hw = high[tp.topic][str(tp.partition)]
-            e = min(int(end.get(tp.topic, {}).get(str(tp.partition), s)), hw)
-            if e > s:
-                parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
-                                                None, self.opts.value_schema, fold_to=hw))
-        return parts
-
-    def partitions(self, start: dict, end: dict) -> list[TxnStreamPartition]:
-        ranges = {}
+        ranges: dict[TopicPartition, tuple[int, int]] = {}
         for tp in self.tps:
             s = int(start.get(tp.topic, {}).get(str(tp.partition), 0))
             ranges[tp] = s, int(end.get(tp.topic, {}).get(str(tp.partition), s))
-        bufs = self.folder.buffers
-        if any(tp not in bufs or bufs[tp].last_offset < e - 1 for tp, (_, e) in ranges.items()):
-            bufs = self.folder.catch_up(self.tps)  # not folded that far yet (a restart)
+
+        def short() -> list[TopicPartition]:
+            return [tp for tp, (s, e) in ranges.items() if e > max(s, self._covered_end(tp))]
+
+        if short():
+            self.refresh()
+            deadline = time.monotonic() + (0 if clamp else COVER_WAIT_S)
+            while short() and time.monotonic() < deadline:
+                time.sleep(0.2)
+                self.refresh()
         parts = []
         for tp, (s, e) in ranges.items():
-            # never past the committed end: a range beyond it (endingOffsets, an offset
-            # from elsewhere) would hold records of transactions that have not ended
-            e = min(e, bufs[tp].max_read_position + 1)
+            covered = self._covered_end(tp)
+            if e > covered:
+                if not clamp:
+                    raise RuntimeError(
+                        f"{tp}: the served buffer state does not reach offset {e} of this "
+                        f"micro-batch (it is at {covered}) after {COVER_WAIT_S:g} s: is a "
+                        "`txnstream worker` with the buffer role running? Restarting the "
+                        "query replays the batch.")
+                e = covered
             if e > s:
-                skip = sorted(bufs[tp].invisible_in_range(s, e))
+                view = self.follower.views.get(tp)
+                hidden, aborted = view.skip_in(s, e) if view is not None else ([], [])
                 parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
-                                                skip, self.opts.value_schema))
+                                                hidden, aborted, self.opts.value_schema))
         return parts
 
 
 class TxnStreamBatchReader(DataSourceReader):
-    """``spark.read.format("txnstream")``: committed records from start to end offsets."""
+    """``spark.read.format("txnstream")``: committed records from start to end offsets.
+
+    Planned on the driver from the served state, as a micro-batch is: the latest end is
+    what was committed when the read began (its owners are waited for up to
+    ``FRESH_WAIT_S`` to have served that far).
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
         opts = SourceOptions.parse(options)
         planner = _Planner(opts)
-        start = planner.starts(opts.starting)
-        # Each task folds its partition as it reads (one pass, in parallel), up to the
-        # end found now; a stream's driver folds instead, as its offsets need the end.
-        high = planner.high_watermarks()
-        end = high if opts.ending == "latest" else opts.ending
-        self._parts = planner.folding_partitions(start, end, high)
-        planner.folder.close()
+        try:
+            start = planner.starts(opts.starting)
+            latest = planner.ends(FRESH_WAIT_S)
+            end = latest if opts.ending == "latest" else opts.ending
+            self._parts = planner.partitions(start, end, clamp=True)
+        finally:
+            planner.close()
 
     def partitions(self) -> Sequence[InputPartition]:
         return self._parts
@@ -463,14 +519,16 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._planner.ends()
+        self._target = self._planner.ends(FRESH_WAIT_S)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         ends = self._planner.ends()
         if self._target is not None:  # AvailableNow: nothing committed after query start
-            ends = {t: {p: max(int(start.get(t, {}).get(p, 0)),
-                               min(e, self._target.get(t, {}).get(p, e)))
-                        for p, e in parts.items()} for t, parts in ends.items()}
+            ends = {t: {p: min(e, self._target.get(t, {}).get(p, e)) for p, e in parts.items()}
+                    for t, parts in ends.items()}
+        # never behind the start (a startingOffsets past the committed end)
+        ends = {t: {p: max(int(start.get(t, {}).get(p, e)), e) for p, e in parts.items()}
+                for t, parts in ends.items()}
         if not isinstance(limit, ReadMaxRows):
             return ends
         left = limit.max_rows
@@ -484,7 +542,7 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return out
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        return self._planner.partitions(start, end)
+        return self._planner.partitions(start, end, clamp=False)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TxnStreamPartition)
@@ -492,13 +550,13 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def commit(self, end: dict) -> None:
         # Offsets live in Spark's checkpoint; nothing to release in Kafka. Later batches
-        # start at or after ``end``, so the planner's buffers forget what lies below.
+        # start at or after ``end``, so the planner's views forget what lies below.
         if self._planner_ is not None:
             self._planner_.trim(end)
 
     def stop(self) -> None:
         if self._planner_ is not None:
-            self._planner_.folder.close()
+            self._planner_.close()
 
 
 # ---------------------------------------------------------------------------- sink
