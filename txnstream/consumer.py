@@ -65,6 +65,8 @@ DATA_FETCH_WAIT_MS = 5
 """The broker's long-poll wait for data fetches. A reader pauses a partition at the max
 read position and resumes it when a commit moves it: a fetch still parked on the broker
 (librdkafka's default 500 ms) would delay the records the commit made visible."""
+TXN_ID_CACHE = 10_000
+"""Parsed ``txn.id`` headers kept per consumer (one per txn in flight, cleared past it)."""
 POLL_SLICE_S = 0.1
 """Longest single wait inside receive: rebalances and retakes are served between waits."""
 READ_BACK_TIMEOUT_S = 30.0
@@ -166,6 +168,7 @@ class Consumer:
         self.member_id = f"{subscription}-{uuid.uuid4().hex[:8]}"
         self._acks = PendingAckStore(client.config, subscription, self.member_id)
         self._follower = BufferStateFollower(client.config, name=self.member_id)
+        self._txn_ids: dict[bytes, TxnID] = {}
         self._txns: dict[TxnID, Transaction] = {}
         """Txns that acked through this consumer, until they end (bounded by txns in
         flight: ended ones are dropped at their mark or at their local end)."""
@@ -370,8 +373,7 @@ class Consumer:
             self._unblock(moved)
         batch = drain(self._kafka, max_records, 0.0 if blocked else timeout_s)
         with self._lock:
-            for m in batch:
-                self._ingest(m)
+            self._ingest_batch(batch)
             self._apply_marks()
             self._commit()
             for r in self._readers.values():
@@ -461,53 +463,87 @@ class Consumer:
         except KafkaException as exc:
             log.warning("%s: cannot keep %s assigned (%s)", self.member_id, tp, exc)
 
-    def _ingest(self, m: KafkaMessage) -> None:
-        """Deliver ``m`` if the served state says it is committed; else wait at it."""
-        if message_error(m, f"consumer {self.subscription}", log):
-            return
-        tp = TopicPartition(m.topic(), m.partition())
-        r = self._readers.get(tp)
-        if r is None or r.wait_at is not None:
-            return
-        off = m.offset()
-        if off < r.deliver_pos:
-            return
-        txn_raw = None
-        marker = False
-        user: list[tuple[str, bytes]] = []
-        for k, v in m.headers() or ():
-            if k == TXN_ID_HEADER:
-                txn_raw = v
-            elif k == TXN_MARKER_HEADER:
-                marker = True
+    def _ingest_batch(self, batch: list[KafkaMessage]) -> None:
+        """Deliver what the served state says is committed; wait at the first that is not.
+
+        The hot path of every reader: per run of one partition's records, the reader,
+        its view and its pending-ack state are looked up once; per record, a few
+        comparisons and the :class:`Message` (the same object a hand-written
+        ``read_committed`` loop builds). Records of a partition after the one it waits at
+        are ignored (the seek fetches them again).
+        """
+        ready, unacked_of, views = self._ready, None, self._follower.views
+        ids = self._txn_ids
+        key: tuple[str, int] | None = None
+        r: _PartitionReader | None = None
+        view = None
+        quiet = False
+        for m in batch:
+            if m.error() is not None:
+                message_error(m, f"consumer {self.subscription}", log)
+                continue
+            topic, part = m.topic(), m.partition()
+            if (topic, part) != key:
+                key = (topic, part)
+                r = self._readers.get(TopicPartition(topic, part))
+                view = views.get(r.tp) if r is not None else None
+                h = r.handle if r is not None else None
+                # no pending or individual acks here: every record at or above the cursor
+                # is deliverable, without asking the handle per record
+                quiet = h is None or (not h.pending and h.cumulative is None and not h.acked)
+                unacked_of = r.unacked if r is not None else None
+            if r is None or r.wait_at is not None:
+                continue
+            off = m.offset()
+            if off < r.deliver_pos:
+                continue
+            txn_raw = None
+            marker = False
+            user: list[tuple[str, bytes]] = []
+            for k, v in m.headers() or ():
+                if k == TXN_ID_HEADER:
+                    txn_raw = v
+                elif k == TXN_MARKER_HEADER:
+                    marker = True
+                else:
+                    user.append((k, v))
+            if r.status is ServeStatus.PLAIN:
+                if txn_raw is None and not marker:
+                    r.deliver_pos = off + 1
+                    self._queue(r, Message(topic, part, off, m.key(), m.value(), tuple(user),
+                                           m.timestamp()[1], None))
+                    continue
+                # The partition's first txn record: it is transactional from here on.
+                log.info("%s: %s has txn records from offset %d on: reading served state",
+                         self.member_id, r.tp, off)
+                self._follower.unfollow(r.tp)
+                r.status = self._follower.follow(r.tp, plain_ok=False)
+                view = views.get(r.tp)
+            if view is None or off > view.max_read_position:
+                self._wait_at(r, off)
+                continue
+            r.deliver_pos = off + 1
+            if marker or not view.visible(off, txn_raw):
+                continue
+            txn_id = None
+            if txn_raw is not None:
+                txn_id = ids.get(txn_raw)
+                if txn_id is None:
+                    try:
+                        txn_id = TxnID.from_bytes(txn_raw)
+                    except ValueError:
+                        continue  # the fold hid it too; never delivered
+                    if len(ids) >= TXN_ID_CACHE:
+                        ids.clear()
+                    ids[txn_raw] = txn_id
+            msg = Message(topic, part, off, m.key(), m.value(), tuple(user), m.timestamp()[1],
+                          txn_id)
+            if quiet and (r.handle is None or off >= r.handle.cursor):
+                ready.append(msg)
+                assert unacked_of is not None
+                unacked_of[off] = msg  # queued counts as unacked: the cursor stays below it
             else:
-                user.append((k, v))
-        if r.status is ServeStatus.PLAIN:
-            if txn_raw is None and not marker:
-                r.deliver_pos = off + 1
-                self._queue(r, Message(m.topic(), m.partition(), off, m.key(), m.value(),
-                                       tuple(user), m.timestamp()[1], None))
-                return
-            # The partition's first txn record: it is transactional from here on.
-            log.info("%s: %s has txn records from offset %d on: reading served state",
-                     self.member_id, tp, off)
-            self._follower.unfollow(tp)
-            r.status = self._follower.follow(tp, plain_ok=False)
-        view = self._follower.views.get(tp)
-        if view is None or off > view.max_read_position:
-            self._wait_at(r, off)
-            return
-        r.deliver_pos = off + 1
-        if marker or not view.visible(off, txn_raw):
-            return
-        txn_id = None
-        if txn_raw is not None:
-            try:
-                txn_id = TxnID.from_bytes(txn_raw)
-            except ValueError:
-                return  # the fold hid it too; never delivered
-        self._queue(r, Message(m.topic(), m.partition(), off, m.key(), m.value(), tuple(user),
-                               m.timestamp()[1], txn_id))
+                self._queue(r, msg)
 
     def _queue(self, r: _PartitionReader, msg: Message) -> None:
         off = msg.offset

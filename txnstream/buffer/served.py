@@ -184,6 +184,15 @@ class BufferView:
                 view._add_span(txn.to_bytes(), offs[0], offs[-1])
                 in_spans.update(offs)
         view._add_hidden(o for o in snap.invisible if o not in in_spans)
+        # what the stats say until the first delta: the snapshot's open txns
+        first = min(snap.ongoing, key=lambda o: o[1][0], default=None)
+        view.last = BufferStateRecord(
+            BufferStateKind.DELTA, "", snap.generation, snap.topic, snap.partition,
+            snap.position + 1, snap.position, snap.max_read_position,
+            ongoing=len(snap.ongoing), aborted_txns=len(snap.aborted),
+            blocking_txn=first[0] if first else None,
+            blocking_offset=first[1][0] if first else -1,
+            blocking_since_ms=first[2] if first and first[2] is not None else -1)
         return view
 
     def _add_hidden(self, offsets: Any) -> None:
