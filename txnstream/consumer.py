@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaException
@@ -345,6 +345,32 @@ class Consumer:
             if left <= 0:
                 return []
             self._pump(min(left, POLL_SLICE_S), max(max_records, 500))
+
+    def receive_arrow(self, max_records: int = 10_000, timeout_s: float = 5.0) -> Any:
+        """Up to ``max_records`` committed records as one Arrow ``RecordBatch``.
+
+        The columns of :mod:`txnstream.arrow` (the Spark source's); ``None`` if nothing
+        came within ``timeout_s``. Acknowledge the rows with :meth:`acknowledge_rows`.
+        """
+        from txnstream.arrow import to_record_batch
+
+        msgs = self.receive_batch(max_records, timeout_s)
+        return to_record_batch(msgs) if msgs else None
+
+    def acknowledge_rows(self, batch: Any, txn: Transaction | None = None) -> None:
+        """Ack every row of a batch from :meth:`receive_arrow` (individually, in ``txn``)."""
+        topics = batch.column("topic").to_pylist()
+        parts = batch.column("partition").to_pylist()
+        offsets = batch.column("offset").to_pylist()
+        for topic, part, off in zip(topics, parts, offsets, strict=True):
+            with self._lock:
+                r = self._readers.get(TopicPartition(topic, part))
+                msg = None if r is None else (r.unacked.get(off) or r.inflight.get(off))
+            if msg is None:
+                raise TxnStreamError(f"cannot ack {topic}-{part}@{off}: not a message "
+                                     f"delivered to this consumer of {self.subscription!r} "
+                                     "and still unacked")
+            self.acknowledge(msg, txn)
 
     def _take_ready(self, n: int) -> list[Message]:
         out: list[Message] = []
