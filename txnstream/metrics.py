@@ -20,3 +20,12 @@ OPEN_TXNS = Gauge("txnstream_open_txns", "Open transactions", ["tc"])
 def serve(port: int) -> None:
     """Expose /metrics on 127.0.0.1:``port``."""
     start_http_server(port, addr="127.0.0.1")
+BUFFER_SLOTS = Gauge("txnstream_buffer_slots_owned", "Buffer slots this worker owns")
+BUFFER_PARTITIONS = Gauge("txnstream_buffer_partitions_served",
+                          "Data partitions this worker's buffer role serves")
+BUFFER_DELTAS = Counter("txnstream_buffer_deltas_total", "Buffer state deltas published",
+                        ["result"])
+BUFFER_RECORDS_FOLDED = Counter("txnstream_buffer_records_folded_total",
+                                "Data records folded by the buffer role")
+BUFFER_BLOCKED = Gauge("txnstream_buffer_partitions_blocked",
+                       "Served partitions an open txn blocks (max read position < end)")

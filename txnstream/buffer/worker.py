@@ -57,6 +57,7 @@ from functools import partial
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from txnstream import metrics
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord, take_delta
 from txnstream.buffer.snapshot import restore, take_snapshot
 from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapshotStore
@@ -390,8 +391,9 @@ class BufferWorker:
             runs.setdefault((m.topic(), m.partition()), []).append(m)
         for (topic, partition), msgs in runs.items():
             s = self.served.get(TopicPartition(topic, partition))
-            if s is not None and s.buf.fold_messages(msgs):
+            if s is not None and (n := s.buf.fold_messages(msgs)):
                 s.dirty = True
+                metrics.BUFFER_RECORDS_FOLDED.inc(n)
 
     def _publish_deltas(self) -> None:
         """One DELTA per partition that folded something since the last one."""
@@ -401,6 +403,9 @@ class BufferWorker:
                 continue
             self._produce_delta(tp, s, now_ms)
         self._producer.poll(0)
+        metrics.BUFFER_SLOTS.set(len(self.slots))
+        metrics.BUFFER_PARTITIONS.set(len(self.served))
+        metrics.BUFFER_BLOCKED.set(sum(1 for s in self.served.values() if s.buf.ongoing))
 
     def _produce_delta(self, tp: TopicPartition, s: _Served, now_ms: int) -> None:
         slot = self.slots.get(s.slot)
@@ -412,6 +417,7 @@ class BufferWorker:
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 self.delta_failures += 1
+                metrics.BUFFER_DELTAS.labels("failed").inc()
                 s.snapshot_due = True  # readers see a gap and reload from a snapshot
                 log.error("buffer worker: delta of %s at %d not written (%s): publishing a "
                           "snapshot", tp, rec.position, err)
@@ -419,6 +425,7 @@ class BufferWorker:
             s.delivered += 1
             s.delta_offset = max(s.delta_offset, msg.offset())
             self.deltas_published += 1
+            metrics.BUFFER_DELTAS.labels("ok").inc()
 
         self._producer.produce(self._state_topic, rec.encode(), key=str(tp).encode(),
                                partition=s.slot, on_delivery=delivered)
