@@ -285,6 +285,11 @@ FRESH_WAIT_S = 10.0
 """How long a plan that must hold everything committed before it (a batch read, the
 target of ``Trigger.AvailableNow``, ``startingOffsets=latest``) waits for the buffer
 owners to serve each partition up to its end as read when planning began."""
+CATCH_UP_S = 0.5
+"""Bound on one ``catch_up`` of the served state. It returns as soon as it has read each
+state slot to its end, but waits its whole timeout on a slot with nothing new since the
+view started (the consumer reports no position there); an end found a little short is
+safe (a later micro-batch, or the waits below, go on from it)."""
 COVER_WAIT_S = 30.0
 """How long a micro-batch's plan waits for the served state to cover its range (a
 restarted driver plans ranges its predecessor found committed: the state it follows
@@ -359,7 +364,7 @@ class _Planner:
                     self._plain_end[tp] = max(self._plain_end.get(tp, 0), marks[tp][1])
         txnl = [tp for tp in self.tps if f.status.get(tp) is not ServeStatus.PLAIN]
         if txnl:
-            f.catch_up(txnl)
+            f.catch_up(txnl, timeout_s=CATCH_UP_S)
         def behind() -> list[TopicPartition]:
             return [tp for tp in txnl
                     if (v := f.views.get(tp)) is not None and v.position < marks[tp][1] - 1]
