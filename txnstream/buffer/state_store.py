@@ -218,8 +218,16 @@ class BufferStateFollower:
                 self._rescan(tp)
 
     def _position(self, slot: int) -> int:
+        """The next offset this follower reads in ``slot``.
+
+        Before any fetch, where it was assigned or sought to: a slot assigned at its end
+        has nothing to read, and catching up must not wait for a record there.
+        """
         pos = self._consumer.position([KafkaTP(self.topic, slot)])[0].offset
-        return pos if pos >= 0 else -1
+        if pos >= 0 and slot not in self._reseek:
+            return pos
+        nxt = self._next.get(slot, -1)
+        return nxt if nxt >= 0 else -1
 
     def _do_reseeks(self) -> None:
         for slot, offset in list(self._reseek.items()):
