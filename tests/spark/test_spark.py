@@ -57,6 +57,21 @@ def test_batch_read_is_committed_only_and_hides_open_txns(spark, config, worker,
     assert later == committed | {b"open-1"}
 
 
+def test_a_plain_topic_is_read_without_any_worker(spark, config):
+    """No txn ever registered the topic: read to its end, no buffer owner needed."""
+    from confluent_kafka import Producer
+
+    topic = make_topic(config, 2)
+    raw = Producer(config.producer())
+    for i in range(100):
+        raw.produce(topic, f"v{i}".encode(), partition=i % 2, headers=[("h", b"x")])
+    raw.flush(10)
+    rows = spark.read.format("txnstream").options(**opts(config, subscribe=topic)).load() \
+        .select("value", "txn_id", "headers").collect()
+    assert sorted(bytes(r.value) for r in rows) == sorted(f"v{i}".encode() for i in range(100))
+    assert all(r.txn_id is None and r.headers[0].key == "h" for r in rows)
+
+
 def test_ending_offsets_past_an_open_txn_stop_at_the_committed_end(spark, config, worker,
                                                                      client):
     import json
