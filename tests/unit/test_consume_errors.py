@@ -124,12 +124,12 @@ class FakeConsumer:
 
 @pytest.fixture
 def fake_consumer(monkeypatch):
-    import txnstream.buffer.reader as reader
     import txnstream.buffer.snapshot_store as snapshot_store
+    import txnstream.buffer.state_store as state_store
     import txnstream.buffer.worker as worker
 
     FakeConsumer.made = []
-    for mod in (reader, snapshot_store, worker):
+    for mod in (state_store, snapshot_store, worker):
         monkeypatch.setattr(mod, "Consumer", FakeConsumer)
     return FakeConsumer
 
@@ -172,40 +172,18 @@ def test_snapshot_store_raises_on_a_fatal_consumed_error(fake_consumer):
         store.latest(TP)
 
 
-# ----------------------------------------------------------------- partition folder
+# ----------------------------------------------------------- buffer state follower
 
-def test_partition_folder_catch_up_logs_consumed_errors_and_folds_on(fake_consumer, caplog):
-    from txnstream.buffer.reader import PartitionFolder
+def test_buffer_state_follower_logs_consumed_errors_and_raises_on_a_fatal_one(
+        fake_consumer, caplog):
+    from txnstream.buffer.state_store import BufferStateFollower
 
-    recs = _records()
-    fake_consumer.script = [recs[0], Rec(err=denied(retriable=True)), *recs[1:]]
-    folder = PartitionFolder(CONFIG, use_snapshots=False)
-    buf = folder.catch_up([TP], timeout_s=5)[TP]
-    assert buf.last_offset == 2 and buf.max_read_position == 2
+    follower = BufferStateFollower(CONFIG)
+    follower._apply(Rec(err=denied(retriable=True)))
     assert any(r.levelno == logging.WARNING and "denied-by-acl" in r.getMessage()
                for r in caplog.records), caplog.text
-
-
-def test_partition_folder_catch_up_and_scan_raise_on_a_fatal_consumed_error(fake_consumer):
-    from txnstream.buffer.reader import PartitionFolder
-
-    recs = _records()
-    fake_consumer.script = [recs[0], Rec(err=denied(fatal=True)), *recs[1:]]
     with pytest.raises(KafkaClientError, match="denied-by-acl"):
-        PartitionFolder(CONFIG, use_snapshots=False).catch_up([TP], timeout_s=5)
-    with pytest.raises(KafkaClientError, match="denied-by-acl"):
-        list(PartitionFolder(CONFIG, use_snapshots=False).scan(TP, 0, 3, timeout_s=1))
-
-
-def test_partition_folder_scan_logs_consumed_errors_and_folds_on(fake_consumer, caplog):
-    from txnstream.buffer.reader import PartitionFolder
-
-    recs = _records()
-    fake_consumer.script = [Rec(err=denied(retriable=True)), *recs]
-    folder = PartitionFolder(CONFIG, use_snapshots=False)
-    seen = [m.offset() for _, batch in folder.scan(TP, 0, 3, timeout_s=1) for m in batch]
-    assert seen == [0, 1, 2]
-    assert any("denied-by-acl" in r.getMessage() for r in caplog.records), caplog.text
+        follower._apply(Rec(err=denied(fatal=True)))
 
 
 # ---------------------------------------------------------------------- buffer worker

@@ -69,7 +69,7 @@ def test_receive_arrow_columns_and_acknowledge_rows_move_the_cursor(config, work
                                    "timestamp", "headers", "txn_id"]
         assert rb.column("value").to_pylist() == want[:8]
         names = rb.column("txn_id").to_pylist()
-        assert all((n is None) == v.startswith(b"p") for n, v in zip(names, want[:8]))
+        assert all((n is None) == v.startswith(b"p") for n, v in zip(names, want[:8], strict=True))
         consumer.acknowledge_rows(rb)
     finally:
         consumer.close()
