@@ -1,12 +1,22 @@
-"""Issue 6 benchmark: the txnstream Spark source and sink against Spark's own Kafka connector.
+"""Issues 6 and 12 benchmark: the txnstream Spark source and sink against Spark's own Kafka
+connector.
 
 One run, one broker, Spark ``local[2]``:
 
 Each measure is the median of three, the two sides taking turns.
 
-* source: rows/s of a batch read of N committed rows. Anchor: spark-sql-kafka with
-  ``kafka.isolation.level=read_committed`` on the same N rows written with Kafka's own
-  transactions; txnstream reads the same rows written with txnstream transactions.
+* batch source: rows/s of a batch read (``spark.read``) of N committed rows. Anchor:
+  spark-sql-kafka with ``kafka.isolation.level=read_committed`` on the same N rows written
+  with Kafka's own transactions; txnstream reads the same rows written with txnstream
+  transactions. Goal 1.2x (issue 12).
+* streaming source: rows/s of a ``spark.readStream`` query with ``Trigger.AvailableNow``
+  reading the same N committed rows (same topics, same writing) into the ``noop`` sink,
+  timed from building the query to the return of ``awaitTermination``; each query has a
+  fresh checkpoint and starts at the earliest offsets. Anchor: spark-sql-kafka streaming
+  with ``startingOffsets=earliest`` and ``kafka.isolation.level=read_committed``. The rows
+  each query read (the sum of ``numInputRows`` over its progress reports) must be N.
+  Neither side gets a per-trigger limit unless ``TXNSTREAM_BENCH_SPARK_TRIGGER_ROWS`` is
+  set: then both get it (``maxOffsetsPerTrigger`` / ``maxRecordsPerTrigger``). Goal 1.0x.
 * sink: rows/s of ``df.write`` of the same cached N-row DataFrame, each write to a new
   topic and checked. Anchor: Spark's own (at-least-once) Kafka sink;
   txnstream: the exactly-once sink (one group commit).
@@ -22,6 +32,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -132,6 +143,26 @@ def _read(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
     return r.n, time.perf_counter() - t0
 
 
+def _stream(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
+    """Rows read and seconds of one ``Trigger.AvailableNow`` query into the noop sink,
+    from building the query to the return of ``awaitTermination``."""
+    with tempfile.TemporaryDirectory(prefix="txnstream-bench-ckpt-") as ckpt:
+        t0 = time.perf_counter()
+        q = (spark.readStream.format(fmt).options(**options).load()
+             .writeStream.format("noop").option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        secs = time.perf_counter() - t0
+        if q.exception() is not None:
+            raise RuntimeError(f"{fmt} streaming query failed: {q.exception()}")
+        progress = q.recentProgress
+        if len(progress) >= int(spark.conf.get(
+                "spark.sql.streaming.numRecentProgressUpdates", "100")):
+            raise RuntimeError(f"{fmt} streaming query: too many micro-batches to count its "
+                               "rows from its progress reports")
+        return sum(p.numInputRows for p in progress), secs
+
+
 def _write(df, fmt: str, options: dict[str, str], count, n: int) -> float:
     """Seconds of one full write of ``df`` to the topic in ``options``, checked after."""
     t0 = time.perf_counter()
@@ -150,7 +181,7 @@ def _row(measure: str, ours: float, anchor: str, theirs: float, goal: float) -> 
 
 
 def run(cfg: Config) -> list[dict]:
-    """Source and sink rows/s, side by side with spark-sql-kafka."""
+    """Batch source, streaming source and sink rows/s, side by side with spark-sql-kafka."""
     n = int(os.environ.get("TXNSTREAM_BENCH_SPARK_ROWS", "200000"))
     jars, version = _jars()
     anchor = f"spark-sql-kafka {version}"
@@ -178,9 +209,32 @@ def run(cfg: Config) -> list[dict]:
                     raise RuntimeError(f"source read {got_k} (kafka) / {got_t} (txnstream) "
                                        f"of {n}")
             secs_k, secs_t = statistics.median(times_k), statistics.median(times_t)
-            rows.append(_row(f"source rows/s ({n:,} rows, batch read, median of {ROUNDS})",
-                             n / secs_t,
-                             f"{anchor}, read_committed", n / secs_k, 1.0))
+            rows.append(_row(f"batch source rows/s ({n:,} rows, spark.read, median of "
+                             f"{ROUNDS})", n / secs_t,
+                             f"{anchor} batch source, read_committed", n / secs_k, 1.2))
+
+            limit = os.environ.get("TXNSTREAM_BENCH_SPARK_TRIGGER_ROWS")
+            kafka_stream = {**kafka_read, "startingOffsets": "earliest",
+                            **({"maxOffsetsPerTrigger": limit} if limit else {})}
+            ours_stream = {"startingOffsets": "earliest",
+                           **({"maxRecordsPerTrigger": limit} if limit else {})}
+            _stream(spark, "kafka", {**kafka_stream, "subscribe": warm_k})
+            _stream(spark, "txnstream", _opts(cfg, subscribe=warm_t, **ours_stream))
+            times_k, times_t = [], []
+            for _ in range(ROUNDS):
+                got_k, secs = _stream(spark, "kafka", {**kafka_stream, "subscribe": kafka_src})
+                times_k.append(secs)
+                got_t, secs = _stream(spark, "txnstream",
+                                      _opts(cfg, subscribe=ours_src, **ours_stream))
+                times_t.append(secs)
+                if got_k != n or got_t != n:
+                    raise RuntimeError(f"streaming source read {got_k} (kafka) / {got_t} "
+                                       f"(txnstream) of {n}")
+            secs_k, secs_t = statistics.median(times_k), statistics.median(times_t)
+            per = f", {int(limit):,} per trigger" if limit else ""
+            rows.append(_row(f"streaming source rows/s ({n:,} rows, readStream AvailableNow "
+                             f"to noop{per}, median of {ROUNDS})", n / secs_t,
+                             f"{anchor} streaming source, read_committed", n / secs_k, 1.0))
 
             df = spark.range(0, n, numPartitions=2).selectExpr(
                 "cast(id AS string) AS key",
