@@ -286,10 +286,9 @@ FRESH_WAIT_S = 10.0
 target of ``Trigger.AvailableNow``, ``startingOffsets=latest``) waits for the buffer
 owners to serve each partition up to its end as read when planning began."""
 CATCH_UP_S = 0.5
-"""Bound on one ``catch_up`` of the served state. It returns as soon as it has read each
-state slot to its end, but waits its whole timeout on a slot with nothing new since the
-view started (the consumer reports no position there); an end found a little short is
-safe (a later micro-batch, or the waits below, go on from it)."""
+"""Bound on one ``catch_up`` of the served state, so planning a micro-batch stays short
+when the state is far behind (a view starting from an old snapshot): an end found short
+is safe, a later micro-batch (or the fresh and cover waits, which poll on) goes on."""
 COVER_WAIT_S = 30.0
 """How long a micro-batch's plan waits for the served state to cover its range (a
 restarted driver plans ranges its predecessor found committed: the state it follows
