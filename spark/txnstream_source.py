@@ -110,8 +110,10 @@ class TxnStreamPartition(InputPartition):
 
     def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
                  hidden: Sequence[int] = (), aborted: Iterable[tuple[bytes, int, int]] = (),
-                 value_schema: str | None = None) -> None:
+                 value_schema: str | None = None, plain: bool = False) -> None:
         super().__init__((topic, partition, start, end))
+        self.plain = plain
+        """No txn ever registered the partition (planned without served state)."""
         self.config = config
         self.value_schema = value_schema
         self.topic = topic
@@ -208,11 +210,29 @@ class _Rows:
             name = self.txn_names[raw] = None
         return name
 
+    def _unregistered(self, offset: int) -> None:
+        """A txn record in a range planned plain: no coordinator registered the partition.
+
+        Only a writer around the txnstream client does that. Nothing of it is delivered
+        unfiltered: the partition is registered (a buffer owner serves it from now on)
+        and the task fails; the query, restarted, plans the range with served state.
+        """
+        from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+
+        p = self.p
+        tp = TopicPartition(p.topic, p.partition)
+        TransactionBufferSnapshotStore(p.config).register([tp], p.config.admin_timeout_s)
+        raise RuntimeError(
+            f"{tp}@{offset}: a transactional record in a partition no coordinator "
+            "registered (written around the txnstream client?). It is registered now, so a "
+            "buffer owner serves it; restart the query to read it committed-only.")
+
     def add(self, batch: list[Any], pos: int) -> int:
         """Take the deliverable records of ``batch``; returns the next position to read."""
         from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 
         end, skip, spans, names = self.p.end, self.skip, self.spans, self.txn_names
+        plain = self.p.plain
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
         for m in batch:
@@ -225,6 +245,8 @@ class _Rows:
             if off in skip:
                 continue
             h = m.headers()
+            if plain and h and any(k in (TXN_ID_HEADER, TXN_MARKER_HEADER) for k, _ in h):
+                self._unregistered(off)
             if h is not None and len(h) == 1 and h[0][0] == TXN_ID_HEADER:  # the common case
                 user: list[dict[str, Any]] = []
                 raw = h[0][1]
@@ -458,7 +480,8 @@ class _Planner:
                 view = self.follower.views.get(tp)
                 hidden, aborted = view.skip_in(s, e) if view is not None else ([], [])
                 parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
-                                                hidden, aborted, self.opts.value_schema))
+                                                hidden, aborted, self.opts.value_schema,
+                                                plain=view is None))
         return parts
 
 

@@ -219,3 +219,21 @@ def test_a_registered_topic_with_no_buffer_owner_delivers_nothing_until_one_serv
     finally:
         bw.stop(30)
     assert got == [b"plain-before", b"plain-after"]
+
+
+def test_a_txn_record_no_coordinator_registered_is_never_delivered_unfiltered(config):
+    """A raw writer's txn record in a never-registered topic: the task registers the
+    partition and fails (naming it) rather than deliver an aborted record."""
+    topic = make_topic(config, 1)
+    raw = Producer(config.producer())
+    t = TxnID(9, 8)
+    raw.produce(topic, b"plain-before", partition=0)
+    txn_record(raw, topic, b"aborted", t)
+    marker(raw, topic, t, MarkerKind.ABORT)
+    raw.flush(10)
+    tp = TopicPartition(topic, 0)
+    assert not TransactionBufferSnapshotStore(config).find(tp).registered
+    with pytest.raises(RuntimeError, match=f"{tp}@1: a transactional record in a partition "
+                                            "no coordinator registered"):
+        batch_read(config, topic)
+    assert TransactionBufferSnapshotStore(config).find(tp).registered

@@ -43,7 +43,11 @@ def tc(monkeypatch):
     holder = SimpleNamespace(tc=None, dropped=0)
 
     def client_for(config):
-        return SimpleNamespace(tc=holder.tc), {}
+        from txnstream.client import Client
+
+        client = Client(config=config)  # its public calls, over the scripted coordinator
+        client._tc = holder.tc
+        return client, {}
 
     def drop(config):
         holder.dropped += 1
