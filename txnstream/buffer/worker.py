@@ -339,7 +339,10 @@ class BufferWorker:
             buf.max_read_position = low - 1
         buf.trim(low)
         buf.journal = Journal()
-        self.served[tp] = _Served(buf, slot, next_from=buf.last_offset + 1)
+        # A partition with a usable snapshot needs none now (readers start from it and
+        # follow the deltas); one without gets its first at once, so readers can start.
+        self.served[tp] = _Served(buf, slot, next_from=buf.last_offset + 1,
+                                  snapshot_due=snap is None or snap.position < low - 1)
         self.slots[slot].served.add(tp)
         ktp.offset = buf.last_offset + 1
         self._data.incremental_assign([ktp])

@@ -77,7 +77,8 @@ def test_a_snapshot_over_1mb_is_published_in_segments_restored_and_the_worker_su
         wait_until(lambda: bw.markers_written >= 1, 90,
                    "the LWM abort, while snapshots fail")
         assert failed, "no snapshot was refused"
-        assert client.admin.buffer_stats(tp1).blocking_txn is None
+        wait_until(lambda: client.admin.buffer_stats(tp1).blocking_txn is None, 30,
+                   "the ABORT marker folded and published")
         end0 = _high(config, topic, 0)
         wait_until(lambda: (s := store.latest(tp0)) is not None and s.position >= end0 - 1,
                    120, "a snapshot of partition 0 folded to its end")
