@@ -102,8 +102,9 @@ def wait_folded(client: Client, tp: TopicPartition, high: int, timeout_s: float)
     raise RuntimeError(f"{tp} not folded to {high} within {timeout_s:.0f}s")
 
 
-def _ticker(client: Client, producer, tag: str, stop: threading.Event,  # type: ignore[no-untyped-def]
-            committed: list[int], errors: list) -> None:
+def ticker(client: Client, producer, tag: str, stop: threading.Event,  # type: ignore[no-untyped-def]
+           committed: list[int], errors: list) -> None:
+    """Commit a one-record txn (value ``tag:seq``) every ``TICK_S`` until stopped."""
     seq = 0
     try:
         while not stop.is_set():
@@ -125,7 +126,7 @@ def start_latest(client: Client, topic: str, tag: str) -> Round:
     t0 = time.monotonic()
     consumer = client.subscribe(topic, subscription=f"latest-{tag}-{uuid.uuid4().hex[:6]}",
                                 initial_position="latest")
-    tick = threading.Thread(target=_ticker, args=(client, producer, tag, stop, committed,
+    tick = threading.Thread(target=ticker, args=(client, producer, tag, stop, committed,
                                                   errors), daemon=True)
     tick.start()
     got: list[bytes] = []

@@ -31,7 +31,6 @@ from confluent_kafka import KafkaException
 
 from tests.integration.coordinator.conftest import (
     FAST_FAILOVER_MS,
-    WorkerProcs,
     make_topic,
     read_all,
     wait_until,
@@ -54,25 +53,6 @@ TAKEOVER_BOUND_S = FAST_FAILOVER_MS / 1000 + 14
 """Session timeout, then a rebalance and the claim; generous for a loaded 2-core box."""
 FINAL = (TxnStatus.COMMITTED, TxnStatus.ABORTED)
 OWNS = re.compile(r"buffer worker (\S+): owns slot (\d+) \(generation (\d+)\)")
-
-
-@pytest.fixture
-def procs(config, tmp_path, proc_reaper):
-    """Real worker processes (``WorkerProcs``), killed at teardown whatever happens."""
-    wp = WorkerProcs(config, tmp_path)
-    try:
-        yield wp
-    finally:
-        wp.stop_all()
-
-
-@pytest.fixture
-def tclient(config):
-    c = Client(config=config)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def slot_owners(logs: dict[str, str]) -> dict[int, tuple[int, str]]:
@@ -155,9 +135,8 @@ def consume(consumer, got: list, stop: threading.Event, errors: list) -> None:
         errors.append(exc)
 
 
-def test_kill9_buffer_slot_owner_midstream_reader_exactly_once(config, procs, tclient,
+def test_kill9_buffer_slot_owner_midstream_reader_exactly_once(config, worker_procs, client,
                                                                proc_reaper):
-    worker_procs, client = procs, tclient
     names = ("bw1", "bw2")
     for name in names:
         proc_reaper.track(worker_procs.start(name))

@@ -7,4 +7,5 @@ from tests.integration.coordinator.conftest import (  # noqa: F401
     tc_worker,
     wait_until,
     worker,
+    worker_procs,
 )

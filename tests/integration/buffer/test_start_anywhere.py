@@ -20,10 +20,9 @@ import uuid
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka import Producer as KafkaProducer
 
+from bench.start_latest import high_watermark, ticker, wait_folded, write_plain_fast
 from tests.integration.buffer.conftest import make_topic, wait_until
-from tests.integration.coordinator.conftest import WorkerProcs
 from txnstream import Client, TopicPartition
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.transaction_buffer import TransactionBuffer
@@ -33,90 +32,10 @@ from txnstream.errors import TxnStreamError
 pytestmark = pytest.mark.integration
 
 LONG_RECORDS = 1_000_000
-TICK_S = 0.05
-"""Pause between the ticker's txns (each also takes a commit round trip)."""
 FIRST_RECORD_TIMEOUT_S = 60.0
 
 
-@pytest.fixture
-def procs(config, tmp_path, proc_reaper):
-    """Real worker processes (the buffer owner folds outside this test's process)."""
-    wp = WorkerProcs(config, tmp_path)
-    try:
-        yield wp
-    finally:
-        wp.stop_all()
-
-
-@pytest.fixture
-def tclient(config):
-    c = Client(config=config)
-    try:
-        yield c
-    finally:
-        c.close()
-
-
 # ------------------------------------------------------------------ helpers
-
-
-def write_plain_fast(config, topic: str, n: int, partition: int = 0) -> None:
-    """``n`` small plain records, raw confluent-kafka, batched."""
-    p = KafkaProducer(config.producer(**{"linger.ms": 50, "batch.size": 1_000_000,
-                                         "queue.buffering.max.messages": 500_000,
-                                         "compression.type": "lz4"}))
-    produce = p.produce
-    for i in range(n):
-        while True:
-            try:
-                produce(topic, b"x%d" % i, partition=partition)
-                break
-            except BufferError:
-                p.poll(0.05)
-        if i % 50_000 == 0:
-            p.poll(0)
-    assert p.flush(120) == 0, "plain records not all written"
-
-
-def served_stats(client: Client, tp: TopicPartition):
-    try:
-        return client.admin.buffer_stats(tp)
-    except (TxnStreamError, KafkaException):
-        return None
-
-
-def wait_folded(client: Client, tp: TopicPartition, high: int, timeout_s: float) -> None:
-    """Until the owner's served state covers ``tp`` to ``high`` (nothing ongoing)."""
-    def done() -> bool:
-        s = served_stats(client, tp)
-        return s is not None and s.last_offset >= high - 1 and s.max_read_position >= high - 1
-    wait_until(done, timeout_s, f"{tp} folded to {high}", every=0.5)
-
-
-def high_watermark(config, tp: TopicPartition) -> int:
-    from confluent_kafka import Consumer
-    from confluent_kafka import TopicPartition as KafkaTP
-
-    c = Consumer(config.consumer(f"hw-{uuid.uuid4().hex[:6]}"))
-    try:
-        return c.get_watermark_offsets(KafkaTP(tp.topic, tp.partition), timeout=10)[1]
-    finally:
-        c.close()
-
-
-def ticker(client: Client, producer, tag: str, stop: threading.Event,
-           committed: list[int], errors: list) -> None:
-    """Commit a one-record txn (value ``tag:seq``) every ``TICK_S`` until stopped."""
-    seq = 0
-    try:
-        while not stop.is_set():
-            with client.transaction() as txn:
-                producer.send(f"{tag}:{seq}".encode(), partition=0, txn=txn)
-            committed.append(seq)
-            seq += 1
-            stop.wait(TICK_S)
-    except BaseException as exc:
-        errors.append(exc)
 
 
 def start_latest(client: Client, topic: str, tag: str) -> tuple[float, list[bytes], list[int]]:
@@ -173,9 +92,8 @@ def check_only_new(tag: str, got: list[bytes], committed: list[int]) -> None:
 
 
 def test_latest_on_long_transactional_partition_starts_as_fast_as_on_empty(
-        config, procs, tclient, proc_reaper):
-    client = tclient
-    proc_reaper.track(procs.start("w"))
+        config, worker_procs, client, proc_reaper):
+    proc_reaper.track(worker_procs.start("w"))
     wait_until(lambda: _tcs_served(client, config.num_coordinators), 90, "coordinators served")
 
     empty_topic, long_topic = make_topic(config, 1, "empty"), make_topic(config, 1, "long")
@@ -200,12 +118,12 @@ def test_latest_on_long_transactional_partition_starts_as_fast_as_on_empty(
     aborted.abort()
     p.flush()
     write_s = time.monotonic() - t_write
-    high = high_watermark(config, long_tp)
+    high = high_watermark(config, long_topic)
     assert high >= LONG_RECORDS + 6
     t_fold = time.monotonic()
     wait_folded(client, long_tp, high, 120)
     fold_wait_s = time.monotonic() - t_fold
-    wait_folded(client, empty_tp, high_watermark(config, empty_tp), 30)
+    wait_folded(client, empty_tp, high_watermark(config, empty_topic), 30)
 
     # A throw-away first round pays every one-off cost (metadata, connections).
     warm_s, got, committed = start_latest(client, empty_topic, "warm")
@@ -232,9 +150,8 @@ def _tcs_served(client: Client, n: int) -> bool:
 # ------------------------------------------------------------------ (b)
 
 
-def test_earliest_reads_through_snapshot_without_refold(config, tc_worker, tclient,
+def test_earliest_reads_through_snapshot_without_refold(config, tc_worker, client,
                                                         monkeypatch):
-    client = tclient
     folded: dict[TopicPartition, int] = {}
     fold_messages = TransactionBuffer.fold_messages
 
@@ -262,7 +179,7 @@ def test_earliest_reads_through_snapshot_without_refold(config, tc_worker, tclie
         p.send(f"p{i}".encode(), partition=0)
         want.append(f"p{i}".encode())
     p.flush()
-    high = high_watermark(config, tp)
+    high = high_watermark(config, topic)
 
     first = BufferWorker(config, [topic], snapshot_interval_s=1).start()
     try:

@@ -104,6 +104,8 @@ def test_snapshot_plus_replay_equals_full_fold(log, cut):
 class _Msg:
     """A record as confluent-kafka's ``Message`` shows it."""
 
+    __slots__ = ("_o", "_h", "_v")
+
     def __init__(self, offset, headers, value):
         self._o, self._h, self._v = offset, headers, value
 
