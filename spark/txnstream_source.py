@@ -60,6 +60,7 @@ from txnstream.errors import (
     TransactionTimeoutError,
     message_error,
 )
+from txnstream.fetch import read_to
 from txnstream.types import TopicPartition
 
 __all__ = ["TxnStreamDataSource", "SCHEMA"]
@@ -161,16 +162,14 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     try:
         c.assign([KafkaTP(p.topic, p.partition, p.start)])
         pos = p.start
-        while pos < p.end:
-            # ask for no more than the range holds: consume() waits its whole timeout
-            # for the count it was asked unless that many records come
-            batch = c.consume(min(5000, p.end - pos), 5.0)
-            if not batch:
-                raise RuntimeError(f"{p.topic}-{p.partition}: no records between {pos} and "
-                                   f"{p.end} within 5 s (deleted by retention?)")
-            pos = rows.add(batch, pos)
-            if len(rows) >= BATCH_ROWS:
-                yield rows.flush()
+        try:
+            for batch in read_to(c, p.topic, p.partition, p.end, 5.0, 5000):
+                pos = rows.add(batch, pos)
+                if len(rows) >= BATCH_ROWS:
+                    yield rows.flush()
+        except TimeoutError as exc:
+            raise RuntimeError(f"{p.topic}-{p.partition}: {exc} (deleted by retention?)"
+                               ) from exc
         if len(rows):
             yield rows.flush()
     finally:

@@ -43,6 +43,7 @@ from txnstream.errors import (
     classify_kafka_error,
     message_error,
 )
+from txnstream.fetch import read_to
 from txnstream.producer import murmur2_partition
 from txnstream.types import TopicPartition
 
@@ -300,17 +301,10 @@ class TransactionBufferSnapshotStore:
                 return high
             ktp.offset = low
             c.assign([ktp])
-            pos = low
-            while pos < high:
-                # ask for no more than is left: consume() waits its whole timeout for
-                # the count it was asked unless that many records come
-                msgs = c.consume(min(500, high - pos), 2.0)
-                if not msgs:
-                    break
+            for msgs in read_to(c, self.topic, part, high, self.config.admin_timeout_s):
                 for m in msgs:
-                    if message_error(m, where, log):
+                    if message_error(m, where, log) or m.offset() >= high:
                         continue
-                    pos = m.offset() + 1
                     sink.add(m.key(), m.value(), f"{self.topic}[{part}]@{m.offset()}")
             return high
         finally:

@@ -159,6 +159,10 @@ class BufferWorker:
 
     # ------------------------------------------------------------ lifecycle
 
+    def owned_slots(self) -> list[int]:
+        """Buffer slots this worker has claimed and serves right now (any thread)."""
+        return sorted(self.slots.copy())
+
     def start(self) -> BufferWorker:
         """Run in a daemon thread."""
         self._thread = threading.Thread(target=self.run, name="tb-worker", daemon=True)

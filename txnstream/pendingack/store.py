@@ -33,6 +33,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
+from txnstream.fetch import read_to
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
     CHECKPOINT_HEADER,
@@ -167,36 +168,35 @@ class PendingAckStore:
             if end > pos:
                 ktp.offset = pos
                 c.assign([ktp])
-                deadline = time.monotonic() + REPLAY_TIMEOUT_S
-                while pos < end and time.monotonic() < deadline:
-                    for m in c.consume(5000, 0.5):
-                        if message_error(m, f"pending-ack replay of {handle.tp}", log):
-                            continue
-                        if m.offset() >= end:
-                            break
-                        pos = m.offset() + 1
-                        if m.key() != key:
-                            continue
-                        if checkpoint_at is None:
-                            if not is_checkpoint(m.headers()):
-                                self._apply(handle, m)
-                        elif m.offset() < checkpoint_at:
-                            early.append(m)
-                        elif m.offset() == checkpoint_at:
-                            self._restore(handle, m)
-                            for e in early:
-                                if not is_checkpoint(e.headers()):
-                                    self._apply(handle, e)
-                            early.clear()
-                            checkpoint_at = None
-                        else:
-                            raise _CheckpointGone(f"no checkpoint of {handle.tp} at "
-                                                  f"{self.topic}[{part}]@{checkpoint_at}")
-                if pos < end:
+                try:
+                    for batch in read_to(c, self.topic, part, end, REPLAY_TIMEOUT_S, 5000):
+                        for m in batch:
+                            if message_error(m, f"pending-ack replay of {handle.tp}", log):
+                                continue
+                            if m.offset() >= end:
+                                break
+                            pos = m.offset() + 1
+                            if m.key() != key:
+                                continue
+                            if checkpoint_at is None:
+                                if not is_checkpoint(m.headers()):
+                                    self._apply(handle, m)
+                            elif m.offset() < checkpoint_at:
+                                early.append(m)
+                            elif m.offset() == checkpoint_at:
+                                self._restore(handle, m)
+                                for e in early:
+                                    if not is_checkpoint(e.headers()):
+                                        self._apply(handle, e)
+                                early.clear()
+                                checkpoint_at = None
+                            else:
+                                raise _CheckpointGone(f"no checkpoint of {handle.tp} at "
+                                                      f"{self.topic}[{part}]@{checkpoint_at}")
+                except TimeoutError as exc:
                     raise TxnStreamError(
                         f"could not replay the pending-ack log of {handle.tp} "
-                        f"({self.topic}[{part}] from {start} up to {end}) in "
-                        f"{REPLAY_TIMEOUT_S:.0f}s")
+                        f"({self.topic}[{part}] from {start} up to {end}): {exc}") from exc
             if checkpoint_at is not None:
                 raise _CheckpointGone(f"no checkpoint of {handle.tp} at "
                                       f"{self.topic}[{part}]@{checkpoint_at}")

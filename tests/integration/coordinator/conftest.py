@@ -35,8 +35,12 @@ def worker(config: Config) -> Iterator[CoordinatorWorker]:
     """One in-process worker serving every coordinator."""
     w = CoordinatorWorker(config, settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS))
     w.start()
+    assert w.buffers is not None
+    buffers = w.buffers
     try:
         wait_until(lambda: len(w.serving()) == config.num_coordinators, 60, "worker serving")
+        wait_until(lambda: len(buffers.owned_slots()) == config.num_buffer_slots, 60,
+                   "worker serving every buffer slot")
         yield w
     finally:
         w.stop()
