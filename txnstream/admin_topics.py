@@ -55,10 +55,9 @@ def topic_specs(config: Config) -> list[TopicSpec]:
         # Truncated only by delete_records below the first record still needed; never by
         # time or compaction (a stale writer's record could replace a valid one).
         TopicSpec(t.log, config.num_coordinators, forever, strict=True),
-        TopicSpec(t.requests, config.num_coordinators,
-                  {"retention.ms": str(_DAY_MS), "min.insync.replicas": isr}, strict=True),
-        TopicSpec(t.replies, config.num_reply_partitions,
-                  {"retention.ms": str(3600 * 1000)}, strict=False),
+        # The newest owner of each TC and where it listens; compacted: one per TC is kept.
+        TopicSpec(t.endpoints, config.num_coordinators,
+                  {"cleanup.policy": "compact", "min.insync.replicas": isr}, strict=True),
         TopicSpec(t.buffer_snapshots, config.num_buffer_slots,
                   {"cleanup.policy": "compact", "min.insync.replicas": isr}, strict=True),
         # Deltas are needed only after the latest snapshot of their partition (one every

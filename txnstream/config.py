@@ -31,14 +31,9 @@ class TopicNames:
         return f"{self.prefix}_log"
 
     @property
-    def requests(self) -> str:
-        """Client -> coordinator requests: partition p goes to TC p."""
-        return f"{self.prefix}_requests"
-
-    @property
-    def replies(self) -> str:
-        """Coordinator -> client replies: each client listens on one partition."""
-        return f"{self.prefix}_replies"
+    def endpoints(self) -> str:
+        """Where each coordinator is served (compacted): partition p = TC p's owner."""
+        return f"{self.prefix}_tc_endpoints"
 
     @property
     def buffer_snapshots(self) -> str:
@@ -57,7 +52,7 @@ class TopicNames:
 
     def all(self) -> list[str]:
         """Every internal topic name."""
-        return [self.log, self.requests, self.replies, self.buffer_snapshots, self.buffer_state,
+        return [self.log, self.endpoints, self.buffer_snapshots, self.buffer_state,
                 self.pending_ack]
 
 
@@ -71,15 +66,26 @@ class Config:
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
     topics: TopicNames = field(default_factory=TopicNames)
     num_coordinators: int = 4
-    """Partitions of the log/requests topics = number of TCs; fixed once created."""
-    num_reply_partitions: int = 8
-    """Partitions of the replies topic; a client picks one at random to listen on."""
+    """Partitions of the log and endpoints topics = number of TCs; fixed once created."""
     num_buffer_slots: int = 4
     """Partitions of the snapshot and buffer-state topics (buffer slots: a data partition's
     slot is Java's murmur2 of ``topic-partition``); at most this many workers share the
     buffer role. Fixed once created."""
     replication_factor: int = 1
     kafka: Mapping[str, Any] = field(default_factory=dict)
+
+    # The direct line to coordinators (DESIGN.md section 5) -------------------------
+    tc_secret: str | None = field(default=None, repr=False)
+    """Shared secret a client proves (HMAC of the worker's nonce; never sent) before a
+    worker takes its requests; ``TXNSTREAM_TC_SECRET``. None: no check."""
+    tc_tls_cafile: str | None = None
+    """CA bundle: with it, clients speak TLS to workers and verify their certificate."""
+    tc_tls_certfile: str | None = None
+    """A worker's certificate (it serves TLS); a client's, for mutual TLS."""
+    tc_tls_keyfile: str | None = field(default=None, repr=False)
+    """Private key of ``tc_tls_certfile``."""
+    tc_tls_client_auth: bool = False
+    """Workers require a client certificate signed by ``tc_tls_cafile`` (mutual TLS)."""
 
     # Timeouts ---------------------------------------------------------------------
     default_txn_timeout_s: float = 60.0
@@ -107,6 +113,9 @@ class Config:
         prefix = os.environ.get("TXNSTREAM_TOPIC_PREFIX")
         if prefix and "topics" not in overrides:
             overrides["topics"] = TopicNames(prefix)
+        secret = os.environ.get("TXNSTREAM_TC_SECRET")
+        if secret and "tc_secret" not in overrides:
+            overrides["tc_secret"] = secret
         return cls(bootstrap_servers=boot, **overrides)
 
     def with_(self, **changes: Any) -> Config:

@@ -28,6 +28,8 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "CorruptRecordError",
+    "NotCoordinatorError",
+    "CoordinatorAuthError",
     "KafkaErrorKind",
     "classify_kafka_error",
     "is_retriable_kafka_error",
@@ -75,6 +77,14 @@ class TransactionNotFoundError(TxnStreamError):
 
 class CoordinatorNotFoundError(TxnStreamError):
     """No coordinator with that id exists, or none is serving it right now."""
+
+
+class NotCoordinatorError(CoordinatorNotFoundError):
+    """The worker reached does not serve that coordinator (any more): look it up again."""
+
+
+class CoordinatorAuthError(TxnStreamError):
+    """A coordinator refused this client's credentials (shared secret or TLS certificate)."""
 
 
 class RequestTimeoutError(TxnStreamError):

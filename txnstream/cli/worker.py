@@ -25,6 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "registers)")
     p.add_argument("--no-buffer-role", action="store_true",
                    help="host coordinators only (another worker must serve buffers)")
+    p.add_argument("--listen", default=WorkerSettings().listen,
+                   help="address of the direct line to clients, host:port (port 0: any "
+                        "free port; default %(default)s)")
+    p.add_argument("--advertise", default=None,
+                   help="host:port clients are told to connect to (default: the bound "
+                        "listen address)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)")
     p.set_defaults(handler=_run)
@@ -39,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
               if args.buffer_topics else None)
     worker = CoordinatorWorker(config, args.id, WorkerSettings(
         session_timeout_ms=args.session_timeout_ms, buffer_role=not args.no_buffer_role,
-        buffer_topics=topics))
+        buffer_topics=topics, listen=args.listen, advertise=args.advertise))
     if args.metrics_port:
         from txnstream import metrics
 
@@ -54,6 +60,6 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     console.print(f"worker {worker.worker_id} on {config.bootstrap_servers} "
-                  f"(prefix {config.topics.prefix})")
+                  f"(prefix {config.topics.prefix}), clients connect to {worker.address}")
     worker.run()
     return 0

@@ -1,18 +1,18 @@
 """``TransactionCoordinatorClient``: how every ``Client`` talks to the coordinators.
 
-A request goes to partition ``tc_id`` of ``__txn_requests``; the reply comes back on the
-one partition of ``__txn_replies`` this client listens on (chosen at random, read from
-its end by a background thread). A request that gets no reply inside one attempt is sent
-again with the *same* request id (handling is idempotent) until the request deadline,
-so a client rides through a coordinator failover. Failed replies are raised as the same
-error class the coordinator raised.
+A request goes straight to the worker that owns its TC, over the direct line of
+:mod:`txnstream.coordinator.transport` (one connection per worker, multiplexed by
+request id). Where each TC is served comes from ``<prefix>_tc_endpoints``: its owner
+writes its address there once its EPOCH has read back, and an :class:`EndpointDirectory`
+tails that compacted topic, so a failover reaches every client within a fetch.
 
-Kafka errors are classified by :mod:`txnstream.errors`, nowhere else: a retriable one
-(and a full local queue, ``BufferError``) is retried with a short backoff inside the
-deadline; any other (fatal, abort-the-transaction, or unflagged) raises
-``KafkaClientError`` at once, naming the coordinator and the request, since resending
-cannot heal it and a timeout would hide the cause. A fatal error on the reply consumer
-fails this and every later request of the client the same way.
+A request that gets no reply inside one attempt is sent again with the *same* request
+id (handling is idempotent) until the request deadline, so a client rides through a
+coordinator failover: a worker that does not serve the TC (any more) answers
+``NotCoordinatorError`` and the client waits for a newer owner in the directory; a
+worker that cannot be reached is retried with a short backoff. Failed replies are raised
+as the same error class the coordinator raised; a refused credential
+(``CoordinatorAuthError``) is raised at once, since resending cannot heal it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer
 from confluent_kafka import TopicPartition as KafkaTP
 from tenacity import (
     RetryCallState,
@@ -37,144 +37,282 @@ from tenacity import (
     stop_after_delay,
 )
 
+from txnstream.codec import codec
 from txnstream.config import Config
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, error_from_reply
+from txnstream.coordinator.transport import (
+    ClientConnection,
+    Endpoint,
+    IoLoop,
+    client_ssl_context,
+)
 from txnstream.errors import (
     CoordinatorNotFoundError,
     CorruptRecordError,
     KafkaClientError,
+    NotCoordinatorError,
     RequestTimeoutError,
-    classify_kafka_error,
-    is_retriable_kafka_error,
     message_error,
 )
+from txnstream.fetch import drain
 
-__all__ = ["TransactionCoordinatorClient"]
+__all__ = ["TransactionCoordinatorClient", "EndpointDirectory", "TcEndpoint"]
 
 log = logging.getLogger(__name__)
 
 ATTEMPT_TIMEOUT_S = 3.0
-"""Wait for one attempt's reply; a healthy round trip takes milliseconds, and resending
-sooner than a broker hiccup would only duplicate work the coordinator dedups anyway."""
+"""Wait for one attempt's reply; a healthy round trip takes well under a millisecond
+plus the log append, and resending sooner than a broker hiccup would only duplicate
+work the coordinator dedups anyway."""
+CONNECT_TIMEOUT_S = 2.0
+"""Connect and handshake with a worker; a stopped (SIGSTOPped) one never answers."""
 RESEND_BACKOFF_FIRST_S = 0.05
-"""Wait before resending after a retriable Kafka error (leader moving, queue full): the
-local producer refused the request, so resending at once would only spin."""
+"""Wait before trying a worker that could not be reached (restarting, or dead and not
+yet replaced in the directory)."""
 RESEND_BACKOFF_MAX_S = 1.0
 """Cap of that doubling wait, well inside the default 30 s request deadline."""
+DIRECTORY_FETCH_WAIT_MS = 100
+"""The directory's fetch wait: an idle client sends ten fetches a second, and learns a
+new owner within about this long."""
 
 
 class _NoReply(Exception):
     pass
 
 
+class _Unreachable(Exception):
+    pass
+
+
 def _should_resend(exc: BaseException) -> bool:
-    """The retry decision: no reply yet, a full local queue, or a retriable Kafka error."""
-    return isinstance(exc, (_NoReply, BufferError)) or is_retriable_kafka_error(exc)
+    """The retry decision: no reply yet, or the worker could not be reached."""
+    return isinstance(exc, (_NoReply, _Unreachable))
 
 
 def _resend_wait(state: RetryCallState) -> float:
-    """No wait after a silent attempt (it waited already); backoff after a Kafka error."""
+    """No wait after a silent attempt (it waited already); backoff after an unreachable one."""
     exc = state.outcome.exception() if state.outcome is not None else None
     if isinstance(exc, _NoReply):
         return 0.0
     return min(RESEND_BACKOFF_MAX_S, RESEND_BACKOFF_FIRST_S * 2 ** (state.attempt_number - 1))
 
 
+class TcEndpoint:
+    """Mirrors ``schemas/tc_endpoint.avsc``: where TC ``tc_id`` is served, and since when."""
+
+    __slots__ = ("tc_id", "owner_id", "endpoint", "epoch_offset", "tls")
+
+    def __init__(self, tc_id: int, owner_id: str, endpoint: Endpoint, epoch_offset: int,
+                 tls: bool = False) -> None:
+        self.tc_id, self.owner_id, self.endpoint = tc_id, owner_id, endpoint
+        self.epoch_offset, self.tls = epoch_offset, tls
+
+    def __repr__(self) -> str:
+        return (f"TcEndpoint(tc {self.tc_id} at {self.endpoint}, owner {self.owner_id}, "
+                f"epoch {self.epoch_offset})")
+
+    def encode(self) -> bytes:
+        """Version byte + Avro."""
+        return codec("tc_endpoint").encode({
+            "tc_id": self.tc_id, "owner_id": self.owner_id, "host": self.endpoint.host,
+            "port": self.endpoint.port, "epoch_offset": self.epoch_offset, "tls": self.tls})
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> TcEndpoint:
+        """Parse; ``CorruptRecordError`` on garbage."""
+        r = codec("tc_endpoint").decode(data)
+        return cls(r["tc_id"], r["owner_id"], Endpoint(r["host"], r["port"]),
+                   r["epoch_offset"], r["tls"])
+
+
+class EndpointDirectory:
+    """Where each TC is served: a tail of ``<prefix>_tc_endpoints`` in a daemon thread.
+
+    The newest owner of a TC is the one with the highest EPOCH offset (a zombie's late
+    record never displaces it).
+    """
+
+    def __init__(self, config: Config, num_coordinators: int) -> None:
+        self.config = config
+        self._known: dict[int, TcEndpoint] = {}
+        self._changed = threading.Condition()
+        self._closed = threading.Event()
+        self._caught_up = threading.Event()
+        topic = config.topics.endpoints
+        self._consumer = Consumer(config.consumer(
+            f"{config.topics.prefix}-endpoints-{uuid.uuid4().hex[:12]}",
+            **{"fetch.wait.max.ms": DIRECTORY_FETCH_WAIT_MS}))
+        parts = [KafkaTP(topic, p, OFFSET_BEGINNING) for p in range(num_coordinators)]
+        self._ends = {p.partition: self._consumer.get_watermark_offsets(
+            KafkaTP(topic, p.partition), timeout=config.admin_timeout_s)[1] for p in parts}
+        self._consumer.assign(parts)
+        self._thread = threading.Thread(target=self._tail, name="txnstream-tc-endpoints",
+                                        daemon=True)
+        self._thread.start()
+
+    def _tail(self) -> None:
+        pending = {p for p, end in self._ends.items() if end > 0}
+        if not pending:
+            self._caught_up.set()
+        while not self._closed.is_set():
+            try:
+                msgs = drain(self._consumer, 500, 0.1)
+            except RuntimeError:  # closed under us
+                return
+            for m in msgs:
+                try:
+                    if message_error(m, "tc endpoint directory", log):
+                        continue
+                except KafkaClientError as exc:
+                    log.error("tc endpoint directory stopped: %s", exc)
+                    return
+                if pending and m.offset() + 1 >= self._ends.get(m.partition(), 0):
+                    pending.discard(m.partition())
+                try:
+                    ep = TcEndpoint.decode(m.value())
+                except CorruptRecordError as exc:
+                    log.error("skipping a bad endpoint record at %s[%d]@%d: %s", m.topic(),
+                              m.partition(), m.offset(), exc)
+                    continue
+                with self._changed:
+                    have = self._known.get(ep.tc_id)
+                    if have is None or ep.epoch_offset >= have.epoch_offset:
+                        self._known[ep.tc_id] = ep
+                        self._changed.notify_all()
+            if pending and not msgs:
+                for p in list(pending):
+                    [at] = self._consumer.position([KafkaTP(self.config.topics.endpoints, p)])
+                    if at.offset >= self._ends[p]:
+                        pending.discard(p)
+            if not pending and not self._caught_up.is_set():
+                self._caught_up.set()
+                with self._changed:
+                    self._changed.notify_all()
+
+    def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None
+               ) -> TcEndpoint | None:
+        """TC ``tc_id``'s owner, waiting up to ``timeout_s`` for one.
+
+        With ``newer_than`` (an EPOCH offset), waits for a newer owner; after the wait,
+        the last known one, or None.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                ep = self._known.get(tc_id)
+                if ep is not None and (newer_than is None or ep.epoch_offset > newer_than):
+                    return ep
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return ep
+                self._changed.wait(left)
+
+    def known(self) -> dict[int, TcEndpoint]:
+        """Every TC's owner known now."""
+        with self._changed:
+            return dict(self._known)
+
+    def close(self) -> None:
+        """Stop tailing."""
+        self._closed.set()
+        self._thread.join(2)
+        self._consumer.close()
+
+
 class _Pending:
-    __slots__ = ("event", "reply")
+    __slots__ = ("event", "reply", "conn")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.reply: TcReply | None = None
+        self.conn: ClientConnection | None = None
+        """The connection the last attempt went out on; its close wakes the waiter."""
 
 
 class TransactionCoordinatorClient:
     """Sends requests to coordinators and waits for their replies."""
 
-    def __init__(self, config: Config, producer: Producer | None = None) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.client_id = f"c-{uuid.uuid4().hex[:12]}"
-        self._producer = producer or Producer(config.producer(**{"linger.ms": 0}))
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self._fatal: KafkaClientError | None = None
-        """Set when the reply consumer met a fatal error: no reply can come any more."""
         self._rr = itertools.count(random.randrange(1 << 16))
-        meta = self._producer.list_topics(timeout=config.admin_timeout_s)
+        probe = Consumer(config.consumer(f"{config.topics.prefix}-probe"))
+        try:
+            meta = probe.list_topics(timeout=config.admin_timeout_s)
+        finally:
+            probe.close()
         t = config.topics
-        for name in (t.requests, t.replies, t.log):
+        for name in (t.log, t.endpoints):
             if name not in meta.topics or meta.topics[name].error is not None:
                 raise CoordinatorNotFoundError(
                     f"topic {name} does not exist on {config.bootstrap_servers}: run "
                     f"`txnstream init` (prefix {t.prefix!r}) and start a `txnstream worker`")
-        self.num_coordinators = len(meta.topics[t.requests].partitions)
-        self.reply_partition = random.randrange(len(meta.topics[t.replies].partitions))
-        self._consumer = Consumer(config.consumer(f"{t.prefix}-client-{self.client_id}",
-                                                  **{"fetch.wait.max.ms": 10}))
-        tp = KafkaTP(t.replies, self.reply_partition)
-        _, high = self._consumer.get_watermark_offsets(tp, timeout=config.admin_timeout_s)
-        tp.offset = high
-        self._consumer.assign([tp])
-        self._thread = threading.Thread(target=self._listen, name="txnstream-replies",
-                                        daemon=True)
-        self._thread.start()
+        self.num_coordinators = len(meta.topics[t.log].partitions)
+        self._tls = client_ssl_context(config)
+        self._io = IoLoop("txnstream-tc-client")
+        self._conns: dict[Endpoint, ClientConnection] = {}
+        self._conn_lock = threading.Lock()
+        self.directory = EndpointDirectory(config, self.num_coordinators)
 
     def pick_coordinator(self) -> int:
         """Round-robin over the coordinators, spreading new txns."""
         return next(self._rr) % self.num_coordinators
 
-    def _listen(self) -> None:
-        while not self._closed.is_set():
+    # ------------------------------------------------------------ connections
+
+    def _connection(self, endpoint: Endpoint) -> ClientConnection:
+        """The open connection to ``endpoint``, made if needed (one per worker)."""
+        with self._conn_lock:
+            conn = self._conns.get(endpoint)
+            if conn is not None and not conn.closed.is_set():
+                return conn
             try:
-                first = self._consumer.poll(0.1)
-                msgs = [first, *self._consumer.consume(500, 0)] if first is not None else []
-            except RuntimeError:  # closed under us
-                return
-            for m in msgs:
-                try:
-                    if message_error(m, f"client {self.client_id} reply consumer", log):
-                        continue
-                except KafkaClientError as exc:
-                    # This consumer cannot go on: fail waiting and later requests at once.
-                    log.error("client %s: %s; no coordinator reply can arrive any more",
-                              self.client_id, exc)
-                    self._fatal = exc
-                    with self._lock:
-                        for waiting in self._pending.values():
-                            waiting.event.set()
-                    return
-                key = m.key()
-                if key is None:
-                    continue
-                with self._lock:
-                    pending = self._pending.get(key.decode(errors="replace"))
-                if pending is None:
-                    continue  # another client's reply, or a duplicate
-                try:
-                    pending.reply = TcReply.decode(m.value())
-                except CorruptRecordError as exc:
-                    log.error("bad reply at %s[%d]@%d: %s", m.topic(), m.partition(),
-                              m.offset(), exc)
-                    continue
-                pending.event.set()
+                conn = ClientConnection.open(self._io, endpoint, self.config.tc_secret,
+                                             self._tls, self._on_reply, self._on_close,
+                                             CONNECT_TIMEOUT_S)
+            except OSError as exc:  # refused, reset, unreachable, no handshake
+                raise _Unreachable(f"{endpoint}: {exc}") from exc
+            self._conns[endpoint] = conn
+            return conn
+
+    def _on_reply(self, data: bytes) -> None:
+        try:
+            reply = TcReply.decode(data)
+        except CorruptRecordError as exc:
+            log.error("client %s: skipping a bad reply: %s", self.client_id, exc)
+            return
+        with self._lock:
+            pending = self._pending.get(reply.request_id)
+        if pending is None or pending.reply is not None:
+            return  # a reply to an attempt given up on, or a duplicate
+        pending.reply = reply
+        pending.event.set()
+
+    def _on_close(self, conn: ClientConnection) -> None:
+        with self._lock:
+            waiting = [p for p in self._pending.values() if p.conn is conn]
+        for p in waiting:  # their attempt is lost: wake them to resend
+            p.event.set()
+
+    # ------------------------------------------------------------ requests
 
     def request(self, op: TcOp, tc_id: int, *, timeout_s: float | None = None,
                 **fields: Any) -> TcReply:
         """Send one request and return its successful reply, or raise its error.
 
         Raises the coordinator's error class for a failed reply, ``RequestTimeoutError``
-        if no reply came in time (outcome unknown), ``KafkaClientError`` at once for a
-        Kafka error that retrying cannot heal.
+        if no reply came in time (outcome unknown), ``CoordinatorAuthError`` at once if a
+        worker refuses this client's credentials.
         """
-        self._raise_if_fatal()
         if not 0 <= tc_id < self.num_coordinators:
             raise CoordinatorNotFoundError(
                 f"coordinator {tc_id} does not exist: there are {self.num_coordinators} "
                 f"(0..{self.num_coordinators - 1})")
         deadline_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
         request_id = uuid.uuid4().hex
-        req = TcRequest(request_id, self.client_id, self.reply_partition, op, tc_id,
+        req = TcRequest(request_id, self.client_id, -1, op, tc_id,
                         int((time.time() + deadline_s) * 1000), **fields)
         pending = _Pending()
         with self._lock:
@@ -189,44 +327,43 @@ class TransactionCoordinatorClient:
             raise err
         return reply
 
-    def _raise_if_fatal(self) -> None:
-        if self._fatal is not None:
-            raise KafkaClientError(str(self._fatal), self._fatal.kind) from self._fatal
-
     def _send_until_answered(self, req: TcRequest, pending: _Pending,
                              deadline_s: float) -> TcReply:
         payload = req.encode()
+        stale: list[int] = []  # EPOCH offset of an owner that said it no longer serves
 
         def attempt() -> TcReply:
-            self._produce(req, payload)
-            if not pending.event.wait(ATTEMPT_TIMEOUT_S) or pending.reply is None:
-                self._raise_if_fatal()
+            ep = self.directory.lookup(req.tc_id, ATTEMPT_TIMEOUT_S,
+                                       stale[-1] if stale else None)
+            if ep is None:
                 raise _NoReply()
-            return pending.reply
+            conn = self._connection(ep.endpoint)
+            pending.reply = None
+            pending.event.clear()
+            pending.conn = conn
+            conn.send(payload)
+            if not pending.event.wait(ATTEMPT_TIMEOUT_S):
+                raise _NoReply()
+            reply = pending.reply
+            if reply is None:  # the connection closed under the attempt
+                raise _Unreachable(f"{ep.endpoint} closed the connection")
+            if reply.error_kind == NotCoordinatorError.__name__:
+                stale.append(ep.epoch_offset)
+                raise _Unreachable(reply.error_message)
+            return reply
 
         retrying = Retrying(retry=retry_if_exception(_should_resend),
                             stop=stop_after_delay(deadline_s), wait=_resend_wait, reraise=False)
         try:
             return retrying(attempt)
-        except KafkaException as exc:  # classified not retriable: resending cannot heal it
-            kind = classify_kafka_error(exc)
-            err = exc.args[0] if exc.args else exc
-            text = err.str() if hasattr(err, "str") else str(err)
-            raise KafkaClientError(
-                f"request {req.op.value} to coordinator {req.tc_id} failed with a "
-                f"{kind.value} Kafka error: {text}", kind) from exc
         except RetryError as exc:
+            last = exc.last_attempt.exception()
+            why = f" (last: {last})" if isinstance(last, _Unreachable) else ""
             raise RequestTimeoutError(
                 f"no reply from coordinator {req.tc_id} to {req.op.value} within "
-                f"{deadline_s:.0f}s: is a `txnstream worker` running against "
+                f"{deadline_s:.0f}s{why}: is a `txnstream worker` running against "
                 f"{self.config.bootstrap_servers} with prefix {self.config.topics.prefix!r}?"
             ) from exc
-
-    def _produce(self, req: TcRequest, payload: bytes) -> None:
-        # linger.ms=0: sent at once; no flush, which would wait on every thread's sends.
-        self._producer.produce(self.config.topics.requests, payload, key=req.request_id.encode(),
-                               partition=req.tc_id)
-        self._producer.poll(0)
 
     def broadcast(self, op: TcOp, **fields: Any) -> list[TcReply]:
         """The same request to every coordinator (admin listing and stats)."""
@@ -249,11 +386,13 @@ class TransactionCoordinatorClient:
         return sorted(out, key=lambda r: r.tc_id)
 
     def close(self) -> None:
-        """Stop listening; the producer is flushed by its owner."""
-        self._closed.set()
-        self._producer.flush(ATTEMPT_TIMEOUT_S)
-        self._thread.join(2)
-        self._consumer.close()
+        """Close every connection and stop the directory."""
+        with self._conn_lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for c in conns:
+            c.close()
+        self._io.close()
+        self.directory.close()
 
 
 def _run_all(fns: list[Callable[[], None]]) -> None:

@@ -10,8 +10,11 @@ One loop, one thread; each turn:
    serves TC ``p``. Any later foreign ``EPOCH`` (a newer owner after a rebalance this
    worker missed, e.g. it was SIGSTOPped) fences it: it drops TC ``p`` at once and sends
    no reply it still held.
-2. **Handle a batch of requests** from the owned partitions of ``__txn_requests`` plus
-   due timeouts. The store applies each change immediately and returns log entries.
+2. **Handle a batch of requests** that clients sent over the direct line
+   (:mod:`txnstream.coordinator.transport`; a TC's owner publishes its address to
+   ``<prefix>_tc_endpoints`` once its EPOCH reads back) plus due timeouts. A request for
+   a TC this worker does not serve is answered ``NotCoordinatorError`` at once. The
+   store applies each change immediately and returns log entries.
 3. **Group-commit the log.** All entries of the batch (what the store queued in
    :meth:`TransactionMetadataStore.unlogged`, failed requests' entries included) are
    produced and flushed once, then read back through the tailing consumer. A TC's
@@ -52,6 +55,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -76,12 +80,20 @@ from txnstream import metrics
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.worker import BufferWorker
 from txnstream.config import Config
+from txnstream.coordinator.client import TcEndpoint
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, TransactionMetadataStore
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, TxnInfo
+from txnstream.coordinator.transport import (
+    Endpoint,
+    Listener,
+    ServerConnection,
+    server_ssl_context,
+)
 from txnstream.errors import (
     CorruptRecordError,
     KafkaClientError,
+    NotCoordinatorError,
     TxnStreamError,
     is_retriable_kafka_error,
     message_error,
@@ -97,6 +109,9 @@ log = logging.getLogger(__name__)
 RESTART_BACKOFF_FIRST_S = 0.2
 """Wait before replaying a TC whose append failed: long enough for a leader move or a
 busy broker to pass, short against the client's 3 s resend."""
+ORIGINS_SWEEP_AT = 10_000
+"""Requests awaiting a reply past this many: those past their deadline are forgotten
+(their client gave up on them; a resend brings its connection again)."""
 RESTART_BACKOFF_MAX_S = 30.0
 """Cap of the doubling wait: a log that keeps refusing appends (misconfigured topic,
 lost ACLs) is retried twice a minute, with an error logged each time, instead of being
@@ -125,6 +140,12 @@ class WorkerSettings:
     buffer_topics: tuple[str, ...] | None = None
     """Serve only these data topics (names, or regexes starting with ``^``); None: all."""
     buffer_snapshot_interval_s: float = 10.0
+    listen: str = "127.0.0.1:0"
+    """Address of the direct line to clients (port 0: any free port); every TC it serves
+    is reached there."""
+    advertise: str | None = None
+    """Address clients are told (``host:port``); default: the listen host and the port
+    bound. Give it when listening on 0.0.0.0 or behind a NAT."""
 
 
 class _Phase(enum.Enum):
@@ -175,9 +196,19 @@ class CoordinatorWorker:
                "heartbeat.interval.ms": s.heartbeat_interval_ms,
                "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
                "fetch.wait.max.ms": 20, "client.id": f"tc-log-{self.worker_id}"}))
-        self._req = Consumer(config.consumer(
-            f"{t.prefix}-tc-requests",
-            **{"fetch.wait.max.ms": 20, "client.id": f"tc-req-{self.worker_id}"}))
+        self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
+        self._origins: dict[str, tuple[ServerConnection, int]] = {}
+        """Request id -> the connection to answer on, and the request's deadline."""
+        bind = Endpoint.parse(s.listen)
+        self._listener = Listener(bind.host, bind.port,
+                                  lambda data, conn: self._inbox.put((data, conn)),
+                                  secret=config.tc_secret, tls=server_ssl_context(config),
+                                  name=f"tc-listener-{self.worker_id}")
+        self.address = (Endpoint.parse(s.advertise) if s.advertise
+                        else self._listener.address)
+        """Where clients reach this worker (published per TC it serves)."""
+        self._unpublished: set[int] = set()
+        """TC ids whose endpoint record is not written yet (retried every turn)."""
         # linger 0: every turn ends in a flush, so batching comes from the turn itself.
         self._producer = Producer(config.producer(**{"linger.ms": 0,
                                                      "client.id": f"tc-{self.worker_id}"}))
@@ -252,7 +283,7 @@ class CoordinatorWorker:
                 self.buffers.stop()
             self._producer.flush(5)
             self._log.close()
-            self._req.close()
+            self._listener.close()
 
     # ------------------------------------------------------------ ownership
 
@@ -313,13 +344,9 @@ class CoordinatorWorker:
         if self.tcs.get(tc.tc_id) is not tc:
             return  # already dropped (a newer incarnation may serve the id)
         del self.tcs[tc.tc_id]
+        self._unpublished.discard(tc.tc_id)
         level = logging.INFO if why == "worker stopping" else logging.WARNING
         log.log(level, "tc %d: %s stops serving (%s)", tc.tc_id, self.worker_id, why)
-        if tc.phase is _Phase.SERVING:
-            try:
-                self._req.incremental_unassign([KafkaTP(self.config.topics.requests, tc.tc_id)])
-            except Exception as exc:  # already unassigned
-                log.debug("unassign requests %d: %s", tc.tc_id, exc)
 
     def _write_epoch(self, tc: _Tc) -> None:
         offsets = self._append(tc, [tc.store.epoch_entry()])
@@ -332,13 +359,39 @@ class CoordinatorWorker:
         tc.store.own_epoch = tc.epoch_write
         tc.phase = _Phase.SERVING
         tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
-        tp = KafkaTP(self.config.topics.requests, tc.tc_id)
-        committed = self._req.committed([tp], timeout=self.config.admin_timeout_s)[0]
-        tp.offset = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
-        self._req.incremental_assign([tp])
-        log.info("tc %d: %s serving (epoch at offset %d, next seq %d, %d txns, lwm %d)",
-                 tc.tc_id, self.worker_id, tc.epoch_write, tc.store.next_sequence,
-                 len(tc.store.txns), tc.store.low_watermark)
+        self._unpublished.add(tc.tc_id)
+        self._publish_endpoints()
+        log.info("tc %d: %s serving at %s (epoch at offset %d, next seq %d, %d txns, lwm %d)",
+                 tc.tc_id, self.worker_id, self.address, tc.epoch_write,
+                 tc.store.next_sequence, len(tc.store.txns), tc.store.low_watermark)
+
+    def _publish_endpoints(self) -> None:
+        """Tell clients where the TCs that just started serving are (retried if refused).
+
+        Written after the EPOCH read back, so a client never finds an owner that cannot
+        serve yet; a client that reaches an owner fenced since is told NotCoordinator.
+        """
+        for tc_id in list(self._unpublished):
+            tc = self.tcs.get(tc_id)
+            if tc is None or tc.epoch_write is None:
+                self._unpublished.discard(tc_id)
+                continue
+            rec = TcEndpoint(tc_id, self.worker_id, self.address, tc.epoch_write,
+                             self._listener.tls)
+
+            def delivered(err: KafkaError | None, _m: Message, tc_id: int = tc_id) -> None:
+                if err is not None:
+                    log.warning("tc %d: endpoint not published (%s); retrying", tc_id, err)
+                    if tc_id in self.tcs:
+                        self._unpublished.add(tc_id)
+            try:
+                self._producer.produce(self.config.topics.endpoints, rec.encode(),
+                                       key=str(tc_id).encode(), partition=tc_id,
+                                       on_delivery=delivered)
+                self._unpublished.discard(tc_id)
+            except (KafkaException, BufferError) as exc:
+                log.warning("tc %d: endpoint not published (%s); retrying", tc_id, exc)
+        self._producer.poll(0)
 
     # ------------------------------------------------------------ log I/O
 
@@ -500,22 +553,24 @@ class CoordinatorWorker:
         # Block on requests (returns as soon as one arrives) unless finalization work waits.
         idle = not any(tc.store.ending() for tc in self.tcs.values()
                        if tc.phase is _Phase.SERVING)
-        msgs = _drain(self._req, self.settings.batch_max, self.settings.idle_poll_s if idle else 0)
-        for m in msgs:
-            if message_error(m, f"worker {self.worker_id} request consumer", log):
-                continue
-            part = m.partition()
-            tc = self.tcs.get(part) if part is not None else None
-            if tc is None or tc.phase is not _Phase.SERVING:
-                continue
+        if self._unpublished:
+            self._publish_endpoints()
+        for data, conn in self._take_requests(self.settings.idle_poll_s if idle else 0):
             try:
-                req = TcRequest.decode(m.value())
+                req = TcRequest.decode(data)
             except CorruptRecordError as exc:
-                log.error("tc %d: skipping corrupt request at %s[%d]@%d: %s", tc.tc_id,
-                          m.topic(), m.partition(), m.offset(), exc)
+                log.error("worker %s: skipping a corrupt request from %s: %s", self.worker_id,
+                          conn.peer, exc)
                 continue
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
+            tc = self.tcs.get(req.tc_id)
+            if tc is None or tc.phase is not _Phase.SERVING:
+                conn.send(TcReply.failure(req, NotCoordinatorError(
+                    f"worker {self.worker_id} does not serve coordinator {req.tc_id}"),
+                    self.worker_id).encode())
+                continue
+            self._origins[req.request_id] = (conn, req.deadline_ms)
             handled[tc.tc_id] = tc
             reply = self._handle(tc, req, now_ms)
             metrics.REQUESTS.labels(req.op.value,
@@ -560,8 +615,22 @@ class CoordinatorWorker:
             self._failures.pop(tc_id, None)
         self._finalize(now_ms)
         self._truncate(now_ms)
-        if msgs:
-            self._req.commit(asynchronous=True)
+        if len(self._origins) > ORIGINS_SWEEP_AT:
+            self._origins = {k: v for k, v in self._origins.items() if v[1] >= now_ms}
+
+    def _take_requests(self, timeout: float) -> list[tuple[bytes, ServerConnection]]:
+        """The requests that have arrived, waiting up to ``timeout`` for the first."""
+        try:
+            out = [self._inbox.get(timeout=timeout) if timeout > 0
+                   else self._inbox.get_nowait()]
+        except queue.Empty:
+            return []
+        while len(out) < self.settings.batch_max:
+            try:
+                out.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        return out
 
     def _register_partitions(self, replies: dict[int, list[tuple[TcRequest, TcReply]]]
                              ) -> set[TopicPartition]:
@@ -628,12 +697,14 @@ class CoordinatorWorker:
         return offsets[0]
 
     def _reply(self, req: TcRequest, reply: TcReply) -> None:
-        try:
-            self._producer.produce(self.config.topics.replies, reply.encode(),
-                                   key=req.request_id.encode(), partition=req.reply_partition)
-        except (KafkaException, BufferError) as exc:
-            # The client resends under the same request id and gets the answer again.
-            log.warning("reply to %s not sent: %s", req.request_id, exc)
+        """Answer on the connection the request came in on.
+
+        If it has closed, the client resends under the same request id on another and
+        gets the answer again.
+        """
+        origin = self._origins.pop(req.request_id, None)
+        if origin is not None:
+            origin[0].send(reply.encode())
 
     def _handle(self, tc: _Tc, req: TcRequest, now_ms: int) -> TcReply | None:
         """Apply one request to the store; its reply, or None if it waits (END).

@@ -14,6 +14,7 @@ from tests.integration.coordinator.conftest import make_topic, read_all, wait_un
 from txnstream import Config, TopicPartition, TxnID, TxnStatus
 from txnstream.coordinator.log_entry import LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.protocol import TcOp
+from txnstream.coordinator.transport import ClientConnection, IoLoop
 from txnstream.errors import (
     CoordinatorNotFoundError,
     InvalidTxnStatusError,
@@ -192,12 +193,21 @@ def test_garbage_in_log_and_requests_is_skipped_and_worker_keeps_serving(
     stale = TransactionLogEntry(kind=LogEntryKind.TXN, epoch_offset=stats0["epoch_offset"] - 1
                                 if stats0["epoch_offset"] > 0 else 10**9, owner_id="zombie",
                                 txn_seq=before.id.least_bits, status=TxnStatus.ABORTING)
-    for value in (b"\x00garbage", b"\x7f" + b"x" * 20, b"", stale.encode()):
+    garbage = (b"\x00garbage", b"\x7f" + b"x" * 20, b"", stale.encode())
+    for value in garbage:
         p.produce(config.topics.log, value, partition=tc_id)
-        p.produce(config.topics.requests, value, partition=tc_id)
     p.flush(10)
-    # the worker must skip all of them and keep serving
-    time.sleep(1.0)
+    # the same garbage as requests over the direct line, on a connection of its own
+    io = IoLoop("garbage-client")
+    try:
+        conn = ClientConnection.open(io, worker.address, None, None, lambda _r: None,
+                                     lambda _c: None, 5)
+        for value in garbage:
+            conn.send(value)
+        time.sleep(1.0)  # the worker must skip all of them and keep serving
+        conn.close()
+    finally:
+        io.close()
     after = client.new_transaction()
     after.commit()
     assert client.admin.get_transaction(before.id).status is TxnStatus.COMMITTED
@@ -205,5 +215,5 @@ def test_garbage_in_log_and_requests_is_skipped_and_worker_keeps_serving(
     assert stats1["invalid_records"] == stats0["invalid_records"] + 1
     logged = caplog.text
     assert f"{config.topics.log}[{tc_id}]@" in logged and "corrupt" in logged
-    assert f"{config.topics.requests}[{tc_id}]@" in logged
+    assert "skipping a corrupt request from 127.0.0.1:" in logged
     assert "unknown record format version 127" in logged

@@ -1,4 +1,4 @@
-"""The coordinator worker's consume loops classify consumed errors, with no broker.
+"""The coordinator worker's log loop classifies consumed errors, with no broker.
 
 Every consumed error goes through ``txnstream.errors.message_error``: informational ones
 pass quietly, others are logged naming the loop, and a fatal one stops the worker (it
@@ -43,7 +43,7 @@ class Msg:
         return self._offset
 
     def topic(self) -> str:
-        return CONFIG.topics.requests
+        return CONFIG.topics.log
 
 
 class FakeConsumer:
@@ -89,43 +89,83 @@ class FakeProducer:
         return 0
 
 
-def serving_worker(requests: list[list[Msg]]) -> CoordinatorWorker:
-    w = CoordinatorWorker(CONFIG, worker_id="w-unit")
-    w._log = FakeConsumer()
-    w._req = FakeConsumer(requests)
-    w._producer = FakeProducer()
-    tc = _Tc(0, TransactionMetadataStore(0, "w-unit"), replay_end=0, phase=_Phase.SERVING)
-    tc.next_checkpoint = float("inf")
-    w.tcs[0] = tc
-    return w
+class FakeConn:
+    """The connection a request came in on: what the worker answers."""
+
+    peer = "127.0.0.1:9"
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
 
 
-def get_request(request_id: str) -> bytes:
-    return TcRequest(request_id, "c", 0, TcOp.GET, 0, int(time.time() * 1000) + 60_000,
+@pytest.fixture
+def make_worker():
+    made: list[CoordinatorWorker] = []
+
+    def make(log_batches: list[list[Msg]], requests: list[bytes]
+             ) -> tuple[CoordinatorWorker, FakeConn]:
+        w = CoordinatorWorker(CONFIG, worker_id="w-unit")
+        made.append(w)
+        w._log = FakeConsumer(log_batches)
+        w._producer = FakeProducer()
+        conn = FakeConn()
+        for r in requests:
+            w._inbox.put((r, conn))
+        tc = _Tc(0, TransactionMetadataStore(0, "w-unit"), replay_end=0, phase=_Phase.SERVING)
+        tc.next_checkpoint = float("inf")
+        w.tcs[0] = tc
+        return w, conn
+
+    yield make
+    for w in made:
+        w._listener.close()
+
+
+def get_request(request_id: str, tc_id: int = 0) -> bytes:
+    return TcRequest(request_id, "c", 0, TcOp.GET, tc_id, int(time.time() * 1000) + 60_000,
                      txn_seq=3).encode()
 
 
-def test_request_loop_logs_a_consumed_error_and_serves_the_rest(caplog):
+def test_log_loop_logs_a_consumed_error_and_serves_the_requests(make_worker, caplog):
     denied = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "not authorized")
-    w = serving_worker([[Msg(err=denied), Msg(get_request("r1"))]])
+    w, conn = make_worker([[Msg(err=denied)]], [get_request("r1")])
     with caplog.at_level(logging.WARNING):
         w._turn_once()
-    assert "request consumer" in caplog.text and "not authorized" in caplog.text
-    replies = [TcReply.decode(v) for t, v in w._producer.sent if t == CONFIG.topics.replies]
-    assert [r.request_id for r in replies] == ["r1"]
+    assert "log consumer" in caplog.text and "not authorized" in caplog.text
+    assert [TcReply.decode(v).request_id for v in conn.sent] == ["r1"]
 
 
-def test_end_of_partition_on_the_request_loop_is_quiet(caplog):
+def test_end_of_partition_on_the_log_loop_is_quiet(make_worker, caplog):
     eof = KafkaError(KafkaError._PARTITION_EOF, "end")
-    w = serving_worker([[Msg(err=eof), Msg(get_request("r2"))]])
+    w, conn = make_worker([[Msg(err=eof)]], [get_request("r2")])
     with caplog.at_level(logging.WARNING):
         w._turn_once()
-    assert "request consumer" not in caplog.text
+    assert "log consumer" not in caplog.text
+    assert [TcReply.decode(v).request_id for v in conn.sent] == ["r2"]
 
 
-def test_fatal_consumed_error_stops_the_worker_instead_of_looping(caplog):
+def test_a_request_for_a_coordinator_not_served_here_is_told_so_at_once(make_worker):
+    w, conn = make_worker([], [get_request("r3", tc_id=2)])
+    w._turn_once()
+    [reply] = [TcReply.decode(v) for v in conn.sent]
+    assert reply.request_id == "r3" and reply.error_kind == "NotCoordinatorError"
+    assert "does not serve coordinator 2" in (reply.error_message or "")
+
+
+def test_a_garbage_request_is_logged_naming_its_peer_and_the_rest_served(make_worker, caplog):
+    w, conn = make_worker([], [b"\x01garbage", get_request("r4")])
+    with caplog.at_level(logging.ERROR):
+        w._turn_once()
+    assert "corrupt request from 127.0.0.1:9" in caplog.text
+    assert [TcReply.decode(v).request_id for v in conn.sent] == ["r4"]
+
+
+def test_fatal_consumed_error_stops_the_worker_instead_of_looping(make_worker, caplog):
     fatal = KafkaError(KafkaError._FATAL, "consumer fenced", fatal=True)
-    w = serving_worker([[Msg(err=fatal)]])
+    w, _ = make_worker([[Msg(err=fatal)]], [])
     raised: list[BaseException] = []
 
     def run() -> None:

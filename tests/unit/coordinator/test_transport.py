@@ -1,0 +1,246 @@
+"""The direct line to coordinators on real loopback sockets (no broker needed).
+
+A client is wired to a stand-in endpoint directory; workers are bare :class:`Listener`\\ s
+that answer like a coordinator: the client's retry, failover and credential rules are
+exercised end to end on TCP.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from txnstream.config import Config
+from txnstream.coordinator.client import TcEndpoint, TransactionCoordinatorClient
+from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
+from txnstream.coordinator.transport import (
+    MAX_FRAME_BYTES,
+    ClientConnection,
+    Endpoint,
+    IoLoop,
+    Listener,
+    ServerConnection,
+)
+from txnstream.errors import (
+    CoordinatorAuthError,
+    NotCoordinatorError,
+    RequestTimeoutError,
+)
+
+SECRET = "s3cret-for-tests"
+
+
+class Directory:
+    """Stands in for :class:`EndpointDirectory`: what the test says is where."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, TcEndpoint] = {}
+        self.cond = threading.Condition()
+
+    def set(self, tc_id: int, endpoint: Endpoint, epoch: int) -> None:
+        with self.cond:
+            self.known[tc_id] = TcEndpoint(tc_id, f"w{epoch}", endpoint, epoch)
+            self.cond.notify_all()
+
+    def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None
+               ) -> TcEndpoint | None:
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while True:
+                ep = self.known.get(tc_id)
+                if ep is not None and (newer_than is None or ep.epoch_offset > newer_than):
+                    return ep
+                if time.monotonic() >= deadline:
+                    return ep
+                self.cond.wait(deadline - time.monotonic())
+
+    def close(self) -> None:
+        pass
+
+
+Handler = Callable[[TcRequest, ServerConnection], None]
+
+
+def answer(req: TcRequest, conn: ServerConnection) -> None:
+    conn.send(TcReply(req.request_id, req.client_id, req.tc_id, txn_seq=7,
+                      owner_id="w").encode())
+
+
+@pytest.fixture
+def listeners() -> Iterator[Callable[..., Listener]]:
+    made: list[Listener] = []
+
+    def make(handler: Handler = answer, secret: str | None = None) -> Listener:
+        lst = Listener("127.0.0.1", 0, lambda data, conn: handler(TcRequest.decode(data), conn),
+                       secret=secret)
+        made.append(lst)
+        return lst
+
+    yield make
+    for lst in made:
+        lst.close()
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., tuple[TransactionCoordinatorClient, Directory]]]:
+    made: list[TransactionCoordinatorClient] = []
+
+    def make(secret: str | None = None, request_timeout_s: float = 10.0
+             ) -> tuple[TransactionCoordinatorClient, Directory]:
+        c = TransactionCoordinatorClient.__new__(TransactionCoordinatorClient)
+        c.config = Config(bootstrap_servers="127.0.0.1:1", tc_secret=secret,
+                          request_timeout_s=request_timeout_s)
+        c.client_id = "c-test"
+        c._pending = {}
+        c._lock = threading.Lock()
+        c.num_coordinators = 4
+        c._tls = None
+        c._io = IoLoop("test-tc-client")
+        c._conns = {}
+        c._conn_lock = threading.Lock()
+        d = Directory()
+        c.directory = d  # type: ignore[assignment]
+        made.append(c)
+        return c, d
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def test_a_request_is_answered_over_the_direct_line(listeners, make_client):
+    lst = listeners()
+    client, d = make_client()
+    d.set(0, lst.address, epoch=10)
+    reply = client.request(TcOp.GET, 0, txn_seq=7)
+    assert reply.txn_seq == 7 and reply.owner_id == "w"
+    # many threads share the one connection; every reply reaches its own caller
+    got: list[int] = []
+    threads = [threading.Thread(target=lambda: got.append(client.request(TcOp.GET, 0).txn_seq))
+               for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert got == [7] * 32
+    assert len(client._conns) == 1
+
+
+def test_a_client_with_the_wrong_secret_is_refused_with_a_clear_error(listeners, make_client):
+    lst = listeners(secret=SECRET)
+    client, d = make_client(secret="not-the-secret")
+    d.set(0, lst.address, epoch=10)
+    t0 = time.monotonic()
+    with pytest.raises(CoordinatorAuthError) as err:
+        client.request(TcOp.GET, 0)
+    assert time.monotonic() - t0 < 2.0, "a refusal is not retried until the deadline"
+    assert str(lst.address) in str(err.value) and "wrong shared secret" in str(err.value)
+    assert "not-the-secret" not in str(err.value) and SECRET not in str(err.value)
+    # no secret at all is refused the same way; the right one is let in
+    nobody, d2 = make_client(secret=None)
+    d2.set(0, lst.address, epoch=10)
+    with pytest.raises(CoordinatorAuthError):
+        nobody.request(TcOp.GET, 0)
+    good, d3 = make_client(secret=SECRET)
+    d3.set(0, lst.address, epoch=10)
+    assert good.request(TcOp.GET, 0).txn_seq == 7
+
+
+def test_a_client_holding_a_stale_endpoint_fails_over_to_the_new_owner(listeners, make_client):
+    seen_by_old: list[str] = []
+
+    def not_mine(req: TcRequest, conn: ServerConnection) -> None:
+        seen_by_old.append(req.request_id)
+        conn.send(TcReply.failure(req, NotCoordinatorError("w-old does not serve 0"),
+                                  "w-old").encode())
+
+    old, new = listeners(not_mine), listeners()
+    client, d = make_client()
+    d.set(0, old.address, epoch=10)
+    # the new owner publishes a little later, as after a rebalance
+    threading.Timer(0.3, d.set, (0, new.address, 20)).start()
+    t0 = time.monotonic()
+    reply = client.request(TcOp.GET, 0)
+    assert reply.owner_id == "w" and reply.txn_seq == 7
+    assert len(seen_by_old) == 1, "the stale owner was asked once, then the new one"
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_an_owner_that_dies_mid_request_is_replaced_and_the_request_answered_once(
+        listeners, make_client):
+    """The first owner takes the request and closes (killed); the client resends the same
+    request id to the next owner."""
+    first: list[str] = []
+
+    def die(req: TcRequest, conn: ServerConnection) -> None:
+        first.append(req.request_id)
+        conn.close()
+
+    dying, next_owner_seen = listeners(die), []
+
+    def answer_and_note(req: TcRequest, conn: ServerConnection) -> None:
+        next_owner_seen.append(req.request_id)
+        answer(req, conn)
+
+    nxt = listeners(answer_and_note)
+    client, d = make_client()
+    d.set(0, dying.address, epoch=10)
+    threading.Timer(0.5, d.set, (0, nxt.address, 20)).start()
+    reply = client.request(TcOp.GET, 0)
+    assert reply.txn_seq == 7
+    assert first and next_owner_seen and first[0] == next_owner_seen[0], \
+        "the resend carries the same request id"
+
+
+def test_nobody_listening_is_a_request_timeout_naming_the_coordinator(make_client):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client, d = make_client(request_timeout_s=1.5)
+    d.set(2, Endpoint("127.0.0.1", port), epoch=10)
+    with pytest.raises(RequestTimeoutError) as err:
+        client.request(TcOp.GET, 2)
+    assert "coordinator 2" in str(err.value) and f"127.0.0.1:{port}" in str(err.value)
+
+
+def test_an_oversized_frame_drops_that_connection_and_the_listener_keeps_serving(
+        listeners, make_client):
+    lst = listeners()
+    with socket.create_connection((lst.address.host, lst.address.port), 5) as raw:
+        hello = raw.recv(5 + 16)
+        raw.sendall(hello[:5] + bytes(32))
+        assert raw.recv(2) == b"OK"
+        raw.sendall(struct.pack(">I", MAX_FRAME_BYTES + 1))
+        raw.settimeout(5)
+        assert raw.recv(1) == b"", "the listener closes a connection that sends a huge frame"
+    client, d = make_client()
+    d.set(0, lst.address, epoch=10)
+    assert client.request(TcOp.GET, 0).txn_seq == 7
+
+
+def test_a_handshake_with_a_non_txnstream_peer_fails_clearly():
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+
+        def speak_http() -> None:
+            c, _ = srv.accept()
+            c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            time.sleep(0.5)
+            c.close()
+
+        threading.Thread(target=speak_http, daemon=True).start()
+        io = IoLoop("test-handshake")
+        try:
+            with pytest.raises(ConnectionError) as err:
+                ClientConnection.open(io, Endpoint("127.0.0.1", port), None, None,
+                                      lambda _r: None, lambda _c: None, 2)
+            assert f"127.0.0.1:{port}" in str(err.value)
+        finally:
+            io.close()
