@@ -143,9 +143,19 @@ class IoLoop:
             pass
 
     def close(self) -> None:
-        """Stop the loop and its thread."""
+        """Cancel what runs on the loop, stop it and its thread."""
         if self.loop.is_closed():
             return
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            self.run(cancel_all(), timeout=5)
+        except Exception as exc:  # stopping anyway
+            log.debug("io loop close: %s", exc)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         if not self._thread.is_alive():

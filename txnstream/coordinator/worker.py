@@ -145,7 +145,7 @@ class WorkerSettings:
     is reached there."""
     advertise: str | None = None
     """Address clients are told (``host:port``); default: the listen host and the port
-    bound. Give it when listening on 0.0.0.0 or behind a NAT."""
+    bound (this host's name when listening on every interface). Give it behind a NAT."""
 
 
 class _Phase(enum.Enum):
@@ -204,8 +204,12 @@ class CoordinatorWorker:
                                   lambda data, conn: self._inbox.put((data, conn)),
                                   secret=config.tc_secret, tls=server_ssl_context(config),
                                   name=f"tc-listener-{self.worker_id}")
-        self.address = (Endpoint.parse(s.advertise) if s.advertise
-                        else self._listener.address)
+        if s.advertise:
+            self.address = Endpoint.parse(s.advertise)
+        elif bind.host in ("0.0.0.0", "::", ""):  # every interface: tell the host's name
+            self.address = Endpoint(socket.gethostname(), self._listener.address.port)
+        else:
+            self.address = self._listener.address
         """Where clients reach this worker (published per TC it serves)."""
         self._unpublished: set[int] = set()
         """TC ids whose endpoint record is not written yet (retried every turn)."""
