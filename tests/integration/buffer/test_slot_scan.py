@@ -16,6 +16,8 @@ from confluent_kafka import Producer as KafkaProducer
 
 from tests.integration.buffer.conftest import make_topic
 from txnstream import TopicPartition
+from txnstream.admin_topics import ensure_topics
+from txnstream.config import TopicNames
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore, registration_key
 
 pytestmark = pytest.mark.integration
@@ -24,6 +26,9 @@ pytestmark = pytest.mark.integration
 def test_a_slot_scan_over_an_offset_gap_takes_no_fetch_timeout(config):
     topic = make_topic(config, 1)
     tp = TopicPartition(topic, 0)
+    # internal topics of its own: the control record below stays out of the session's
+    config = config.with_(topics=TopicNames(f"__gap{uuid.uuid4().hex[:6]}"))
+    ensure_topics(config)
     store = TransactionBufferSnapshotStore(config)
     part = store.partition_of(tp)
     assert store.register([tp], timeout_s=10)
