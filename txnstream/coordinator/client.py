@@ -56,7 +56,7 @@ from txnstream.errors import (
 )
 from txnstream.fetch import drain
 
-__all__ = ["TransactionCoordinatorClient", "EndpointDirectory", "TcEndpoint"]
+__all__ = ["TransactionCoordinatorClient", "EndpointDirectory", "TcEndpoint", "TxnIdPool"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,17 @@ RESEND_BACKOFF_MAX_S = 1.0
 DIRECTORY_FETCH_WAIT_MS = 100
 """The directory's fetch wait: an idle client sends ten fetches a second, and learns a
 new owner within about this long."""
+
+
+RESERVE_LEASE_S = 30.0
+"""How long a reserved TxnID stays usable before it is handed out (the coordinator
+aborts it at its lease then); the low watermark waits for unused ones at most this long."""
+RESERVE_MARGIN_S = 5.0
+"""A reserved TxnID is handed out only while this much of its lease is left, so its
+activation reaches the coordinator before the lease ends even through a failover."""
+RESERVE_FIRST = 4
+RESERVE_MAX = 128
+"""Block sizes: a block used up within a quarter of its lease doubles the next one."""
 
 
 class _NoReply(Exception):
@@ -219,6 +230,59 @@ class EndpointDirectory:
         self._consumer.close()
 
 
+class TxnIdPool:
+    """TxnIDs reserved in blocks (``RESERVE``), handed out without a round trip each.
+
+    Each block comes from the next coordinator in turn, so txns still spread over every
+    TC. A TxnID is handed out only while enough of its lease is left; what is left in a
+    block when it expires is simply not used (the coordinator aborts those at their
+    lease), and :meth:`release` aborts a closing client's leftovers at once.
+    """
+
+    def __init__(self, tc: TransactionCoordinatorClient,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._tc = tc
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tc_id = -1
+        self._seqs: list[int] = []
+        self._usable_until = 0.0
+        self._granted_at = 0.0
+        self._size = RESERVE_FIRST
+
+    def take(self) -> tuple[int, int]:
+        """``(tc_id, seq)`` of a fresh OPEN txn to activate; reserves a block if needed."""
+        with self._lock:
+            now = self._clock()
+            if not self._seqs or now >= self._usable_until:
+                self._refill(now)
+            return self._tc_id, self._seqs.pop(0)
+
+    def _refill(self, now: float) -> None:
+        if self._granted_at and not self._seqs \
+                and now - self._granted_at < RESERVE_LEASE_S / 4:
+            self._size = min(RESERVE_MAX, self._size * 2)  # used up fast: bigger blocks
+        tc_id = self._tc.pick_coordinator()
+        reply = self._tc.request(TcOp.RESERVE, tc_id, count=self._size,
+                                 timeout_ms=int(RESERVE_LEASE_S * 1000))
+        self._tc_id, self._seqs = tc_id, list(reply.group_seqs)
+        self._granted_at = now
+        self._usable_until = now + RESERVE_LEASE_S - RESERVE_MARGIN_S
+
+    def release(self) -> None:
+        """Abort the TxnIDs never handed out (a closing client), best effort."""
+        with self._lock:
+            seqs, self._seqs = self._seqs, []
+            if not seqs or self._clock() >= self._usable_until + RESERVE_MARGIN_S:
+                return
+            try:
+                self._tc.request(TcOp.END_GROUP, self._tc_id, timeout_s=5.0,
+                                 group_key=f"release-{self._tc.client_id}-{seqs[0]}",
+                                 group_seqs=tuple(seqs), commit=False)
+            except Exception as exc:  # their lease ends them anyway
+                log.debug("releasing reserved txns %s: %s", seqs, exc)
+
+
 class _Pending:
     __slots__ = ("event", "reply", "conn")
 
@@ -255,6 +319,8 @@ class TransactionCoordinatorClient:
         self._conns: dict[Endpoint, ClientConnection] = {}
         self._conn_lock = threading.Lock()
         self.directory = EndpointDirectory(config, self.num_coordinators)
+        self.txn_ids = TxnIdPool(self)
+        """TxnIDs reserved in blocks: ``new_transaction`` takes one without a round trip."""
 
     def pick_coordinator(self) -> int:
         """Round-robin over the coordinators, spreading new txns."""
@@ -386,7 +452,10 @@ class TransactionCoordinatorClient:
         return sorted(out, key=lambda r: r.tc_id)
 
     def close(self) -> None:
-        """Close every connection and stop the directory."""
+        """Release unused TxnIDs, close every connection and stop the directory."""
+        pool = getattr(self, "txn_ids", None)
+        if pool is not None:
+            pool.release()
         with self._conn_lock:
             conns, self._conns = list(self._conns.values()), {}
         for c in conns:

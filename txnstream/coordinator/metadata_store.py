@@ -270,6 +270,10 @@ class TransactionMetadataStore:
                 log.warning("tc %d: record for unknown txn %d (%s) ignored",
                             self.tc_id, seq, entry.status)
                 return
+        if entry.status is None and entry.timeout_ms > 0 and meta.status is TxnStatus.OPEN:
+            # a reserved txn handed out (ACTIVATE): its deadline runs from then
+            meta.open_time_ms, meta.timeout_ms = entry.open_time_ms, entry.timeout_ms
+            self.timeouts.track(seq, meta.deadline_ms)
         if entry.partitions:
             meta.partitions |= set(entry.partitions)
         if entry.subscriptions:
@@ -409,6 +413,46 @@ class TransactionMetadataStore:
                             group_key=group_key)
         self._apply_new(entry, now_ms)
         return self.txns[seq], entry
+
+    def reserve(self, request_id: str, count: int, lease_ms: int, now_ms: int) -> list[int]:
+        """Open ``count`` txns at once, each alive for ``lease_ms`` until activated.
+
+        A client takes TxnIDs from such a block without a round trip per txn and
+        activates each as it hands it out (:meth:`activate`). The txns are ordinary OPEN
+        txns: the low watermark waits for them, an unused one times out at its lease
+        like any other (logged, so every owner agrees), and a TxnID is never reused. A
+        repeated request id returns the block it opened before.
+        """
+        seen = self._requests.get(request_id)
+        if seen is not None and seen in self.txns:
+            return list(range(seen, seen + count))
+        first = self.next_sequence
+        for i in range(count):
+            self._apply_new(self._entry(
+                kind=LogEntryKind.TXN, request_id=request_id if i == 0 else None,
+                txn_seq=first + i, status=TxnStatus.OPEN, open_time_ms=now_ms,
+                timeout_ms=lease_ms), now_ms)
+        return list(range(first, first + count))
+
+    def activate(self, seq: int, timeout_ms: int, open_time_ms: int, now_ms: int,
+                 request_id: str | None = None) -> TransactionLogEntry | None:
+        """A reserved txn handed out at ``open_time_ms``: its deadline runs from then.
+
+        The open time is kept between the reservation and now (a client clock ahead or
+        behind cannot stretch a txn's life). Raises ``TransactionTimeoutError`` if its
+        lease ran out first (it was aborted), like any request on an expired txn.
+        Repeating it is idempotent.
+        """
+        meta = self.get(seq)
+        self._check_alive(meta, now_ms)
+        meta.check_open("activate")
+        opened = min(max(open_time_ms, meta.open_time_ms), now_ms)
+        if (opened, timeout_ms) == (meta.open_time_ms, meta.timeout_ms):
+            return None
+        entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
+                            open_time_ms=opened, timeout_ms=timeout_ms)
+        self._apply_new(entry, now_ms)
+        return entry
 
     def _check_alive(self, meta: TxnMeta, now_ms: int) -> None:
         if meta.status is TxnStatus.OPEN and now_ms >= meta.deadline_ms:

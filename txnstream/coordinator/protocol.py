@@ -1,10 +1,9 @@
-"""Client <-> coordinator messages over Kafka (``__txn_requests`` / ``__txn_replies``).
+"""Client <-> coordinator messages, carried by the direct line (``transport``).
 
-No extra ports: a client produces a :class:`TcRequest` to partition ``tc_id`` of the
-requests topic and listens on one partition of the replies topic; the owner of TC
-``tc_id`` consumes that requests partition, executes, and produces a :class:`TcReply`
-keyed by the request id. Requests are idempotent by ``request_id``, so a client retries
-a request (same id) after a timeout or a coordinator failover without harm.
+A client sends a :class:`TcRequest` to the worker that owns TC ``tc_id``; the worker
+executes it and answers a :class:`TcReply` with the same request id on the same
+connection. Requests are idempotent by ``request_id``, so a client retries a request
+(same id) after a timeout or a coordinator failover without harm.
 """
 
 from __future__ import annotations
@@ -34,6 +33,10 @@ class TcOp(enum.Enum):
     GET = "GET"
     LIST = "LIST"
     STATS = "STATS"
+    RESERVE = "RESERVE"
+    """Open ``count`` txns at once, each with the lease ``timeout_ms`` (TxnIDs in blocks)."""
+    ACTIVATE = "ACTIVATE"
+    """A reserved txn handed out: its deadline is ``open_time_ms`` + ``timeout_ms``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,8 @@ class TcRequest:
     group_key: str | None = None
     group_seqs: tuple[int, ...] = ()
     min_age_ms: int = 0
+    count: int = 0
+    open_time_ms: int = 0
 
     def encode(self) -> bytes:
         """Version byte + Avro."""
@@ -67,7 +72,8 @@ class TcRequest:
             "subscriptions": [{"topic": s.topic, "partition": s.partition,
                                "subscription": s.subscription} for s in self.subscriptions],
             "group_key": self.group_key, "group_seqs": list(self.group_seqs),
-            "min_age_ms": self.min_age_ms,
+            "min_age_ms": self.min_age_ms, "count": self.count,
+            "open_time_ms": self.open_time_ms,
         })
 
     @classmethod
@@ -81,7 +87,8 @@ class TcRequest:
                 tuple(TopicPartition(p["topic"], p["partition"]) for p in r["partitions"]),
                 tuple(SubscriptionRef(s["topic"], s["partition"], s["subscription"])
                       for s in r["subscriptions"]),
-                r["group_key"], tuple(r["group_seqs"]), r["min_age_ms"],
+                r["group_key"], tuple(r["group_seqs"]), r["min_age_ms"], r["count"],
+                r["open_time_ms"],
             )
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"tc_request: {exc!r}") from exc

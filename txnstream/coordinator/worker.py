@@ -109,6 +109,8 @@ log = logging.getLogger(__name__)
 RESTART_BACKOFF_FIRST_S = 0.2
 """Wait before replaying a TC whose append failed: long enough for a leader move or a
 busy broker to pass, short against the client's 3 s resend."""
+MAX_RESERVE = 256
+"""TxnIDs one RESERVE may open (a client's block); bounds one request's log append."""
 ORIGINS_SWEEP_AT = 10_000
 """Requests awaiting a reply past this many: those past their deadline are forgotten
 (their client gave up on them; a resend brings its connection again)."""
@@ -726,6 +728,18 @@ class CoordinatorWorker:
                 meta, _ = store.new_txn(req.request_id, timeout, now_ms, req.group_key)
                 return TcReply(req.request_id, req.client_id, tc.tc_id,
                                txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id)
+            if req.op is TcOp.RESERVE:
+                lease = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
+                            int(self.config.max_txn_timeout_s * 1000))
+                count = max(1, min(req.count, MAX_RESERVE))
+                seqs = store.reserve(req.request_id, count, lease, now_ms)
+                return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=seqs[0],
+                               group_seqs=tuple(seqs), owner_id=self.worker_id)
+            if req.op is TcOp.ACTIVATE:
+                timeout = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
+                              int(self.config.max_txn_timeout_s * 1000))
+                store.activate(req.txn_seq, timeout, req.open_time_ms, now_ms, req.request_id)
+                return ok
             if req.op is TcOp.ADD_PARTITIONS:
                 store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
                 return ok

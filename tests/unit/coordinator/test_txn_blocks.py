@@ -1,0 +1,92 @@
+"""TxnIDs in logged blocks: reserved txns are ordinary OPEN txns until handed out.
+
+``new_transaction()`` takes a TxnID from a block (``RESERVE``) and activates it in the
+background (``ACTIVATE``): no round trip of its own. What must still hold: a TxnID is
+never reused, the low watermark waits for every txn that may still write, deadlines run
+from the moment the client handed the txn out, and a new owner replaying the log agrees
+on all of it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.coordinator.test_store_rules import TP, Log, owner, replayed
+from txnstream.errors import TransactionTimeoutError
+from txnstream.types import TxnStatus
+
+LEASE = 30_000
+
+
+def log_all(store, log: Log) -> None:
+    for e in store.unlogged():
+        log.append(e)
+
+
+def test_a_reserved_block_is_never_reused_and_holds_the_low_watermark():
+    log = Log()
+    s = owner(log)
+    block = s.reserve("r1", 8, LEASE, now_ms=1_000)
+    log_all(s, log)
+    assert block == list(range(8))
+    assert s.reserve("r1", 8, LEASE, now_ms=1_100) == block, "a resent RESERVE is the same block"
+    assert s.unlogged() == []
+    nxt, _ = s.new_txn("n1", 10_000, 1_200)
+    log_all(s, log)
+    assert nxt.txn_id.least_bits == 8, "a TxnID after a block is never one of the block's"
+    assert s.low_watermark == 0, "unused reserved txns may still write: the LWM waits"
+    for seq in block:
+        s.end_txn(seq, False, 1_300)
+    log_all(s, log)
+    assert s.low_watermark == 0  # ABORTING until finalized
+    for seq in block:
+        s.finalize(seq, 1_400)
+    log_all(s, log)
+    assert s.low_watermark == 8
+    again = replayed(log)
+    assert again.next_sequence == 9 and again.low_watermark == 8
+
+
+def test_an_activated_txn_times_out_from_its_hand_out_not_its_reservation():
+    log = Log()
+    s = owner(log)
+    [seq] = s.reserve("r1", 1, LEASE, now_ms=0)
+    s.activate(seq, 5_000, open_time_ms=20_000, now_ms=20_010)
+    log_all(s, log)
+    meta = s.txns[seq]
+    assert (meta.open_time_ms, meta.deadline_ms) == (20_000, 25_000)
+    assert s.expire(24_999) == []
+    s.add_partitions(seq, [TP], 24_000)
+    assert [e.txn_seq for e in s.expire(25_000)] == [seq]
+    assert meta.status is TxnStatus.ABORTING and meta.abort_reason == "timeout"
+    log_all(s, log)
+    again = replayed(log).txns[seq]
+    assert (again.status, again.open_time_ms, again.timeout_ms) == (
+        TxnStatus.ABORTING, 20_000, 5_000)
+
+
+def test_an_open_time_outside_reservation_and_now_is_clamped():
+    s = owner(Log())
+    a, b = s.reserve("r1", 2, LEASE, now_ms=10_000)
+    s.activate(a, 5_000, open_time_ms=1, now_ms=12_000)  # a clock far behind
+    s.activate(b, 5_000, open_time_ms=99_000, now_ms=12_000)  # a clock far ahead
+    assert s.txns[a].open_time_ms == 10_000, "never older than its reservation"
+    assert s.txns[b].open_time_ms == 12_000, "never later than the coordinator's now"
+
+
+def test_an_unused_reserved_txn_ends_at_its_lease_and_cannot_be_activated_after():
+    log = Log()
+    s = owner(log)
+    [seq] = s.reserve("r1", 1, LEASE, now_ms=0)
+    assert [e.txn_seq for e in s.expire(LEASE)] == [seq]
+    log_all(s, log)
+    with pytest.raises(TransactionTimeoutError):
+        s.activate(seq, 5_000, open_time_ms=LEASE + 1, now_ms=LEASE + 1)
+    assert replayed(log).txns[seq].status is TxnStatus.ABORTING
+
+
+def test_activation_is_idempotent():
+    s = owner(Log())
+    [seq] = s.reserve("r1", 1, LEASE, now_ms=0)
+    assert s.activate(seq, 5_000, 100, 200, "a1") is not None
+    assert s.activate(seq, 5_000, 100, 300, "a1") is None
