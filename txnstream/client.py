@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -13,13 +14,18 @@ from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import ConfigError, InvalidTxnStatusError
 from txnstream.producer import Producer
-from txnstream.transaction import Transaction
+from txnstream.transaction import RegistrationPipeline, Transaction
 from txnstream.types import TxnID, TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.consumer import Consumer
 
 __all__ = ["Client"]
+
+ATTACH_CLOCK_SKEW_S = 2.0
+"""An attached handle's deadline counts from the coordinator's wall-clock open time;
+hosts' clocks may differ (NTP keeps them within milliseconds, this covers a poorly synced
+one). Added, never subtracted: the client must not refuse what the coordinator accepts."""
 
 
 class Client:
@@ -38,6 +44,7 @@ class Client:
         self.config = config
         self._tc: TransactionCoordinatorClient | None = None
         self._lock = threading.Lock()
+        self._registrations = RegistrationPipeline()
         self.admin = Admin(self)
 
     @property
@@ -62,16 +69,25 @@ class Client:
             tc_id = self.tc.pick_coordinator()
         reply = self.tc.request(TcOp.NEW, tc_id, timeout_ms=int(timeout * 1000),
                                 group_key=group_key)
-        return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout)
+        # Its deadline counts from now, after the reply: never before the coordinator's.
+        return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout,
+                           pipeline=self._registrations)
 
     def attach_transaction(self, txn_id: TxnID | str) -> Transaction:
-        """A handle on an OPEN transaction another process opened (it passed the TxnID).
+        """A handle on an OPEN transaction another process opened, by its id.
 
-        Sends and acks through it join that transaction. Before telling the committer
-        it is done, the writer calls ``txn.flush()``: it waits for the sends and checks
-        with the coordinator that the transaction was still OPEN after they landed, so
-        no record can trail the transaction's markers unnoticed (such a record would be
-        dropped by every reader).
+        ``txn_id`` is a ``TxnID`` or its text form (``str(txn.id)``, e.g. ``"(0,42)"``),
+        passed from the process that opened it. Sends and acks through the handle join
+        that transaction; the opener commits or aborts it. Before telling the opener it
+        is done, the writer calls ``txn.flush()``: it waits for the handle's
+        registrations and sends and then checks with the coordinator that the
+        transaction was still OPEN after they landed, so no record can trail the
+        transaction's markers unnoticed (such a record would be dropped by every
+        reader). ``txn.status`` reads TIMED_OUT once the transaction's deadline (its
+        coordinator open time plus its timeout) has passed.
+
+        Raises ``InvalidTxnStatusError`` if the transaction is not OPEN,
+        ``TransactionNotFoundError`` if the coordinator does not know it.
         """
         tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
         info = self.tc.request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits).txns[0]
@@ -79,7 +95,10 @@ class Client:
             raise InvalidTxnStatusError(tid, TxnStatus.OPEN, info.status,
                                         f"cannot attach to transaction {tid}: it is "
                                         f"{info.status.value}")
-        return Transaction(self.tc, tid, info.timeout_ms / 1000, attached=True)
+        age_s = max(0.0, time.time() - info.open_time_ms / 1000)
+        return Transaction(self.tc, tid, info.timeout_ms / 1000, attached=True,
+                           opened_at=time.monotonic() - age_s + ATTACH_CLOCK_SKEW_S,
+                           pipeline=self._registrations)
 
     def end_group(self, tc_id: int, group_key: str, txn_seqs: Sequence[int],
                   commit: bool = True, timeout_s: float | None = None) -> bool:
@@ -127,7 +146,12 @@ class Client:
         return Consumer(self, topics, subscription, initial_position, **options)
 
     def close(self) -> None:
-        """Release Kafka clients."""
+        """Release Kafka clients.
+
+        Pipelined registrations not sent yet are dropped: their transactions become
+        abort-only.
+        """
+        self._registrations.close()
         if self._tc is not None:
             self._tc.close()
             self._tc = None

@@ -1,9 +1,28 @@
 """``Transaction``: the client's handle on one coordinator transaction.
 
-Produced partitions and acked subscriptions are registered with the coordinator before
-the first write/ack to them (once per transaction, cached here). ``commit()`` first
-waits for the transaction's outstanding sends; a failed send makes the transaction
-abort-only, so its commit raises and aborts instead.
+Produced partitions and acked subscriptions are registered with the coordinator (once
+per transaction, cached here). ``commit()`` first waits for the transaction's
+outstanding registrations and sends; a failed one makes the transaction abort-only, so
+its commit raises and aborts instead.
+
+Pipelined registration (:class:`RegistrationPipeline`, one per ``Client``): a new
+partition's ``ADD_PARTITIONS`` goes out on a background thread and the write proceeds
+at once, except the first registration of a topic by this client, which the writer
+waits for: the coordinator writes the topic's buffer registration (every partition of
+it) before it confirms that first request, and readers rely on a registration
+preceding every txn record of a partition. A pipelined registration that fails (the txn
+timed out, or an admin aborted it) leaves records in a partition the coordinator does
+not know; its ABORT markers miss it, and the buffer's owner aborts the txn there once
+the coordinator's low watermark passes it (docs/buffer.md, "Unblocking"): nothing of it
+is ever delivered. Subscriptions are always registered before the ack: the pending-ack
+log has no such low-watermark rule, so an ack whose txn ended without a mark for its
+subscription would stay pending on every replay.
+
+The deadline: a transaction knows its timeout and when it opened (when the reply to
+NEW arrived, so the client's deadline is never earlier than the coordinator's, which
+counts from when it handled NEW). Past it, while still OPEN, :attr:`status` reads
+TIMED_OUT without a request, and ``commit()`` raises ``TransactionTimeoutError`` at
+once (telling the coordinator to abort in the background, best effort).
 
 Sends racing an end: a send checks that the transaction is OPEN and hands its record to
 librdkafka inside one guarded section (:meth:`sending`); ``commit()``/``abort()`` leave
@@ -25,9 +44,12 @@ and those take only ``_state_lock``, so no lock order cycle exists.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -45,7 +67,9 @@ from txnstream.types import TopicPartition, TxnID, TxnStatus
 if TYPE_CHECKING:
     from txnstream.coordinator.client import TransactionCoordinatorClient
 
-__all__ = ["Transaction"]
+__all__ = ["Transaction", "RegistrationPipeline"]
+
+log = logging.getLogger(__name__)
 
 ABORT_FLUSH_TIMEOUT_S = 10.0
 """How long ``abort()`` waits for the txn's outstanding sends (Pulsar's abort waits for
@@ -53,18 +77,80 @@ them too); their records are dropped by readers either way, so it need not wait 
 SEND_DRAIN_TIMEOUT_S = 30.0
 """How long an end waits for sends that passed the OPEN check to reach librdkafka; a
 send holds the guard only for one ``produce()`` call (plus librdkafka back-pressure)."""
+REGISTRATION_THREADS = 4
+"""Threads sending a client's pipelined registrations. Each request holds its thread for
+one coordinator round trip (a log append read back: milliseconds), and the coordinator
+batches what arrives together, so a few keep it busy; more would only add threads."""
+
+
+class RegistrationPipeline:
+    """A client's background registrations, and the topics it may pipeline.
+
+    A topic becomes pipelinable once this client saw a registration of one of its
+    partitions succeed (:meth:`confirm`): the coordinator registered the whole topic
+    for the buffer before confirming it. Threads start on first use.
+    """
+
+    def __init__(self, threads: int = REGISTRATION_THREADS) -> None:
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._topics: set[str] = set()
+        self._closed = False
+
+    def knows(self, topic: str) -> bool:
+        """Whether a registration of ``topic`` succeeded through this client."""
+        return topic in self._topics
+
+    def confirm(self, topics: Iterable[str]) -> None:
+        """Registrations of ``topics`` succeeded: later ones may be pipelined."""
+        with self._lock:
+            self._topics.update(topics)
+
+    def submit(self, fn: Callable[[], None]) -> Future[None] | None:
+        """Run ``fn`` on a pipeline thread; None once closed (the caller runs it)."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._threads,
+                                                    thread_name_prefix="txnstream-register")
+            return self._executor.submit(fn)
+
+    def close(self, wait: bool = False) -> None:
+        """Stop; queued work is cancelled (its transactions become abort-only)."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=wait, cancel_futures=True)
 
 
 class Transaction:
     """One open transaction; usable from many threads, producers and consumers at once."""
 
     def __init__(self, tc: TransactionCoordinatorClient, txn_id: TxnID, timeout_s: float,
-                 attached: bool = False) -> None:
+                 attached: bool = False, *, opened_at: float | None = None,
+                 pipeline: RegistrationPipeline | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Made by ``Client.new_transaction`` / ``attach_transaction``.
+
+        ``opened_at``: when the txn opened, on ``clock`` (default: now); ``pipeline``:
+        the client's background registrations (None: every registration is awaited).
+        """
         self._tc = tc
         self.id = txn_id
         self.timeout_s = timeout_s
         self.attached = attached
         """True for a handle on a txn another process opened (``attach_transaction``)."""
+        self._clock = clock
+        self.deadline_s = (clock() if opened_at is None else opened_at) + timeout_s
+        """When the coordinator will have aborted it if still open (on ``clock``)."""
+        self._pipeline = pipeline
+        self._registering: list[Future[None]] = []
+        self._registration_error: BaseException | None = None
+        self._timed_out = False
+        """commit() found the deadline passed: every later commit() says so again."""
         self._status = TxnStatus.OPEN
         self._partitions: set[TopicPartition] = set()
         self._subscriptions: set[SubscriptionRef] = set()
@@ -76,7 +162,7 @@ class Transaction:
         self._end_listeners: dict[object, Callable[[bool], None]] = {}
 
     def __repr__(self) -> str:
-        return f"Transaction({self.id}, {self._status.value})"
+        return f"Transaction({self.id}, {self.status.value})"
 
     @property
     def status(self) -> TxnStatus:
@@ -84,8 +170,16 @@ class Transaction:
 
         COMMITTING or ABORTING after an end raised ``TransactionOutcomeUnknownError``:
         the outcome is not known yet; ``commit()`` (or ``abort()``) again asks.
+        TIMED_OUT once the deadline passed while OPEN (no request is made): it can only
+        abort; ABORTED once the coordinator confirmed that.
         """
-        return self._status
+        status = self._status
+        if status is TxnStatus.OPEN and self._expired():
+            return TxnStatus.TIMED_OUT
+        return status
+
+    def _expired(self) -> bool:
+        return self._clock() >= self.deadline_s
 
     def _check_open(self, what: str) -> None:
         if self._status is not TxnStatus.OPEN:
@@ -126,7 +220,14 @@ class Transaction:
                                      f"within {SEND_DRAIN_TIMEOUT_S:.0f}s", self.id)
 
     def register_partitions(self, tps: Iterable[TopicPartition]) -> None:
-        """Tell the coordinator about produced partitions (before writing to them)."""
+        """Tell the coordinator about produced partitions (before writing to them).
+
+        Pipelined when this client already registered a partition of each topic: the
+        request goes out in the background and this returns at once; ``commit()`` and
+        :meth:`flush` wait for it, and a failure makes the transaction abort-only.
+        Otherwise (a topic's first registration, or no pipeline) it waits for the
+        coordinator and raises its error.
+        """
         tps = list(tps)
         if self._status is TxnStatus.OPEN and all(tp in self._partitions for tp in tps):
             return  # the hot path of every send: known partitions, no lock, no request
@@ -135,12 +236,60 @@ class Transaction:
             new = set(tps) - self._partitions
             if not new:
                 return
-            self._tc.request(TcOp.ADD_PARTITIONS, self.id.tc_id, txn_seq=self.id.least_bits,
-                             partitions=tuple(sorted(new)))
+            parts = tuple(sorted(new))
+            pipeline = self._pipeline
+            if pipeline is not None and all(pipeline.knows(tp.topic) for tp in parts):
+                future = pipeline.submit(lambda: self._register_in_background(parts))
+                if future is not None:
+                    self._partitions |= new
+                    with self._state_lock:
+                        self._registering = [f for f in self._registering if not f.done()]
+                        self._registering.append(future)
+                    return
+            self._add_partitions(parts)
             self._partitions |= new
+            if pipeline is not None:
+                pipeline.confirm(tp.topic for tp in parts)
+
+    def _add_partitions(self, parts: tuple[TopicPartition, ...]) -> None:
+        self._tc.request(TcOp.ADD_PARTITIONS, self.id.tc_id, txn_seq=self.id.least_bits,
+                         partitions=parts)
+
+    def _register_in_background(self, parts: tuple[TopicPartition, ...]) -> None:
+        try:
+            self._add_partitions(parts)
+        except BaseException as exc:
+            with self._state_lock:
+                if self._registration_error is None:
+                    self._registration_error = exc
+            self.mark_abort_only(exc)
+            raise
+
+    def _await_registrations(self, timeout_s: float | None = None) -> None:
+        """Wait for the pipelined registrations sent so far (``timeout_s``: at most)."""
+        with self._state_lock:
+            futures, self._registering = self._registering, []
+        if not futures:
+            return
+        _, not_done = wait_futures(futures, timeout_s)
+        cancelled = [f for f in futures if f.cancelled()]
+        if cancelled or not_done:
+            # Not sent (the client closed) or not answered yet: never known to be in.
+            exc = TxnStreamError(f"{len(cancelled) + len(not_done)} partition registrations "
+                                 f"of {self.id} were not confirmed (client closed?)", self.id)
+            with self._state_lock:
+                if self._registration_error is None:
+                    self._registration_error = exc
+                self._registering.extend(not_done)
+            self.mark_abort_only(exc)
 
     def register_subscriptions(self, subs: Iterable[SubscriptionRef]) -> None:
-        """Tell the coordinator about acked subscriptions (before acking on them)."""
+        """Tell the coordinator about acked subscriptions (before acking on them).
+
+        Always awaited (never pipelined): the coordinator writes a COMMIT/ABORT mark
+        into the pending-ack log only for subscriptions it knows, and nothing else ends
+        a pending ack there (see the module docstring).
+        """
         with self._lock:
             self._check_open("acknowledge")
             new = set(subs) - self._subscriptions
@@ -176,7 +325,9 @@ class Transaction:
             flush()
 
     def flush(self) -> None:
-        """Wait for this txn's sends; ``TxnStreamError`` if any failed (it is abort-only).
+        """Wait for the txn's registrations and sends; ``TxnStreamError`` if one failed.
+
+        A failure makes the transaction abort-only.
 
         What :meth:`commit` checks before committing, for writers whose commit is done
         elsewhere (the Spark sink's tasks, whose driver commits them as a group, or a
@@ -185,6 +336,7 @@ class Transaction:
         flushed precedes the txn's markers; if not, some may follow them and be dropped,
         and this raises ``InvalidTxnStatusError`` naming the state.
         """
+        self._await_registrations()
         self._run_flushers()
         cause = self._abort_only
         if cause is not None:
@@ -201,17 +353,25 @@ class Transaction:
     # ------------------------------------------------------------ ends
 
     def commit(self) -> None:
-        """Flush this txn's sends, then commit. Raises (after aborting) if abort-only.
+        """Commit: 1. wait for the registrations, 2. flush the sends, 3. END (commit).
 
-        ``TransactionOutcomeUnknownError`` if the coordinator did not answer: the status
-        stays COMMITTING and a later ``commit()`` asks again (idempotent).
+        Raises (after aborting) if abort-only: a failed registration's own error (e.g.
+        ``TransactionTimeoutError``, ``InvalidTxnStatusError`` after an admin abort),
+        else ``TxnStreamError`` naming the failed send or ack. Past the deadline it
+        raises ``TransactionTimeoutError`` with no request (the abort is sent in the
+        background). ``TransactionOutcomeUnknownError`` if the coordinator did not
+        answer: the status stays COMMITTING and a later ``commit()`` asks again
+        (idempotent).
         """
         with self._lock:
             if self._status is TxnStatus.COMMITTED:
                 return
+            if self._timed_out or (self._status is TxnStatus.OPEN and self._expired()):
+                self._time_out()
             if self._status is not TxnStatus.COMMITTING:  # a retry skips straight to END
                 self._check_open("commit")
                 self._leave_open(TxnStatus.COMMITTING)
+                self._await_registrations()
                 try:
                     self._run_flushers()
                 except Exception as exc:
@@ -220,6 +380,10 @@ class Transaction:
                     cause = self._abort_only
                     self._set_status(TxnStatus.ABORTING)
                     self._send_abort()
+                    failed = self._registration_error
+                    if isinstance(failed, TxnStreamError) and not isinstance(
+                            failed, RequestTimeoutError):
+                        raise failed  # the coordinator's verdict: timed out, aborted, ...
                     raise TxnStreamError(
                         f"transaction {self.id} was aborted instead of committed: {cause}",
                         self.id) from cause
@@ -251,6 +415,8 @@ class Transaction:
                 raise InvalidTxnStatusError(self.id, TxnStatus.OPEN, self._status)
             if self._status is TxnStatus.OPEN:
                 self._leave_open(TxnStatus.ABORTING)
+                # Registrations first, so the ABORT markers reach every partition written.
+                self._await_registrations(ABORT_FLUSH_TIMEOUT_S)
                 deadline = time.monotonic() + ABORT_FLUSH_TIMEOUT_S
                 with self._state_lock:
                     flushers = list(self._flushers.values())
@@ -262,6 +428,36 @@ class Transaction:
                     except Exception:  # noqa: BLE001 - failed sends are dropped anyway
                         pass
             self._send_abort()
+
+    def _time_out(self) -> None:
+        """Past the deadline: raise the coordinator's ``TransactionTimeoutError``.
+
+        1. Leave OPEN (status TIMED_OUT) and wait for sends already past their OPEN
+           check, so none lands after the abort.
+        2. Tell the coordinator to abort in the background, best effort: it aborts the
+           txn at its own deadline anyway; asking frees the txn's partitions sooner.
+           Its confirmation moves the status to ABORTED and runs the end listeners.
+        """
+        if self._status is TxnStatus.OPEN:
+            self._timed_out = True
+            self._leave_open(TxnStatus.TIMED_OUT)
+            job = self._abort_in_background
+            if self._pipeline is None or self._pipeline.submit(job) is None:
+                threading.Thread(target=job, name=f"txnstream-abort-{self.id}",
+                                 daemon=True).start()
+        raise TransactionTimeoutError(
+            f"transaction {self.id} timed out after {int(self.timeout_s * 1000)} ms (its "
+            f"client-side deadline passed); it was aborted", self.id)
+
+    def _abort_in_background(self) -> None:
+        try:
+            with self._lock:
+                if self._status is not TxnStatus.TIMED_OUT:
+                    return  # abort() got there first
+                self._await_registrations(ABORT_FLUSH_TIMEOUT_S)
+                self._send_abort()
+        except Exception as exc:  # noqa: BLE001 - best effort: the coordinator aborts it
+            log.debug("abort of timed-out %s not confirmed: %s", self.id, exc)
 
     def _send_abort(self) -> None:
         # Aborting an already aborted txn (timeout, admin) succeeds; the coordinator
@@ -285,6 +481,7 @@ class Transaction:
             listeners = list(self._end_listeners.values())
             self._end_listeners.clear()
             self._flushers.clear()
+            self._registering.clear()
         for listener in listeners:
             listener(status is TxnStatus.COMMITTED)
 

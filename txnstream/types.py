@@ -75,14 +75,36 @@ class TxnID:
         return cls(int(m.group(1)), int(m.group(2)))
 
 
-class TxnStatus(enum.Enum):
-    """Transaction status, as Pulsar's ``TxnStatus``."""
+class _CoordinatorStatuses(enum.EnumMeta):
+    """Iterating ``TxnStatus`` gives the coordinator's statuses only.
+
+    They are the symbols of the log's status enum (``schemas/txn_log_entry.avsc``) and
+    what the coordinator's tables, stats and tests enumerate; the client-only
+    ``TIMED_OUT`` stays a member (``TxnStatus.TIMED_OUT``, ``TxnStatus("TIMED_OUT")``).
+    """
+
+    def __iter__(cls):  # type: ignore[no-untyped-def]
+        return (m for m in super().__iter__() if m.value not in _CLIENT_ONLY)
+
+    def __len__(cls) -> int:
+        return sum(1 for _ in cls)
+
+
+_CLIENT_ONLY = frozenset({"TIMED_OUT"})
+
+
+class TxnStatus(enum.Enum, metaclass=_CoordinatorStatuses):
+    """Transaction status, as Pulsar's ``TxnStatus`` (plus the client's TIMED_OUT)."""
 
     OPEN = "OPEN"
     COMMITTING = "COMMITTING"
     COMMITTED = "COMMITTED"
     ABORTING = "ABORTING"
     ABORTED = "ABORTED"
+    TIMED_OUT = "TIMED_OUT"
+    """Client side only (Pulsar's client ``State.TIME_OUT``): a ``Transaction`` reads it
+    once its deadline passed while it was OPEN; the coordinator aborts such a txn, so its
+    own status goes OPEN -> ABORTING -> ABORTED and never takes this value."""
 
     def can_transition_to(self, new: TxnStatus) -> bool:
         """Pulsar's ``TransactionUtil.canTransitionTo``; a repeat of the same status is allowed."""
@@ -105,6 +127,7 @@ _ALLOWED: dict[TxnStatus, frozenset[TxnStatus]] = {
     TxnStatus.ABORTING: frozenset({TxnStatus.ABORTING, TxnStatus.ABORTED}),
     TxnStatus.COMMITTED: frozenset({TxnStatus.COMMITTED}),
     TxnStatus.ABORTED: frozenset({TxnStatus.ABORTED}),
+    TxnStatus.TIMED_OUT: frozenset(),  # never a coordinator's status: no transition
 }
 
 
