@@ -1,0 +1,222 @@
+"""Pipelined partition registration, the client-side deadline and attaching from another
+process, on the real broker (issue 13).
+
+A transaction's new partitions are registered in the background once this client has
+registered the topic before; the first registration of a topic is awaited (the
+coordinator writes the topic's buffer registration before it confirms it). Commit waits
+for every registration; one that failed aborts the txn and nothing of it is delivered.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from tests.integration.coordinator.conftest import make_topic
+from txnstream.coordinator.protocol import TcOp
+from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
+from txnstream.types import TxnStatus
+
+pytestmark = pytest.mark.integration
+
+
+def committed_values(client, topic: str, n_expected: int, timeout_s: float = 20.0,
+                     quiet_s: float = 1.5) -> list[bytes]:
+    """What a committed-only reader delivers: up to ``n_expected``, then ``quiet_s``
+    with nothing more (so a duplicate or an extra record would be seen)."""
+    c = client.subscribe(topic, subscription=f"check-{uuid.uuid4().hex[:6]}")
+    out: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    quiet_until = None
+    try:
+        while time.monotonic() < deadline:
+            m = c.receive(timeout_s=0.3)
+            if m is not None:
+                out.append(m.value)
+                quiet_until = None
+            elif len(out) >= n_expected:
+                quiet_until = quiet_until or time.monotonic() + quiet_s
+                if time.monotonic() >= quiet_until:
+                    break
+    finally:
+        c.close()
+    return out
+
+
+def record_registrations(client) -> list[tuple[tuple, str]]:
+    """Every ADD_PARTITIONS this client sends, with the thread that sent it."""
+    sent: list[tuple[tuple, str]] = []
+    real = client.tc.request
+
+    def request(op, tc_id, **fields):
+        if op is TcOp.ADD_PARTITIONS:
+            sent.append((fields["partitions"], threading.current_thread().name))
+        return real(op, tc_id, **fields)
+
+    client.tc.request = request
+    return sent
+
+
+def test_a_topics_first_registration_is_awaited_and_later_ones_are_pipelined(
+        config, worker, client):
+    """The safety rule: a record is written only after the first ADD_PARTITIONS of its
+    topic was confirmed (so the buffer registration precedes it); once confirmed, the
+    topic's other partitions are registered off the writer's thread."""
+    topic = make_topic(config, 4)
+    sent = record_registrations(client)
+    producer = client.create_producer(topic)
+    me = threading.current_thread().name
+    with client.transaction() as txn:
+        producer.send(b"a", txn=txn, partition=0)
+        assert [(p[0].partition, t) for p, t in sent] == [(0, me)], \
+            "the first registration of the topic was not awaited by the send"
+        producer.send(b"b", txn=txn, partition=1)
+        producer.send(b"c", txn=txn, partition=2)
+    assert [p[0].partition for p, _ in sent] == [0, 1, 2]
+    assert all(t.startswith("txnstream-register") for _, t in sent[1:]), sent
+    info = client.admin.get_transaction(txn.id)
+    assert info.status is TxnStatus.COMMITTED
+    assert set(info.partitions) == {f"{topic}-{p}" for p in (0, 1, 2)}
+    assert sorted(committed_values(client, topic, 3)) == [b"a", b"b", b"c"]
+
+
+def test_a_txn_writing_to_many_partitions_of_a_registered_topic_delivers_each_record_once(
+        config, worker, client):
+    """Many pipelined registrations in one txn (and in txns side by side): commit waits
+    for all of them, every partition gets its marker, readers get everything once."""
+    parts = 16
+    topic = make_topic(config, parts)
+    producer = client.create_producer(topic)
+    with client.transaction() as warm:                     # the topic is registered now
+        producer.send(b"warm", txn=warm, partition=0)
+    sent = record_registrations(client)
+    txns = [client.new_transaction(timeout_s=60) for _ in range(3)]
+    want = [b"warm"]
+    for round_ in range(5):
+        for p in range(parts):
+            for i, txn in enumerate(txns):
+                value = f"t{i}-p{p}-r{round_}".encode()
+                producer.send(value, txn=txn, partition=p)
+                want.append(value)
+    for txn in txns:
+        txn.commit()
+        info = client.admin.get_transaction(txn.id)
+        assert len(info.partitions) == parts, info.partitions
+    assert len(sent) == 3 * parts, "one registration per txn and partition"
+    assert sum(t.startswith("txnstream-register") for _, t in sent) == 3 * parts, \
+        "a registration of a registered topic was not pipelined"
+    got = committed_values(client, topic, len(want))
+    dupes = {v: n for v, n in Counter(got).items() if n > 1}
+    assert not dupes, f"delivered more than once: {list(dupes)[:5]}"
+    assert sorted(got) == sorted(want), (f"missing {sorted(set(want) - set(got))[:5]}, "
+                                         f"extra {sorted(set(got) - set(want))[:5]}")
+
+
+def test_a_failed_pipelined_registration_aborts_the_commit_and_nothing_is_delivered(
+        config, worker, client):
+    """An admin aborts the txn while it is still writing: its next (pipelined)
+    registration is refused, commit raises the coordinator's InvalidTxnStatusError
+    instead of committing, and a committed-only reader gets none of its records (the
+    one in the partition the coordinator never learnt of included)."""
+    topic = make_topic(config, 4)
+    producer = client.create_producer(topic)
+    with client.transaction() as warm:
+        producer.send(b"warm", txn=warm, partition=0)
+    txn = client.new_transaction(timeout_s=60)
+    producer.send(b"doomed-0", txn=txn, partition=0)
+    txn.flush()                                            # partition 0 is registered
+    client.abort_transaction(txn.id)                       # an admin aborts it
+    producer.send(b"doomed-1", txn=txn, partition=1)       # pipelined: refused later
+    producer.send(b"doomed-2", txn=txn, partition=2)
+    with pytest.raises(InvalidTxnStatusError) as exc:
+        txn.commit()
+    assert str(txn.id) in str(exc.value)
+    assert txn.status is TxnStatus.ABORTED
+    info = client.admin.get_transaction(txn.id)
+    assert info.status is TxnStatus.ABORTED
+    assert set(info.partitions) == {f"{topic}-0"}, "a refused registration was recorded"
+    # Committed after it on the same coordinator: its markers' low watermark ends the
+    # aborted txn in the partitions that got no marker of it.
+    with client.new_transaction(timeout_s=60, tc_id=txn.id.tc_id) as after:
+        for p in range(3):
+            producer.send(f"after-{p}".encode(), txn=after, partition=p)
+    got = committed_values(client, topic, 4)
+    assert sorted(got) == [b"after-0", b"after-1", b"after-2", b"warm"], got
+
+
+def test_commit_past_the_client_deadline_raises_without_asking_and_the_txn_aborts(
+        config, worker, client):
+    """The client knows the deadline: status reads TIMED_OUT with no request, commit
+    raises TransactionTimeoutError without an END commit, and the best-effort abort it
+    sends ends the txn before the coordinator's own timeout would notice."""
+    topic = make_topic(config, 1)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction(timeout_s=1.5)
+    producer.send(b"late", txn=txn, partition=0)
+    time.sleep(1.6)
+    sent: list[tuple] = []
+    real = client.tc.request
+
+    def request(op, tc_id, **fields):
+        sent.append((op, fields.get("commit")))
+        return real(op, tc_id, **fields)
+
+    client.tc.request = request
+    assert txn.status is TxnStatus.TIMED_OUT
+    assert sent == [], "reading the status asked the coordinator"
+    with pytest.raises(TransactionTimeoutError) as exc:
+        txn.commit()
+    assert str(txn.id) in str(exc.value)
+    assert (TcOp.END, True) not in sent, "a commit was sent past the deadline"
+    deadline = time.monotonic() + 10
+    while txn.status is not TxnStatus.ABORTED and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert txn.status is TxnStatus.ABORTED
+    assert (TcOp.END, False) in sent
+    assert client.admin.get_transaction(txn.id).status is TxnStatus.ABORTED
+    with client.transaction() as after:
+        producer.send(b"after", txn=after, partition=0)
+    assert committed_values(client, topic, 1) == [b"after"]
+
+
+CHILD = """
+import sys
+from txnstream import Client
+
+txn_text, topic = sys.argv[1], sys.argv[2]
+with Client() as client:                  # TXNSTREAM_BOOTSTRAP, TXNSTREAM_TOPIC_PREFIX
+    txn = client.attach_transaction(txn_text)
+    producer = client.create_producer(topic)
+    producer.send(b"from-child", txn=txn, partition=1)
+    txn.flush()                           # durable, and the txn was still OPEN
+print("flushed", txn.id)
+"""
+
+
+def test_a_txn_attached_by_id_in_another_process_commits_both_writers_records_once(
+        config, worker, client):
+    """The opener passes str(txn.id) to another process, which attaches, sends and
+    flushes; then the opener commits: a committed-only reader gets both records once."""
+    topic = make_topic(config, 2)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction(timeout_s=60)
+    producer.send(b"from-parent", txn=txn, partition=0)
+    env = dict(os.environ, TXNSTREAM_BOOTSTRAP=config.bootstrap_servers,
+               TXNSTREAM_TOPIC_PREFIX=config.topics.prefix)
+    child = subprocess.run([sys.executable, "-c", CHILD, str(txn.id), topic], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert f"flushed {txn.id}" in child.stdout
+    assert txn.status is TxnStatus.OPEN
+    txn.commit()
+    info = client.admin.get_transaction(txn.id)
+    assert info.status is TxnStatus.COMMITTED
+    assert set(info.partitions) == {f"{topic}-0", f"{topic}-1"}
+    assert sorted(committed_values(client, topic, 2)) == [b"from-child", b"from-parent"]
