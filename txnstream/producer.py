@@ -1,9 +1,11 @@
 """``Producer``: plain and transactional sends to one topic (Pulsar's ``Producer``).
 
 A transactional send (``txn=...``) first registers its partition with the coordinator
-(once per transaction and partition, cached on the transaction), then writes the record
-straight into the real partition with the ``txn.id`` header. Committed-only readers hold
-it back until the coordinator's COMMIT marker follows; an ABORT marker drops it.
+(once per transaction and partition, cached on the transaction; pipelined, in the
+background, once the client has registered the topic: see ``txnstream.transaction``),
+then writes the record straight into the real partition with the ``txn.id`` header.
+Committed-only readers hold it back until the coordinator's COMMIT marker follows; an
+ABORT marker drops it.
 
 Many transactions may be open at once on one producer: outstanding sends are counted
 per transaction, and ``Transaction.commit()`` waits only for its own. A failed send makes
@@ -126,7 +128,9 @@ class Producer:
         """Send one record (asynchronously); returns the partition it goes to.
 
         With ``txn``: raises ``InvalidTxnStatusError`` before writing anything if the
-        transaction is not OPEN; registers the partition with the coordinator first.
+        transaction is not OPEN; registers the partition with the coordinator first
+        (:meth:`Transaction.register_partitions`: awaited for the topic's first
+        registration by this client, else pipelined and awaited by the commit).
         """
         kbytes = key.encode() if isinstance(key, str) else key
         part = self._partition_for(kbytes, partition)
@@ -174,6 +178,9 @@ class Producer:
         What :meth:`send` does for each, at a fraction of the cost: the distinct
         partitions are registered in one request and one delivery callback serves all.
         The caller chooses the partitions (:func:`murmur2_partition` for keyed records).
+        ``ValueError`` if the lengths differ, ``ConfigError`` for a partition the topic
+        does not have, ``InvalidTxnStatusError`` if ``txn`` is not OPEN. Example:
+        docs/api.md.
         """
         n = len(values)
         if len(partitions) != n or (keys is not None and len(keys) != n):

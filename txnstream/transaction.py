@@ -274,9 +274,10 @@ class Transaction:
         _, not_done = wait_futures(futures, timeout_s)
         cancelled = [f for f in futures if f.cancelled()]
         if cancelled or not_done:
-            # Not sent (the client closed) or not answered yet: never known to be in.
+            # Never sent (the client closed) or not answered in time: not known to be in.
             exc = TxnStreamError(f"{len(cancelled) + len(not_done)} partition registrations "
-                                 f"of {self.id} were not confirmed (client closed?)", self.id)
+                                 f"of {self.id} were not confirmed (the client closed, or "
+                                 f"no answer within {timeout_s}s)", self.id)
             with self._state_lock:
                 if self._registration_error is None:
                     self._registration_error = exc
