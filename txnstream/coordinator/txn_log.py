@@ -1,0 +1,336 @@
+"""``TransactionLog``: where the coordinators' entries are kept, behind one small Protocol.
+
+Pulsar pairs ``MLTransactionLogImpl`` (a managed ledger) with an in-memory log for its
+tests; here :class:`KafkaTransactionLog` keeps the entries in ``__txn_log`` (partition
+``p`` is TC ``p``'s log) and :class:`InMemoryTransactionLog` keeps them in lists, and
+``tests/unit/coordinator/test_txn_log.py`` runs one contract over both.
+
+What a coordinator worker does with its log, and nothing else:
+
+* **Own partitions** (:meth:`TransactionLog.subscribe`): the log tells which TC ids this
+  worker owns and when it loses them. For Kafka that is the ``<prefix>-coordinators``
+  consumer group over the log topic; a partition assigned is read from its start.
+* **Tail** (:meth:`~TransactionLog.poll`, :meth:`~TransactionLog.seek`,
+  :meth:`~TransactionLog.watermarks`): the records of every owned partition in offset
+  order, the replay and the read-back of the worker's own appends alike.
+* **Append** (:meth:`~TransactionLog.append`): entries to one partition, flushed; their
+  offsets, or why not. :meth:`~TransactionLog.append_async` appends without waiting and
+  reports a failure later (for records nobody waits on).
+* **Truncate** (:meth:`~TransactionLog.truncate`): drop every record below an offset.
+
+The log knows nothing of epochs or txns: what a record means, and what a failed append
+costs, is the business of :mod:`txnstream.coordinator.ownership`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
+from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
+
+from txnstream.coordinator.log_entry import TransactionLogEntry
+from txnstream.errors import is_retriable_kafka_error, message_error
+from txnstream.fetch import drain
+
+__all__ = [
+    "AppendResult",
+    "InMemoryTransactionLog",
+    "KafkaClients",
+    "KafkaTransactionLog",
+    "LogRecord",
+    "TransactionLog",
+]
+
+log = logging.getLogger(__name__)
+
+POLL_MAX_RECORDS = 2_000
+"""Records taken per poll: one turn's worth, so requests are not kept waiting behind a
+long replay."""
+
+Assigned = Callable[[list[int]], None]
+"""Called with the TC ids (log partitions) this worker was given or lost."""
+Failed = Callable[[Any], None]
+"""Called with why an append failed (a ``KafkaError``, an exception or a string)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One record read from TC ``tc_id``'s log."""
+
+    tc_id: int
+    offset: int
+    value: bytes
+    timestamp_ms: int | None
+    """When the log took it (None if unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """The offsets of appended entries (in order), or why they were not all appended."""
+
+    offsets: tuple[int, ...] = ()
+    error: Any = None
+    """A ``KafkaError``, the exception ``produce()`` raised, or ``"timeout"``."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether every entry was appended."""
+        return self.error is None
+
+
+class TransactionLog(Protocol):
+    """The log of every TC a worker owns; partition ``tc_id`` is TC ``tc_id``'s log."""
+
+    def subscribe(self, on_assign: Assigned, on_revoke: Assigned) -> None:
+        """Join the owners; the callbacks run inside :meth:`poll`."""
+
+    def watermarks(self, tc_id: int) -> tuple[int, int]:
+        """The first offset still kept and the offset the next append gets."""
+
+    def seek(self, tc_id: int, offset: int) -> None:
+        """Read ``tc_id``'s log again from ``offset``."""
+
+    def poll(self, timeout_s: float) -> Iterator[LogRecord]:
+        """Records of the owned partitions, waiting up to ``timeout_s`` for the first."""
+
+    def append(self, tc_id: int, entries: Sequence[TransactionLogEntry]) -> AppendResult:
+        """Append ``entries`` in order and wait until they are stored (or failed)."""
+
+    def append_async(self, tc_id: int, entries: Sequence[TransactionLogEntry],
+                     on_failure: Failed) -> None:
+        """Append without waiting; ``on_failure`` runs (maybe later) if one is lost."""
+
+    def truncate(self, tc_id: int, before: int) -> None:
+        """Drop every record below offset ``before``; raises if that failed."""
+
+    def close(self) -> None:
+        """Leave the owners."""
+
+
+# ------------------------------------------------------------------ Kafka
+
+
+@dataclass(slots=True)
+class KafkaClients:
+    """The Kafka clients of one worker, shared by its parts.
+
+    One producer carries log entries, markers and endpoint records, so the finalizer's
+    flush also delivers the final records appended without waiting. Mutable so that a
+    test can put a fake in place of a client before the worker runs.
+    """
+
+    consumer: Consumer
+    """Member of the ``<prefix>-coordinators`` group over the log topic."""
+    producer: Producer
+    admin: AdminClient
+
+
+@dataclass
+class KafkaTransactionLog:
+    """The log in ``__txn_log``; ownership is the consumer group's assignment."""
+
+    clients: KafkaClients
+    topic: str
+    flush_timeout_s: float
+    """How long an :meth:`append` waits for its records to be stored."""
+    admin_timeout_s: float
+    where: str = "log consumer"
+    """Names the consume loop in logged consumed errors."""
+
+    def subscribe(self, on_assign: Assigned, on_revoke: Assigned) -> None:
+        """Join the group; a partition assigned is read from its start."""
+        def assigned(consumer: Consumer, parts: list[KafkaTP]) -> None:
+            for p in parts:
+                p.offset = OFFSET_BEGINNING
+            consumer.assign(parts)
+            on_assign([p.partition for p in parts])
+
+        def revoked(consumer: Consumer, parts: list[KafkaTP]) -> None:
+            on_revoke([p.partition for p in parts])
+            consumer.unassign()
+
+        self.clients.consumer.subscribe([self.topic], on_assign=assigned, on_revoke=revoked,
+                                        on_lost=revoked)
+
+    @retry(retry=retry_if_exception(is_retriable_kafka_error),
+           stop=stop_after_delay(10), wait=wait_exponential(0.05, max=1), reraise=True)
+    def watermarks(self, tc_id: int) -> tuple[int, int]:
+        """The partition's watermarks, retried while the error is retriable."""
+        low, high = self.clients.consumer.get_watermark_offsets(
+            KafkaTP(self.topic, tc_id), timeout=self.admin_timeout_s)
+        return low, high
+
+    def seek(self, tc_id: int, offset: int) -> None:
+        """Move the group consumer's position in ``tc_id``'s partition."""
+        self.clients.consumer.seek(KafkaTP(self.topic, tc_id, offset))
+
+    def poll(self, timeout_s: float) -> Iterator[LogRecord]:
+        """Records fetched by the group consumer.
+
+        Consumed errors are logged; a fatal one raises ``KafkaClientError``.
+        """
+        # Fetch now (the group's callbacks run here); consumed errors are classified as
+        # the records are taken, so a caller acting on an assignment does so first.
+        return self._records(drain(self.clients.consumer, POLL_MAX_RECORDS, timeout_s))
+
+    def _records(self, msgs: list[Message]) -> Iterator[LogRecord]:
+        for m in msgs:
+            if message_error(m, self.where, log):
+                continue
+            part, offset = m.partition(), m.offset()
+            if part is None or offset is None:
+                continue
+            ts = m.timestamp()[1]
+            yield LogRecord(part, offset, m.value() or b"", ts if ts > 0 else None)
+
+    def _produce_all(self, tc_id: int, entries: Sequence[TransactionLogEntry],
+                     on_delivery: Any) -> Exception | None:
+        """Produce ``entries`` to ``tc_id``'s partition; the error if one was refused."""
+        for e in entries:
+            try:
+                self.clients.producer.produce(self.topic, e.encode(), partition=tc_id,
+                                              on_delivery=on_delivery)
+            except (KafkaException, BufferError) as exc:
+                # e.g. MSG_SIZE_TOO_LARGE over message.max.bytes, or a full local queue.
+                # Entries already produced may still land: the replay will read them.
+                return exc
+        return None
+
+    def append(self, tc_id: int, entries: Sequence[TransactionLogEntry]) -> AppendResult:
+        """Produce ``entries`` and flush once.
+
+        Failed if one was refused, reported undelivered, or not reported within
+        ``flush_timeout_s``.
+        """
+        offsets: list[int] = []
+        failed: list[Any] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            offset = msg.offset() if err is None else None
+            if offset is None:
+                failed.append(err or "no offset")
+            else:
+                offsets.append(offset)
+
+        refused = self._produce_all(tc_id, entries, on_delivery)
+        if refused is not None:
+            failed.append(refused.args[0] if refused.args else refused)
+        self.clients.producer.flush(self.flush_timeout_s)
+        if failed or len(offsets) != len(entries):
+            return AppendResult(error=failed[0] if failed else "timeout")
+        return AppendResult(tuple(sorted(offsets)))
+
+    def append_async(self, tc_id: int, entries: Sequence[TransactionLogEntry],
+                     on_failure: Failed) -> None:
+        """Produce ``entries`` without flushing.
+
+        ``on_failure`` runs now if one is refused, or from a delivery report (in a later
+        poll or flush of the shared producer).
+        """
+        def on_delivery(err: KafkaError | None, _m: Message) -> None:
+            if err is not None:
+                on_failure(err)
+
+        refused = self._produce_all(tc_id, entries, on_delivery)
+        if refused is not None:
+            on_failure(refused)
+        self.clients.producer.poll(0)
+
+    def truncate(self, tc_id: int, before: int) -> None:
+        """``delete_records`` below ``before``, waiting up to ``admin_timeout_s``."""
+        fut = self.clients.admin.delete_records([KafkaTP(self.topic, tc_id, before)])
+        for f in fut.values():
+            f.result(self.admin_timeout_s)
+
+    def close(self) -> None:
+        """Close the group consumer (it leaves the group)."""
+        self.clients.consumer.close()
+
+
+# ------------------------------------------------------------------ in memory
+
+
+@dataclass
+class InMemoryTransactionLog:
+    """The log in lists, for tests that need no broker; it owns every partition.
+
+    ``refuse`` set makes every append fail with it (a log that refuses).
+    """
+
+    partitions: int
+    refuse: Any = None
+    _records: dict[int, list[tuple[int, bytes, int | None]]] = field(default_factory=dict)
+    _low: dict[int, int] = field(default_factory=dict)
+    _next: dict[int, int] = field(default_factory=dict)
+    _position: dict[int, int] = field(default_factory=dict)
+    _on_assign: Assigned | None = None
+
+    def subscribe(self, on_assign: Assigned, on_revoke: Assigned) -> None:
+        """Every partition is assigned at the next :meth:`poll`; none is ever revoked."""
+        self._on_assign = on_assign
+
+    def watermarks(self, tc_id: int) -> tuple[int, int]:
+        """The first offset kept and the next one to append."""
+        return self._low.get(tc_id, 0), self._next.get(tc_id, 0)
+
+    def seek(self, tc_id: int, offset: int) -> None:
+        """Read ``tc_id``'s records again from ``offset``."""
+        self._position[tc_id] = offset
+
+    def poll(self, timeout_s: float) -> Iterator[LogRecord]:
+        """What was appended since the last poll (never waits)."""
+        if self._on_assign is not None:  # the whole log at the first poll, as Kafka would
+            assign, self._on_assign = self._on_assign, None
+            self._position.update({p: 0 for p in range(self.partitions)})
+            assign(list(range(self.partitions)))
+        out: list[LogRecord] = []
+        for tc_id, at in self._position.items():
+            for offset, value, ts in self._records.get(tc_id, []):
+                if offset >= at and len(out) < POLL_MAX_RECORDS:
+                    out.append(LogRecord(tc_id, offset, value, ts))
+                    self._position[tc_id] = offset + 1
+        return iter(out)
+
+    def append(self, tc_id: int, entries: Sequence[TransactionLogEntry]) -> AppendResult:
+        """Append at once, or fail with ``refuse``."""
+        if self.refuse is not None:
+            return AppendResult(error=self.refuse)
+        records = self._records.setdefault(tc_id, [])
+        offsets = []
+        for e in entries:
+            offset = self._next.get(tc_id, 0)
+            records.append((offset, e.encode(), None))
+            self._next[tc_id] = offset + 1
+            offsets.append(offset)
+        return AppendResult(tuple(offsets))
+
+    def append_async(self, tc_id: int, entries: Sequence[TransactionLogEntry],
+                     on_failure: Failed) -> None:
+        """Append at once; ``on_failure`` runs at once if it failed."""
+        result = self.append(tc_id, entries)
+        if not result.ok:
+            on_failure(result.error)
+
+    def truncate(self, tc_id: int, before: int) -> None:
+        """Drop the records below ``before``; past the end it raises, as Kafka does."""
+        if before > self._next.get(tc_id, 0):  # as Kafka: OFFSET_OUT_OF_RANGE
+            raise ValueError(f"tc {tc_id}: no offset {before} in the log yet")
+        self._low[tc_id] = max(self._low.get(tc_id, 0), before)
+        self._records[tc_id] = [r for r in self._records.get(tc_id, []) if r[0] >= before]
+
+    def close(self) -> None:
+        """Stop reading."""
+        self._position.clear()
