@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -65,6 +66,18 @@ class Client:
         timeout = timeout_s if timeout_s is not None else self.config.default_txn_timeout_s
         if timeout <= 0:
             raise ConfigError(f"timeout_s must be positive, got {timeout}")
+        if tc_id is None and group_key is None:
+            # A TxnID from a reserved block, activated in the background (commit waits):
+            # no round trip of its own. Its deadline counts from now on both sides.
+            tc_id, seq = self.tc.txn_ids.take()
+            txn = Transaction(self.tc, TxnID(tc_id, seq), timeout,
+                              pipeline=self._registrations)
+            activate = functools.partial(
+                self.tc.request, TcOp.ACTIVATE, tc_id, txn_seq=seq,
+                timeout_ms=int(timeout * 1000), open_time_ms=int(time.time() * 1000))
+            if not txn.in_background(activate):
+                activate()
+            return txn
         if tc_id is None:
             tc_id = self.tc.pick_coordinator()
         reply = self.tc.request(TcOp.NEW, tc_id, timeout_ms=int(timeout * 1000),

@@ -238,14 +238,10 @@ class Transaction:
                 return
             parts = tuple(sorted(new))
             pipeline = self._pipeline
-            if pipeline is not None and all(pipeline.knows(tp.topic) for tp in parts):
-                future = pipeline.submit(lambda: self._register_in_background(parts))
-                if future is not None:
-                    self._partitions |= new
-                    with self._state_lock:
-                        self._registering = [f for f in self._registering if not f.done()]
-                        self._registering.append(future)
-                    return
+            if pipeline is not None and all(pipeline.knows(tp.topic) for tp in parts) \
+                    and self.in_background(lambda: self._add_partitions(parts)):
+                self._partitions |= new
+                return
             self._add_partitions(parts)
             self._partitions |= new
             if pipeline is not None:
@@ -255,15 +251,34 @@ class Transaction:
         self._tc.request(TcOp.ADD_PARTITIONS, self.id.tc_id, txn_seq=self.id.least_bits,
                          partitions=parts)
 
-    def _register_in_background(self, parts: tuple[TopicPartition, ...]) -> None:
-        try:
-            self._add_partitions(parts)
-        except BaseException as exc:
-            with self._state_lock:
-                if self._registration_error is None:
-                    self._registration_error = exc
-            self.mark_abort_only(exc)
-            raise
+    def in_background(self, request: Callable[[], object]) -> bool:
+        """Send a coordinator ``request`` of this txn on the client's pipeline.
+
+        ``commit()`` and :meth:`flush` wait for it; its failure makes the transaction
+        abort-only (the commit raises that error). False if there is no pipeline (the
+        caller sends it itself).
+        """
+        pipeline = self._pipeline
+        if pipeline is None:
+            return False
+
+        def run() -> None:
+            try:
+                request()
+            except BaseException as exc:
+                with self._state_lock:
+                    if self._registration_error is None:
+                        self._registration_error = exc
+                self.mark_abort_only(exc)
+                raise
+
+        future = pipeline.submit(run)
+        if future is None:
+            return False
+        with self._state_lock:
+            self._registering = [f for f in self._registering if not f.done()]
+            self._registering.append(future)
+        return True
 
     def _await_registrations(self, timeout_s: float | None = None) -> None:
         """Wait for the pipelined registrations sent so far (``timeout_s``: at most)."""

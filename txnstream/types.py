@@ -11,7 +11,8 @@ import re
 import struct
 from dataclasses import dataclass
 
-__all__ = ["TxnID", "TxnStatus", "TopicPartition", "TC_ID_BITS", "MAX_TC_ID"]
+__all__ = ["TxnID", "TxnStatus", "COORDINATOR_STATUSES", "TopicPartition", "TC_ID_BITS",
+           "MAX_TC_ID"]
 
 TC_ID_BITS = 16
 """``most_bits`` carries the TC id; Pulsar reserves 16 bits for it."""
@@ -75,25 +76,7 @@ class TxnID:
         return cls(int(m.group(1)), int(m.group(2)))
 
 
-class _CoordinatorStatuses(enum.EnumMeta):
-    """Iterating ``TxnStatus`` gives the coordinator's statuses only.
-
-    They are the symbols of the log's status enum (``schemas/txn_log_entry.avsc``) and
-    what the coordinator's tables, stats and tests enumerate; the client-only
-    ``TIMED_OUT`` stays a member (``TxnStatus.TIMED_OUT``, ``TxnStatus("TIMED_OUT")``).
-    """
-
-    def __iter__(cls):  # type: ignore[no-untyped-def]
-        return (m for m in super().__iter__() if m.value not in _CLIENT_ONLY)
-
-    def __len__(cls) -> int:
-        return sum(1 for _ in cls)
-
-
-_CLIENT_ONLY = frozenset({"TIMED_OUT"})
-
-
-class TxnStatus(enum.Enum, metaclass=_CoordinatorStatuses):
+class TxnStatus(enum.Enum):
     """Transaction status, as Pulsar's ``TxnStatus`` (plus the client's TIMED_OUT)."""
 
     OPEN = "OPEN"
@@ -129,6 +112,12 @@ _ALLOWED: dict[TxnStatus, frozenset[TxnStatus]] = {
     TxnStatus.ABORTED: frozenset({TxnStatus.ABORTED}),
     TxnStatus.TIMED_OUT: frozenset(),  # never a coordinator's status: no transition
 }
+
+COORDINATOR_STATUSES: tuple[TxnStatus, ...] = (
+    TxnStatus.OPEN, TxnStatus.COMMITTING, TxnStatus.COMMITTED, TxnStatus.ABORTING,
+    TxnStatus.ABORTED)
+"""The statuses a coordinator keeps and logs (``schemas/txn_log_entry.avsc``); TIMED_OUT
+is the client's alone."""
 
 
 @dataclass(frozen=True, order=True, slots=True)

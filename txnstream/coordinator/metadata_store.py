@@ -56,7 +56,7 @@ from txnstream.errors import (
     TransactionNotFoundError,
     TransactionTimeoutError,
 )
-from txnstream.types import TopicPartition, TxnID, TxnStatus
+from txnstream.types import COORDINATOR_STATUSES, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["TransactionMetadataStore", "EndResult", "GroupEndResult", "StoreStats"]
 
@@ -663,7 +663,7 @@ class TransactionMetadataStore:
 
     def stats(self, now_ms: int) -> StoreStats:
         """Counts by status, LWM, sequence counter, oldest open txn age."""
-        by: dict[str, int] = {s.value: 0 for s in TxnStatus}
+        by: dict[str, int] = {s.value: 0 for s in COORDINATOR_STATUSES}
         oldest: int | None = None
         for m in self.txns.values():
             by[m.status.value] += 1

@@ -19,7 +19,7 @@ from txnstream.errors import (
     TransactionNotFoundError,
     TransactionTimeoutError,
 )
-from txnstream.types import TopicPartition, TxnStatus
+from txnstream.types import COORDINATOR_STATUSES, TopicPartition, TxnStatus
 
 S = TxnStatus
 TP = TopicPartition("data", 0)
@@ -285,7 +285,8 @@ txn_entries = st.builds(
     TransactionLogEntry,
     kind=st.sampled_from(list(LogEntryKind)), epoch_offset=st.integers(-1, 10**6),
     owner_id=st.text(max_size=8), request_id=st.one_of(st.none(), st.text(max_size=8)),
-    txn_seq=st.integers(-1, 10**9), status=st.one_of(st.none(), st.sampled_from(list(S))),
+    txn_seq=st.integers(-1, 10**9),
+    status=st.one_of(st.none(), st.sampled_from(COORDINATOR_STATUSES)),
     open_time_ms=st.integers(0, 2**40), timeout_ms=st.integers(0, 10**7),
     partitions=st.lists(st.builds(TopicPartition, st.text(min_size=1, max_size=5),
                                   st.integers(0, 100)), max_size=3).map(tuple),
