@@ -1,8 +1,18 @@
 """``CoordinatorWorker``: hosts the transaction coordinators whose log partitions it owns.
 
-Ownership is Kafka consumer-group assignment: every worker joins one group over
-``__txn_log``; the member assigned partition ``p`` is TC ``p`` (DESIGN.md section 5).
-One loop, one thread; each turn:
+A worker wires four parts, each in its own module, and runs them in one loop on one
+thread:
+
+* :mod:`~txnstream.coordinator.ownership`: which TCs it owns (the ``<prefix>-coordinators``
+  consumer group over ``__txn_log``), each an incarnation replayed from its log, fenced by
+  a newer EPOCH, restarted after a failed append;
+* :mod:`~txnstream.coordinator.txn_log`: the log itself behind the ``TransactionLog``
+  Protocol (append, tail, watermarks, truncation);
+* :mod:`~txnstream.coordinator.handlers`: what each request op does to a TC's store;
+* :mod:`~txnstream.coordinator.finalizer`: markers, pending-ack marks, END replies and
+  final records of decided txns.
+
+Each turn:
 
 1. **Tail the log.** The group consumer reads every owned log partition from its start.
    While replaying, records rebuild the :class:`TransactionMetadataStore`. At the end of
@@ -18,10 +28,10 @@ One loop, one thread; each turn:
 3. **Group-commit the log.** All entries of the batch (what the store queued in
    :meth:`TransactionMetadataStore.unlogged`, failed requests' entries included) are
    produced and flushed once, then read back through the tailing consumer. A TC's
-   replies are sent only by the same incarnation (the same ``_Tc`` object, not just the
-   same id) that appended the batch, still serving, and only if every entry came back
-   (a foreign EPOCH before one fences the TC at once); a TC that appended nothing this
-   turn replies if it is still that incarnation. A crash here leaves entries in the log
+   replies are sent only by the same incarnation (the same ``TcIncarnation`` object, not
+   just the same id) that appended the batch, still serving, and only if every entry
+   came back (a foreign EPOCH before one fences the TC at once); a TC that appended
+   nothing this turn replies if it is still that incarnation. A crash here leaves entries in the log
    without replies: the client retries with the same request id and the new owner,
    having replayed them, answers from the log.
 4. **Finalize** every COMMITTING/ABORTING txn: (a) write COMMIT/ABORT markers (with the
@@ -42,17 +52,15 @@ One loop, one thread; each turn:
 means the in-memory store may be ahead of the log. That incarnation of the TC is dropped
 at once with every reply it held, whichever step found out (the batch append, the
 read-back, the delivery report of an unawaited COMMITTED/ABORTED record), and the TC is
-replayed from its log after a backoff that doubles with each failure in a row
-(:data:`RESTART_BACKOFF_FIRST_S` .. :data:`RESTART_BACKOFF_MAX_S`), so a log that keeps
-refusing never becomes a tight restart loop. The CHECKPOINT is appended on its own: it
-changes no state, so its failure costs only that checkpoint (and, if the log found it too
-large, the oldest group outcomes, see :meth:`TransactionMetadataStore.shrink_groups`),
-never a restart.
+replayed from its log after a backoff that doubles with each failure in a row (see
+:mod:`~txnstream.coordinator.ownership`), so a log that keeps refusing never becomes a
+tight restart loop. The CHECKPOINT is appended on its own: it changes no state, so its
+failure costs only that checkpoint (and, if the log found it too large, the oldest group
+outcomes, see :meth:`TransactionMetadataStore.shrink_groups`), never a restart.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import queue
@@ -61,63 +69,45 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    Producer,
-)
-from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
-from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from txnstream import metrics
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.worker import BufferWorker
 from txnstream.config import Config
 from txnstream.coordinator.client import TcEndpoint
-from txnstream.coordinator.log_entry import TransactionLogEntry
-from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, TransactionMetadataStore
-from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, TxnInfo
+from txnstream.coordinator.finalizer import TxnFinalizer
+from txnstream.coordinator.handlers import TcRequestHandler
+from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
+from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.transport import (
     Endpoint,
     Listener,
     ServerConnection,
     server_ssl_context,
 )
+from txnstream.coordinator.txn_log import KafkaClients, KafkaTransactionLog, TransactionLog
 from txnstream.errors import (
     CorruptRecordError,
     KafkaClientError,
     NotCoordinatorError,
-    TxnStreamError,
-    is_retriable_kafka_error,
-    message_error,
 )
-from txnstream.fetch import drain as _drain
-from txnstream.markers import MarkerKind, TxnMarker
-from txnstream.types import TopicPartition, TxnStatus
+from txnstream.types import TopicPartition
 
 __all__ = ["CoordinatorWorker", "WorkerSettings"]
 
 log = logging.getLogger(__name__)
 
-RESTART_BACKOFF_FIRST_S = 0.2
-"""Wait before replaying a TC whose append failed: long enough for a leader move or a
-busy broker to pass, short against the client's 3 s resend."""
-MAX_RESERVE = 256
-"""TxnIDs one RESERVE may open (a client's block); bounds one request's log append."""
+# The names these had when they lived here (tests still import them from here).
+_Phase = TcPhase
+_Tc = TcIncarnation
+
 ORIGINS_SWEEP_AT = 10_000
 """Requests awaiting a reply past this many: those past their deadline are forgotten
 (their client gave up on them; a resend brings its connection again)."""
-RESTART_BACKOFF_MAX_S = 30.0
-"""Cap of the doubling wait: a log that keeps refusing appends (misconfigured topic,
-lost ACLs) is retried twice a minute, with an error logged each time, instead of being
-replayed in a tight loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,35 +140,6 @@ class WorkerSettings:
     bound (this host's name when listening on every interface). Give it behind a NAT."""
 
 
-class _Phase(enum.Enum):
-    REPLAYING = "replaying"
-    EPOCH_PENDING = "epoch-pending"
-    SERVING = "serving"
-
-
-@dataclass(eq=False)  # an incarnation is itself: compared by identity, never by id
-class _Tc:
-    """One incarnation of TC ``tc_id`` on this worker: from a replay until it is dropped.
-
-    A restart makes a new object; whatever the old one planned (replies, waiters, retry
-    times) dies with it.
-    """
-
-    tc_id: int
-    store: TransactionMetadataStore
-    replay_end: int
-    phase: _Phase = _Phase.REPLAYING
-    position: int = -1
-    epoch_write: int | None = None
-    end_waiters: dict[int, list[TcRequest]] = field(default_factory=lambda: defaultdict(list))
-    group_waiters: list[tuple[TcRequest, set[int], TcReply]] = field(default_factory=list)
-    retry_at: dict[int, tuple[float, int]] = field(default_factory=dict)
-    next_checkpoint: float = 0.0
-    truncate_pending: bool = False
-    last_error: Any = None
-    """Why its last failed append failed (KafkaError, exception or "timeout")."""
-
-
 class CoordinatorWorker:
     """A process-level host of transaction coordinators (TC roles of ``txnstream worker``)."""
 
@@ -187,17 +148,34 @@ class CoordinatorWorker:
         self.config = config
         self.settings = settings or WorkerSettings()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.tcs: dict[int, _Tc] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         t = config.topics
         s = self.settings
-        self._log = Consumer(config.consumer(
-            f"{t.prefix}-coordinators",
-            **{"session.timeout.ms": s.session_timeout_ms,
-               "heartbeat.interval.ms": s.heartbeat_interval_ms,
-               "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
-               "fetch.wait.max.ms": 20, "client.id": f"tc-log-{self.worker_id}"}))
+        self._kafka = KafkaClients(
+            Consumer(config.consumer(
+                f"{t.prefix}-coordinators",
+                **{"session.timeout.ms": s.session_timeout_ms,
+                   "heartbeat.interval.ms": s.heartbeat_interval_ms,
+                   "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
+                   "fetch.wait.max.ms": 20, "client.id": f"tc-log-{self.worker_id}"})),
+            # linger 0: every turn ends in a flush, so batching comes from the turn itself.
+            Producer(config.producer(**{"linger.ms": 0, "client.id": f"tc-{self.worker_id}"})),
+            AdminClient(config.admin()))
+        self._txn_log: TransactionLog = KafkaTransactionLog(
+            self._kafka, t.log, flush_timeout_s=s.readback_timeout_s,
+            admin_timeout_s=config.admin_timeout_s,
+            where=f"worker {self.worker_id} log consumer")
+        self._unpublished: set[int] = set()
+        """TC ids whose endpoint record is not written yet (retried every turn)."""
+        self._ownership = TcOwnership(
+            self._txn_log, t.log, self.worker_id, readback_timeout_s=s.readback_timeout_s,
+            checkpoint_interval_s=s.checkpoint_interval_s, on_serving=self._serving_started,
+            on_dropped=self._unpublished.discard)
+        self._handler = TcRequestHandler(config, self.worker_id, self._ownership.restarts)
+        self._finalizer = TxnFinalizer(
+            self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
+            flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s)
         self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
         self._origins: dict[str, tuple[ServerConnection, int]] = {}
         """Request id -> the connection to answer on, and the request's deadline."""
@@ -213,20 +191,6 @@ class CoordinatorWorker:
         else:
             self.address = self._listener.address
         """Where clients reach this worker (published per TC it serves)."""
-        self._unpublished: set[int] = set()
-        """TC ids whose endpoint record is not written yet (retried every turn)."""
-        # linger 0: every turn ends in a flush, so batching comes from the turn itself.
-        self._producer = Producer(config.producer(**{"linger.ms": 0,
-                                                     "client.id": f"tc-{self.worker_id}"}))
-        self._admin = AdminClient(config.admin())
-        self._pending_assign: list[int] | None = None
-        self._reseek: set[int] = set()
-        self._retake_at: dict[int, float] = {}
-        """TC id -> when to replay it again after a failed append (see ``_restart``)."""
-        self._failures: dict[int, int] = defaultdict(int)
-        """Failed appends in a row per TC id, for the restart backoff."""
-        self._restarts: dict[int, int] = defaultdict(int)
-        """Replays after a failure per TC id since this worker started (in STATS)."""
         self._registered: set[TopicPartition] = set()
         """Data partitions whose registration (they are served) this worker wrote."""
         self._registry = TransactionBufferSnapshotStore(config)
@@ -236,6 +200,29 @@ class CoordinatorWorker:
                 config, list(s.buffer_topics) if s.buffer_topics is not None else None,
                 snapshot_interval_s=s.buffer_snapshot_interval_s, member=self.worker_id,
                 session_timeout_ms=s.session_timeout_ms)
+
+    @property
+    def tcs(self) -> dict[int, TcIncarnation]:
+        """TC id -> the incarnation this worker holds (replaying or serving)."""
+        return self._ownership.tcs
+
+    @property
+    def _log(self) -> Consumer:
+        """The group consumer over the log (a test may put a fake in its place)."""
+        return self._kafka.consumer
+
+    @_log.setter
+    def _log(self, consumer: Consumer) -> None:
+        self._kafka.consumer = consumer
+
+    @property
+    def _producer(self) -> Producer:
+        """The producer of log entries, markers and endpoints (a test may fake it)."""
+        return self._kafka.producer
+
+    @_producer.setter
+    def _producer(self, producer: Producer) -> None:
+        self._kafka.producer = producer
 
     # ------------------------------------------------------------ lifecycle
 
@@ -254,12 +241,11 @@ class CoordinatorWorker:
 
     def serving(self) -> list[int]:
         """TC ids this worker serves right now."""
-        return sorted(tc.tc_id for tc in self.tcs.values() if tc.phase is _Phase.SERVING)
+        return self._ownership.serving_ids()
 
     def run(self) -> None:
         """The loop; returns when :meth:`stop` is called."""
-        self._log.subscribe([self.config.topics.log], on_assign=self._on_assign,
-                            on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self._ownership.subscribe()
         log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
         if self.buffers is not None:
             self.buffers.start()
@@ -280,91 +266,20 @@ class CoordinatorWorker:
                     log.exception("worker %s: unexpected error; replaying its TCs again",
                                   self.worker_id)
                     for tc in list(self.tcs.values()):
-                        self._restart(tc, "unexpected error")
+                        self._ownership.restart(tc, "unexpected error")
                     time.sleep(0.5)
         finally:
-            for tc in list(self.tcs.values()):
-                self._drop(tc, "worker stopping")
+            self._ownership.drop_all("worker stopping")
             if self.buffers is not None:
                 self.buffers.stop()
-            self._producer.flush(5)
-            self._log.close()
+            self._kafka.producer.flush(5)
+            self._txn_log.close()
             self._listener.close()
 
-    # ------------------------------------------------------------ ownership
+    # ------------------------------------------------------------ endpoints
 
-    def _on_assign(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
-        for p in parts:
-            p.offset = OFFSET_BEGINNING
-        consumer.assign(parts)
-        self._pending_assign = (self._pending_assign or []) + [p.partition for p in parts]
-
-    def _on_revoke(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
-        gone = {p.partition for p in parts}
-        for tc_id in gone:
-            tc = self.tcs.get(tc_id)
-            if tc is not None:
-                self._drop(tc, "partition revoked")
-            self._retake_at.pop(tc_id, None)
-            self._failures.pop(tc_id, None)
-            self._reseek.discard(tc_id)
-        if self._pending_assign:
-            self._pending_assign = [t for t in self._pending_assign if t not in gone] or None
-        consumer.unassign()
-
-    def _take(self, tc_id: int) -> None:
-        """Start replaying TC ``tc_id`` (a new incarnation) from its log start."""
-        try:
-            low, high = self._watermarks(tc_id)
-        except KafkaException as exc:
-            # Still failing after retries (leader moving, broker busy): try again soon.
-            log.warning("tc %d: cannot read log watermarks yet (%s); retrying", tc_id, exc)
-            self._reseek.add(tc_id)  # records read meanwhile are skipped: replay again
-            self._retake_at[tc_id] = time.monotonic() + RESTART_BACKOFF_FIRST_S
-            return
-        if tc_id in self._reseek:
-            try:
-                self._log.seek(KafkaTP(self.config.topics.log, tc_id, low))
-            except KafkaException as exc:
-                log.warning("tc %d: cannot seek its log yet (%s); retrying", tc_id, exc)
-                self._retake_at[tc_id] = time.monotonic() + RESTART_BACKOFF_FIRST_S
-                return
-            self._reseek.discard(tc_id)
-        tc = _Tc(tc_id, TransactionMetadataStore(tc_id, self.worker_id), replay_end=high,
-                 position=low)
-        self.tcs[tc_id] = tc
-        log.info("tc %d: assigned to %s, replaying offsets %d..%d", tc_id, self.worker_id,
-                 low, high)
-        if low >= high:
-            self._write_epoch(tc)
-
-    @retry(retry=retry_if_exception(is_retriable_kafka_error),
-           stop=stop_after_delay(10), wait=wait_exponential(0.05, max=1), reraise=True)
-    def _watermarks(self, tc_id: int) -> tuple[int, int]:
-        low, high = self._log.get_watermark_offsets(
-            KafkaTP(self.config.topics.log, tc_id), timeout=self.config.admin_timeout_s)
-        return low, high
-
-    def _drop(self, tc: _Tc, why: str) -> None:
-        """Stop serving with this incarnation at once; the replies it held die with it."""
-        if self.tcs.get(tc.tc_id) is not tc:
-            return  # already dropped (a newer incarnation may serve the id)
-        del self.tcs[tc.tc_id]
-        self._unpublished.discard(tc.tc_id)
-        level = logging.INFO if why == "worker stopping" else logging.WARNING
-        log.log(level, "tc %d: %s stops serving (%s)", tc.tc_id, self.worker_id, why)
-
-    def _write_epoch(self, tc: _Tc) -> None:
-        offsets = self._append(tc, [tc.store.epoch_entry()])
-        if offsets is None:
-            return
-        tc.epoch_write = offsets[0]
-        tc.phase = _Phase.EPOCH_PENDING
-
-    def _start_serving(self, tc: _Tc) -> None:
-        tc.store.own_epoch = tc.epoch_write
-        tc.phase = _Phase.SERVING
-        tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
+    def _serving_started(self, tc: TcIncarnation) -> None:
+        """TC ``tc`` read its EPOCH back: tell clients where it is served."""
         self._unpublished.add(tc.tc_id)
         self._publish_endpoints()
         log.info("tc %d: %s serving at %s (epoch at offset %d, next seq %d, %d txns, lwm %d)",
@@ -391,154 +306,13 @@ class CoordinatorWorker:
                     if tc_id in self.tcs:
                         self._unpublished.add(tc_id)
             try:
-                self._producer.produce(self.config.topics.endpoints, rec.encode(),
+                self._kafka.producer.produce(self.config.topics.endpoints, rec.encode(),
                                        key=str(tc_id).encode(), partition=tc_id,
                                        on_delivery=delivered)
                 self._unpublished.discard(tc_id)
             except (KafkaException, BufferError) as exc:
                 log.warning("tc %d: endpoint not published (%s); retrying", tc_id, exc)
-        self._producer.poll(0)
-
-    # ------------------------------------------------------------ log I/O
-
-    def _poll_log(self, timeout: float) -> None:
-        # Replays after a failed append first: their seek must precede the fetch.
-        mono = time.monotonic()
-        for tc_id, at in list(self._retake_at.items()):
-            if at <= mono:
-                del self._retake_at[tc_id]
-                if tc_id not in self.tcs:  # else a new assignment replays it already
-                    self._take(tc_id)
-        msgs = _drain(self._log, 2_000, timeout)
-        if self._pending_assign:  # assigned during this poll, from the log start
-            taken, self._pending_assign = self._pending_assign, None
-            for tc_id in taken:
-                self._retake_at.pop(tc_id, None)
-                self._take(tc_id)
-        for m in msgs:
-            if message_error(m, f"worker {self.worker_id} log consumer", log):
-                continue
-            part = m.partition()
-            tc = self.tcs.get(part) if part is not None else None
-            if tc is None:
-                continue
-            self._fold(tc, m)
-
-    def _fold(self, tc: _Tc, m: Message) -> None:
-        offset = m.offset()
-        if offset is None or offset < tc.position:
-            return  # fetched before a seek back to the log start; it comes again in order
-        tc.position = offset + 1
-        try:
-            entry = TransactionLogEntry.decode(m.value())
-        except CorruptRecordError as exc:
-            metrics.INVALID_RECORDS.labels(str(tc.tc_id)).inc()
-            log.error("tc %d: skipping corrupt record at %s[%d]@%d: %s", tc.tc_id,
-                      m.topic(), m.partition(), offset, exc)
-        else:
-            ts = m.timestamp()[1]
-            tc.store.replay(offset, entry, ts if ts > 0 else None)
-            if tc.store.fenced:
-                self._drop(tc, f"fenced by a newer EPOCH at offset {offset} "
-                               f"(owner {tc.store.epoch_owner})")
-                return
-            if tc.store.diverged:
-                self._restart(tc, f"its own record at offset {offset} read back invalid")
-                return
-        if tc.phase is _Phase.REPLAYING and tc.position >= tc.replay_end:
-            self._write_epoch(tc)
-        elif tc.phase is _Phase.EPOCH_PENDING and offset == tc.epoch_write:
-            self._start_serving(tc)
-
-    def _produce_all(self, tc: _Tc, entries: list[TransactionLogEntry],
-                     on_delivery: Any) -> Exception | None:
-        """Produce ``entries`` to TC's log partition; the error if one was refused."""
-        for e in entries:
-            try:
-                self._producer.produce(self.config.topics.log, e.encode(), partition=tc.tc_id,
-                                       on_delivery=on_delivery)
-            except (KafkaException, BufferError) as exc:
-                # e.g. MSG_SIZE_TOO_LARGE over message.max.bytes, or a full local queue.
-                # Entries already produced may still land: the replay will read them.
-                return exc
-        return None
-
-    def _append(self, tc: _Tc, entries: list[TransactionLogEntry],
-                restart: bool = True) -> list[int] | None:
-        """Produce and flush ``entries`` to TC's log partition; their offsets, or None.
-
-        On failure (``restart``, the default) the TC is restarted: its memory may hold
-        what the log does not. Without ``restart`` only the failure is returned (for a
-        record that changes no state, the checkpoint); its error is in ``tc.last_error``.
-        """
-        offsets: list[int] = []
-        failed: list[Any] = []
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            offset = msg.offset() if err is None else None
-            if offset is None:
-                failed.append(err or "no offset")
-            else:
-                offsets.append(offset)
-
-        refused = self._produce_all(tc, entries, on_delivery)
-        if refused is not None:
-            failed.append(refused.args[0] if refused.args else refused)
-        self._producer.flush(self.settings.readback_timeout_s)
-        if failed or len(offsets) != len(entries):
-            why = failed[0] if failed else "timeout"
-            tc.last_error = why
-            if restart:
-                log.error("tc %d: log append failed (%s); replaying it again", tc.tc_id, why)
-                self._restart(tc, "its log append failed")
-            return None
-        return sorted(offsets)
-
-    def _restart(self, tc: _Tc, why: str) -> None:
-        """Drop this incarnation (its memory may be ahead of the log); replay it later.
-
-        The replay starts after a backoff that doubles per failure in a row.
-        Never re-enters an append (no recursion from a failing EPOCH write); safe to call
-        from a delivery callback; a no-op for an incarnation already dropped.
-        """
-        if self.tcs.get(tc.tc_id) is not tc:
-            return
-        self._drop(tc, f"restarting from the log: {why}")
-        self._failures[tc.tc_id] += 1
-        self._restarts[tc.tc_id] += 1
-        n = self._failures[tc.tc_id]
-        delay = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_FIRST_S * 2 ** (n - 1))
-        self._reseek.add(tc.tc_id)
-        self._retake_at[tc.tc_id] = time.monotonic() + delay
-        log.warning("tc %d: replaying its log in %.1fs (failure %d in a row)", tc.tc_id,
-                    delay, n)
-
-    def _serving(self, tc: _Tc) -> bool:
-        """Whether this very incarnation still serves (not dropped, restarted, fenced)."""
-        return self.tcs.get(tc.tc_id) is tc and tc.phase is _Phase.SERVING
-
-    def _read_back(self, want: dict[int, tuple[_Tc, int]]) -> set[int]:
-        """Tail until each TC incarnation has read its offset back.
-
-        Returns the ids of those that did and still serve. One that did not in time is
-        restarted.
-        """
-        deadline = time.monotonic() + self.settings.readback_timeout_s
-        while True:
-            waiting = [tc for tc, off in want.values()
-                       if self._serving(tc) and tc.position <= off]
-            if not waiting or time.monotonic() > deadline:
-                break
-            self._poll_log(0.01)
-        ok = set()
-        for tc, off in want.values():
-            if not self._serving(tc):
-                continue  # fenced or restarted meanwhile: its entries vouch for nothing
-            if tc.position <= off:
-                self._restart(tc, f"offset {off} not read back in time")
-                continue
-            ok.add(tc.tc_id)
-        return ok
+        self._kafka.producer.poll(0)
 
     # ------------------------------------------------------------ the turn
 
@@ -549,16 +323,16 @@ class CoordinatorWorker:
         metrics.TCS_SERVED.set(len(self.serving()))
 
     def _turn_once(self) -> None:
-        busy = any(tc.phase is _Phase.SERVING for tc in self.tcs.values())
-        self._poll_log(0.0 if busy else self.settings.idle_poll_s)
+        busy = any(tc.phase is TcPhase.SERVING for tc in self.tcs.values())
+        self._ownership.poll(0.0 if busy else self.settings.idle_poll_s)
         if not busy:
             return
         now_ms = int(time.time() * 1000)
-        handled: dict[int, _Tc] = {}
+        handled: dict[int, TcIncarnation] = {}
         replies: dict[int, list[tuple[TcRequest, TcReply]]] = defaultdict(list)
         # Block on requests (returns as soon as one arrives) unless finalization work waits.
         idle = not any(tc.store.ending() for tc in self.tcs.values()
-                       if tc.phase is _Phase.SERVING)
+                       if tc.phase is TcPhase.SERVING)
         if self._unpublished:
             self._publish_endpoints()
         for data, conn in self._take_requests(self.settings.idle_poll_s if idle else 0):
@@ -571,55 +345,54 @@ class CoordinatorWorker:
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
             tc = self.tcs.get(req.tc_id)
-            if tc is None or tc.phase is not _Phase.SERVING:
+            if tc is None or tc.phase is not TcPhase.SERVING:
                 conn.send(TcReply.failure(req, NotCoordinatorError(
                     f"worker {self.worker_id} does not serve coordinator {req.tc_id}"),
                     self.worker_id).encode())
                 continue
             self._origins[req.request_id] = (conn, req.deadline_ms)
             handled[tc.tc_id] = tc
-            reply = self._handle(tc, req, now_ms)
+            reply = self._handler.handle(tc, req, now_ms)
             metrics.REQUESTS.labels(req.op.value,
                                     reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:
                 replies[tc.tc_id].append((req, reply))
         # 1. Append every entry the requests and expired timeouts planned, failed requests'
         #    included (a commit that found its txn expired logged the abort), one flush.
-        want: dict[int, tuple[_Tc, int]] = {}
+        want: dict[int, tuple[TcIncarnation, int]] = {}
         appended: set[int] = set()
         for tc in list(self.tcs.values()):
-            if not self._serving(tc):
+            if not self._ownership.serving(tc):
                 continue  # e.g. dropped by a delivery report during another TC's flush
             tc.store.expire(now_ms)
             batch = tc.store.unlogged()
             if not batch:
                 continue
             appended.add(tc.tc_id)
-            offsets = self._append(tc, batch)
+            offsets = self._ownership.append(tc, batch)
             if offsets is not None:
                 want[tc.tc_id] = (tc, offsets[-1])
         # 2. The checkpoint on its own: it changes no state, so a refusal costs only it.
         for tc in list(self.tcs.values()):
-            if self._serving(tc) and time.monotonic() >= tc.next_checkpoint:
+            if self._ownership.serving(tc) and time.monotonic() >= tc.next_checkpoint:
                 offset = self._checkpoint(tc)
                 if offset is not None:
                     want[tc.tc_id] = (tc, max(offset, want.get(tc.tc_id, (tc, -1))[1]))
         # 3. Read back; reply only as the incarnation that handled the requests, still
         #    serving, and (if it appended) with every entry read back; a partition's
         #    first registration only once its buffer registration is written.
-        confirmed = self._read_back(want) if want else set()
+        confirmed = self._ownership.read_back(want) if want else set()
         unregistered = self._register_partitions(replies)
         for tc_id, pairs in replies.items():
             tc = handled[tc_id]
-            if not self._serving(tc) or (tc_id in appended and tc_id not in confirmed):
+            if not self._ownership.serving(tc) or (tc_id in appended and tc_id not in confirmed):
                 continue
             for req, reply in pairs:
                 if req.op is TcOp.ADD_PARTITIONS and unregistered.intersection(req.partitions):
                     continue  # the client retries; the registration is tried again
                 self._reply(req, reply)
-        for tc_id in appended & confirmed:
-            self._failures.pop(tc_id, None)
-        self._finalize(now_ms)
+        self._ownership.appended(appended & confirmed)
+        self._finalizer.finalize(now_ms)
         self._truncate(now_ms)
         if len(self._origins) > ORIGINS_SWEEP_AT:
             self._origins = {k: v for k, v in self._origins.items() if v[1] >= now_ms}
@@ -654,7 +427,7 @@ class CoordinatorWorker:
         todo = set(new)
         for topic in {p.topic for p in new}:
             try:
-                meta = self._producer.list_topics(topic, timeout=self.config.admin_timeout_s)
+                meta = self._kafka.producer.list_topics(topic, timeout=self.config.admin_timeout_s)
                 t = meta.topics.get(topic)
                 if t is not None and t.error is None:
                     todo |= {TopicPartition(topic, p) for p in t.partitions}
@@ -666,7 +439,7 @@ class CoordinatorWorker:
         self._registered |= todo
         return set()
 
-    def _checkpoint(self, tc: _Tc) -> int | None:
+    def _checkpoint(self, tc: TcIncarnation) -> int | None:
         """Renew the epoch, then append a CHECKPOINT; the checkpoint's offset, or None.
 
         1. A renewal EPOCH (:meth:`TransactionMetadataStore.renewal_entry`), appended
@@ -682,14 +455,15 @@ class CoordinatorWorker:
            one is read back.
         """
         tc.next_checkpoint = time.monotonic() + self.settings.checkpoint_interval_s
-        renewed = self._append(tc, [tc.store.renewal_entry()])
-        if renewed is None or tc.tc_id not in self._read_back({tc.tc_id: (tc, renewed[0])}):
+        renewed = self._ownership.append(tc, [tc.store.renewal_entry()])
+        if renewed is None or tc.tc_id not in self._ownership.read_back(
+                {tc.tc_id: (tc, renewed[0])}):
             return None
         if tc.store.own_epoch != renewed[0]:  # read back, yet not taken as ours
-            self._restart(tc, f"epoch renewal at offset {renewed[0]} not in effect")
+            self._ownership.restart(tc, f"epoch renewal at offset {renewed[0]} not in effect")
             return None
         entry = tc.store.checkpoint_entry()
-        offsets = self._append(tc, [entry], restart=False)
+        offsets = self._ownership.append(tc, [entry], restart=False)
         if offsets is None:
             err = tc.last_error
             too_large = getattr(err, "code", lambda: None)() == KafkaError.MSG_SIZE_TOO_LARGE
@@ -712,225 +486,20 @@ class CoordinatorWorker:
         if origin is not None:
             origin[0].send(reply.encode())
 
-    def _handle(self, tc: _Tc, req: TcRequest, now_ms: int) -> TcReply | None:
-        """Apply one request to the store; its reply, or None if it waits (END).
-
-        The entries it planned are taken from ``store.unlogged()`` by the caller, also
-        when it failed; the reply is sent only after they read back.
-        """
-        store = tc.store
-        ok = TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
-                     owner_id=self.worker_id)
-        try:
-            if req.op is TcOp.NEW:
-                timeout = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
-                              int(self.config.max_txn_timeout_s * 1000))
-                meta, _ = store.new_txn(req.request_id, timeout, now_ms, req.group_key)
-                return TcReply(req.request_id, req.client_id, tc.tc_id,
-                               txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id)
-            if req.op is TcOp.RESERVE:
-                lease = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
-                            int(self.config.max_txn_timeout_s * 1000))
-                count = max(1, min(req.count, MAX_RESERVE))
-                seqs = store.reserve(req.request_id, count, lease, now_ms)
-                return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=seqs[0],
-                               group_seqs=tuple(seqs), owner_id=self.worker_id)
-            if req.op is TcOp.ACTIVATE:
-                timeout = min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
-                              int(self.config.max_txn_timeout_s * 1000))
-                store.activate(req.txn_seq, timeout, req.open_time_ms, now_ms, req.request_id)
-                return ok
-            if req.op is TcOp.ADD_PARTITIONS:
-                store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
-                return ok
-            if req.op is TcOp.ADD_SUBSCRIPTIONS:
-                store.add_subscriptions(req.txn_seq, req.subscriptions, now_ms, req.request_id)
-                return ok
-            if req.op is TcOp.END:
-                reason = req.reason if req.reason in (ABORT_ADMIN,) else ABORT_CLIENT
-                res = store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
-                if res.meta.status.is_final:
-                    return ok
-                tc.end_waiters[req.txn_seq].append(req)
-                return None
-            if req.op is TcOp.END_GROUP:
-                g = store.end_group(req.group_key or "", req.group_seqs, req.commit, now_ms,
-                                    req.request_id)
-                reply = TcReply(req.request_id, req.client_id, tc.tc_id, already=g.already,
-                                group_seqs=g.seqs, owner_id=self.worker_id,
-                                error_kind=None if not g.error else (
-                                    "TransactionTimeoutError" if g.timed_out
-                                    else "InvalidTxnStatusError"),
-                                error_message=g.error
-                                and f"group {req.group_key} aborted: {g.error}")
-                if g.error or g.already:
-                    return reply
-                pending = {s for s in g.seqs if not store.txns[s].status.is_final}
-                tc.group_waiters.append((req, pending, reply))
-                return None
-            if req.op is TcOp.GET:
-                meta = store.get(req.txn_seq)
-                return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
-                               txns=(TxnInfo.of(meta),), owner_id=self.worker_id)
-            if req.op is TcOp.LIST:
-                metas = [m for m in store.txns.values()
-                         if req.min_age_ms <= 0 or (m.status is TxnStatus.OPEN and
-                                                    now_ms - m.open_time_ms >= req.min_age_ms)]
-                return TcReply(req.request_id, req.client_id, tc.tc_id,
-                               txns=tuple(TxnInfo.of(m) for m in metas), owner_id=self.worker_id)
-            if req.op is TcOp.STATS:
-                st = store.stats(now_ms)
-                stats = {f"status.{k}": v for k, v in st.by_status.items()}
-                stats.update({"next_sequence": st.next_sequence,
-                              "low_watermark": st.low_watermark,
-                              "epoch_offset": st.epoch_offset,
-                              "invalid_records": st.invalid_records,
-                              "oldest_open_ms": st.oldest_open_ms or 0,
-                              "log_position": tc.position,
-                              "restarts": self._restarts[tc.tc_id]})
-                return TcReply(req.request_id, req.client_id, tc.tc_id, stats=stats,
-                               owner_id=self.worker_id)
-        except TxnStreamError as exc:
-            return TcReply.failure(req, exc, self.worker_id)
-        raise AssertionError(req.op)
-
-    # ------------------------------------------------------------ finalization
-
-    def _finalize(self, now_ms: int) -> None:
-        """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED.
-
-        Only txns whose COMMITTING/ABORTING entry this incarnation read back reach here
-        (an incarnation whose append failed was dropped before this step).
-        """
-        mono = time.monotonic()
-        work: list[tuple[_Tc, int]] = []
-        failed: set[tuple[int, int]] = set()
-        for tc in list(self.tcs.values()):
-            if not self._serving(tc):
-                continue
-            lwm = tc.store.low_watermark
-            for meta in tc.store.ending():
-                seq = meta.txn_id.least_bits
-                if tc.retry_at.get(seq, (0.0, 0))[0] > mono:
-                    continue
-                commit = meta.status is TxnStatus.COMMITTING
-                key = (tc.tc_id, seq)
-
-                def on_delivery(err: KafkaError | None, _m: Message, key: tuple = key) -> None:
-                    if err is not None:
-                        failed.add(key)
-
-                marker = TxnMarker(meta.txn_id, MarkerKind.COMMIT if commit else MarkerKind.ABORT,
-                                   lwm)
-                value = marker.encode()
-                headers: list[tuple[str, str | bytes | None]] = list(marker.headers())
-                try:
-                    for tp in sorted(meta.partitions):
-                        self._producer.produce(tp.topic, value, partition=tp.partition,
-                                               headers=headers, on_delivery=on_delivery)
-                    for sub in sorted(meta.subscriptions):
-                        mark = _pending_ack_mark(commit, sub, meta.txn_id)
-                        self._producer.produce(self.config.topics.pending_ack, mark.encode(),
-                                               key=mark.key(), on_delivery=on_delivery)
-                except (KafkaException, BufferError) as exc:
-                    log.warning("tc %d: markers for txn %s not produced: %s", tc.tc_id,
-                                meta.txn_id, exc)
-                    failed.add(key)
-                work.append((tc, seq))
-        if not work:
-            return
-        remaining = self._producer.flush(self.settings.readback_timeout_s)
-        for tc, seq in work:
-            if not self._serving(tc):
-                continue  # restarted meanwhile: the replay finds the txn ending and retries
-            if remaining or (tc.tc_id, seq) in failed:
-                _, tries = tc.retry_at.get(seq, (0.0, 0))
-                delay = min(self.settings.finalize_backoff_max_s, 0.1 * 2 ** tries)
-                tc.retry_at[seq] = (mono + delay, tries + 1)
-                log.warning("tc %d: markers for txn (%d,%d) not written; retry in %.1fs",
-                            tc.tc_id, tc.tc_id, seq, delay)
-                continue
-            tc.retry_at.pop(seq, None)
-            entry = tc.store.finalize(seq, now_ms)
-            if entry is not None and entry.status is not None:
-                metrics.TXN_ENDED.labels(str(tc.tc_id), entry.status.value).inc()
-            meta = tc.store.txns[seq]
-            for req in tc.end_waiters.pop(seq, []):
-                if req.commit == (meta.status is TxnStatus.COMMITTED):
-                    self._reply(req, TcReply(req.request_id, req.client_id, tc.tc_id,
-                                             txn_seq=seq, owner_id=self.worker_id))
-                else:
-                    self._reply(req, TcReply.failure(req, _ended_other_way(meta), self.worker_id))
-            still = []
-            for req, pending, reply in tc.group_waiters:
-                pending.discard(seq)
-                if pending:
-                    still.append((req, pending, reply))
-                else:
-                    self._reply(req, reply)
-            tc.group_waiters = still
-        for tc in {tc for tc, _ in work}:
-            if self._serving(tc):
-                self._append_async(tc, tc.store.unlogged())
-
-    def _append_async(self, tc: _Tc, entries: list[TransactionLogEntry]) -> None:
-        """Append COMMITTED/ABORTED records without waiting: nobody waits on them.
-
-        If one is lost, the log still says COMMITTING/ABORTING while the memory of this
-        incarnation says final: this incarnation (the very object, not whichever serves
-        the id by the time the report comes) is restarted, and its replay finalizes the
-        txn again (idempotently).
-        """
-        if not entries:
-            return
-
-        def on_delivery(err: KafkaError | None, _m: Message) -> None:
-            if err is not None:
-                log.error("tc %d: final record not appended (%s); replaying it again",
-                          tc.tc_id, err)
-                self._restart(tc, "a final record was not appended")
-
-        refused = self._produce_all(tc, entries, on_delivery)
-        if refused is not None:
-            log.error("tc %d: final record not appended (%s); replaying it again", tc.tc_id,
-                      refused)
-            self._restart(tc, "a final record was not appended")
-        self._producer.poll(0)
-
     def _truncate(self, now_ms: int) -> None:
+        """Drop the log prefix below each checkpointed TC's truncation point."""
         for tc in list(self.tcs.values()):
-            if not tc.truncate_pending or not self._serving(tc):
+            if not tc.truncate_pending or not self._ownership.serving(tc):
                 continue
             tc.truncate_pending = False
             point = tc.store.truncation_point(now_ms, self.settings.end_retention_ms)
             if point <= 0:
                 continue
-            fut = self._admin.delete_records(
-                [KafkaTP(self.config.topics.log, tc.tc_id, point)])
             try:
-                for f in fut.values():
-                    f.result(self.config.admin_timeout_s)
+                self._txn_log.truncate(tc.tc_id, point)
             except Exception as exc:
                 log.warning("tc %d: truncation below %d failed: %s", tc.tc_id, point, exc)
                 continue
             dropped = tc.store.forget_before(point)
             log.info("tc %d: log truncated below offset %d (%d ended txns forgotten)",
                      tc.tc_id, point, dropped)
-
-
-def _pending_ack_mark(commit: bool, sub: Any, txn_id: Any) -> Any:
-    from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
-
-    kind = PendingAckKind.COMMIT_MARK if commit else PendingAckKind.ABORT_MARK
-    return PendingAckEntry.mark(kind, sub.subscription, sub.tp, txn_id)
-
-
-def _ended_other_way(meta: Any) -> TxnStreamError:
-    from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
-
-    if meta.abort_reason == "timeout":
-        return TransactionTimeoutError(
-            f"transaction {meta.txn_id} was aborted at its timeout of {meta.timeout_ms} ms",
-            meta.txn_id)
-    return InvalidTxnStatusError(meta.txn_id, None, meta.status,
-                                 f"transaction {meta.txn_id} ended {meta.status.value}")
