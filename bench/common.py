@@ -66,29 +66,45 @@ def make_topic(cfg: Config, partitions: int, name: str | None = None) -> str:
 
 
 @contextmanager
-def workers(cfg: Config, count: int = 1, log_dir: Path | None = None) -> Iterator[list[int]]:
-    """``count`` real ``txnstream worker`` processes for the duration; pids yielded."""
+def worker_processes(cfg: Config, names: list[str], log_dir: Path | None = None,
+                     session_timeout_ms: int | None = None
+                     ) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """Real ``txnstream worker`` processes, one per name (its ``--id``), for the duration.
+
+    ``session_timeout_ms``: the workers' group session timeout (None: the worker's
+    default). Every process still running at the end is terminated, then killed, by pid.
+    """
     log_dir = log_dir or Path(".txnstream/bench-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs = []
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for i in range(count):
-            log = open(log_dir / f"worker-{cfg.topics.prefix}-{i}.log", "ab")
-            procs.append(subprocess.Popen(
-                [TXNSTREAM_BIN, "--bootstrap", cfg.bootstrap_servers, "worker",
-                 "--prefix", cfg.topics.prefix], stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True))
+        for name in names:
+            cmd = [TXNSTREAM_BIN, "--bootstrap", cfg.bootstrap_servers, "worker",
+                   "--prefix", cfg.topics.prefix, "--id", name]
+            if session_timeout_ms is not None:
+                cmd += ["--session-timeout-ms", str(session_timeout_ms)]
+            with open(log_dir / f"worker-{cfg.topics.prefix}-{name}.log", "ab") as log:
+                procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True)
         _wait_serving(cfg)
-        yield [p.pid for p in procs]
+        yield procs
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
+        for p in procs.values():
+            p.terminate()  # a no-op for one already dead and reaped
+        for p in procs.values():
             try:
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+
+
+@contextmanager
+def workers(cfg: Config, count: int = 1, log_dir: Path | None = None) -> Iterator[list[int]]:
+    """``count`` real ``txnstream worker`` processes for the duration; pids yielded."""
+    names = [f"{cfg.topics.prefix}-{i}" for i in range(count)]
+    with worker_processes(cfg, names, log_dir) as procs:
+        yield [p.pid for p in procs.values()]
 
 
 def _wait_serving(cfg: Config, timeout_s: float = 90) -> None:
@@ -104,3 +120,22 @@ def _wait_serving(cfg: Config, timeout_s: float = 90) -> None:
                 pass
             time.sleep(0.5)
     raise RuntimeError("coordinator workers did not start serving")
+
+
+def goal_row(measure: str, txnstream: str, anchor: str, anchor_value: str,
+             ratio: float | None, op: str, target: float) -> dict:
+    """One row of an issue's goal table: the ratio, the goal (``op`` is ``>=`` or ``<=``)
+    and whether this run met it."""
+    if ratio is None or ratio != ratio:  # missing or NaN
+        met = "n/a"
+    else:
+        met = "yes" if (ratio >= target if op == ">=" else ratio <= target) else "no"
+    return {"measure": measure, "txnstream": txnstream, "anchor": anchor,
+            "anchor value": anchor_value,
+            "ratio": None if ratio is None else f"{ratio:.2f}x",
+            "goal": f"{op} {target}x", "met": met}
+
+
+def ratio(a: float, b: float) -> float | None:
+    """``a / b``, None when ``b`` is zero or either is missing."""
+    return a / b if a == a and b == b and b else None

@@ -1,10 +1,16 @@
-"""Issue 3 benchmark: begin + add-partition + commit, txnstream vs Kafka's own transactions.
+"""Issue 3 and 13 benchmark: begin + add-partition + commit, txnstream vs Kafka's own
+transactions.
 
 Both sides do the same work per transaction: open it, write one 100-byte record (which
 adds the partition to the transaction), commit. txnstream runs ``c`` client threads over
 one client against one ``txnstream worker`` process; Kafka runs ``c`` transactional
 producers (one per concurrent transaction, Kafka allows one open txn per producer), each
-in its own thread. Same broker, same run.
+in its own thread. Same broker, same run. Each transaction's latency is timed from just
+before it opens to its commit's return; the rate is the transactions over the whole window.
+
+:func:`goals` turns the rows into issue 13's goal ratios: p50 at 1 concurrent against
+Kafka's p50, p99 at 1 concurrent against twice Kafka's p99, and the rate at 16 and 64
+concurrent against Kafka's (1.5x).
 """
 
 from __future__ import annotations
@@ -16,10 +22,16 @@ from dataclasses import dataclass
 
 from confluent_kafka import Producer as KafkaProducer
 
-from bench.common import make_topic, pct, workers
+from bench.common import goal_row, make_topic, pct, ratio, workers
 from txnstream import Client, Config
 
 PAYLOAD = b"x" * 100
+P50_GOAL = 1.0
+"""Issue 13: p50 at 1 concurrent at most Kafka's p50."""
+P99_GOAL = 2.0
+"""Issue 13: p99 at 1 concurrent at most twice Kafka's p99."""
+RATE_GOAL = 1.5
+"""Issue 13: txns/s at 16 and 64 concurrent at least 1.5x Kafka's."""
 
 
 @dataclass
@@ -119,3 +131,24 @@ def run(cfg: Config, concurrencies=(1, 16, 64), total: int = 1000,
                 if progress:
                     progress(r.row())
     return rows
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    """Issue 13's goal ratios from :func:`run`'s rows (those whose both sides ran)."""
+    by = {(r["system"], r["concurrency"]): r for r in rows}
+    out = []
+    ours, kafka = by.get(("txnstream", 1)), by.get(("kafka-txn", 1))
+    if ours and kafka:
+        out.append(goal_row("p50, 1 concurrent txn", f"{ours['p50_ms']} ms", "Kafka txn p50",
+                            f"{kafka['p50_ms']} ms", ratio(ours["p50_ms"], kafka["p50_ms"]),
+                            "<=", P50_GOAL))
+        out.append(goal_row("p99, 1 concurrent txn", f"{ours['p99_ms']} ms",
+                            "2 x Kafka txn p99", f"{2 * kafka['p99_ms']:.1f} ms",
+                            ratio(ours["p99_ms"], P99_GOAL * kafka["p99_ms"]), "<=", 1.0))
+    for c in sorted({r["concurrency"] for r in rows if r["concurrency"] > 1}):
+        ours, kafka = by.get(("txnstream", c)), by.get(("kafka-txn", c))
+        if ours and kafka:
+            out.append(goal_row(f"txns/s, {c} concurrent", f"{ours['tps']}",
+                                "Kafka txns/s", f"{kafka['tps']}",
+                                ratio(ours["tps"], kafka["tps"]), ">=", RATE_GOAL))
+    return out
