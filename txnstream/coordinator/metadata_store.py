@@ -2,7 +2,7 @@
 
 Plain Python over plain data, no Kafka (Pulsar pairs ``InMemTransactionMetadataStore``
 with ``MLTransactionMetadataStore``; here the store is pure and the Kafka log is an
-adapter around it, see :mod:`txnstream.coordinator.worker`).
+adapter around it, see :mod:`txnstream.coordinator.txn_log`).
 
 Two ways in, one state:
 
@@ -38,6 +38,7 @@ own epoch and were applied already, so only their offsets are noted.
 from __future__ import annotations
 
 import bisect
+import heapq
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -151,6 +152,12 @@ class TransactionMetadataStore:
         """OPEN txns opened for a group key, so a group end finds its orphans at once."""
         self._unlogged: list[TransactionLogEntry] = []
         self.timeouts = TransactionTimeoutTracker()
+        self._live: set[int] = set()
+        """Txns not final yet; with :attr:`_live_heap` (stale entries skipped lazily),
+        the low watermark without a scan of every txn remembered."""
+        self._live_heap: list[int] = []
+        self._ending_seqs: set[int] = set()
+        """COMMITTING/ABORTING txns: what the finalizer works on, every turn."""
 
     # ------------------------------------------------------------------ replay
 
@@ -255,6 +262,7 @@ class TransactionMetadataStore:
                 meta = TxnMeta(TxnID(self.tc_id, seq), TxnStatus.OPEN, entry.open_time_ms,
                                entry.timeout_ms, group_key=entry.group_key)
                 self.txns[seq] = meta
+                self._track(meta)
                 self.timeouts.track(seq, meta.deadline_ms)
                 if entry.group_key is not None:
                     self._open_by_group.setdefault(entry.group_key, set()).add(seq)
@@ -264,6 +272,7 @@ class TransactionMetadataStore:
                 # Its earlier records were truncated away; keep the outcome.
                 meta = TxnMeta(TxnID(self.tc_id, seq), entry.status, entry.open_time_ms, 0)
                 self.txns[seq] = meta
+                self._track(meta)
                 meta.end_time_ms = now_ms
                 return
             else:
@@ -301,6 +310,22 @@ class TransactionMetadataStore:
             meta.abort_reason = reason
         if status.is_final:
             meta.end_time_ms = now_ms
+        self._track(meta)
+
+    def _track(self, meta: TxnMeta) -> None:
+        """Keep the live and ending indexes in step with ``meta``'s status."""
+        seq = meta.txn_id.least_bits
+        if meta.status.is_final:
+            self._live.discard(seq)
+            self._ending_seqs.discard(seq)
+            return
+        if seq not in self._live:
+            self._live.add(seq)
+            heapq.heappush(self._live_heap, seq)
+        if meta.status.is_ending:
+            self._ending_seqs.add(seq)
+        else:
+            self._ending_seqs.discard(seq)
 
     def _remember_request(self, request_id: str, seq: int) -> None:
         self._requests[request_id] = seq
@@ -622,13 +647,15 @@ class TransactionMetadataStore:
 
     def ending(self) -> list[TxnMeta]:
         """Txns whose outcome is decided but not yet finalized (COMMITTING/ABORTING)."""
-        return [m for m in self.txns.values() if m.status.is_ending]
+        return [self.txns[s] for s in sorted(self._ending_seqs)]
 
     @property
     def low_watermark(self) -> int:
         """Every txn of this TC with a lower sequence has ended (COMMITTED/ABORTED)."""
-        live = [s for s, m in self.txns.items() if not m.status.is_final]
-        return min(live) if live else self.next_sequence
+        heap = self._live_heap
+        while heap and heap[0] not in self._live:
+            heapq.heappop(heap)
+        return heap[0] if heap else self.next_sequence
 
     def truncation_point(self, now_ms: int, retention_ms: int) -> int:
         """The first log offset to keep; everything below may be deleted.
