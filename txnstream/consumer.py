@@ -14,7 +14,9 @@ delivered unfiltered. Memory is bounded by one fetch, whatever an open txn holds
 Acks: the group's committed Kafka offset is the cursor (mark-delete position), so lag
 tools keep working. ``acknowledge`` acks one record; the cursor moves to the lowest
 delivered-but-unacked offset. ``acknowledge_cumulative`` acks everything up to a record.
-``negative_acknowledge`` redelivers the record after ``nack_delay_s``.
+``acknowledge_batch`` acks many records with one pending-ack record per partition.
+``negative_acknowledge`` redelivers the record after ``nack_delay_s``;
+``redeliver_unacknowledged`` at once (a batch that will not ack what it took).
 """
 
 from __future__ import annotations
@@ -588,11 +590,11 @@ class Consumer:
         a conflict (another txn, or a plain ack, touching the same message) raises
         ``TransactionConflictError`` and makes ``txn`` abort-only.
         """
-        self._ack(msg, txn, cumulative=False)
+        self._ack([msg], txn, cumulative=False)
 
     def acknowledge_cumulative(self, msg: Message, txn: Transaction | None = None) -> None:
         """Ack every delivered record of the partition up to and including ``msg``."""
-        self._ack(msg, txn, cumulative=True)
+        self._ack([msg], txn, cumulative=True)
 
     def cumulative_coverage(self, msg: Message) -> list[int]:
         """The offsets ``acknowledge_cumulative(msg)`` would ack now.
@@ -605,37 +607,94 @@ class Consumer:
             r = self._reader_for(msg)
             return sorted(o for o in r.unacked if o <= msg.offset)
 
-    def _ack(self, msg: Message, txn: Transaction | None, cumulative: bool) -> None:
+    def acknowledge_batch(self, msgs: Sequence[Message], txn: Transaction | None = None
+                          ) -> None:
+        """Ack exactly ``msgs``: one pending-ack record per partition, not one per record.
+
+        Per partition (as Kafka's ``send_offsets_to_transaction`` commits one offset):
+        a cumulative ack of its last record where that acks the same records, i.e. they
+        are every delivered and unacked record of the partition up to it and no other
+        txn holds an ack below it; else one individual ack listing their offsets (out
+        of order, with gaps). Each partition's ack is all or nothing; a failure raises
+        (a txn becomes abort-only) and leaves the later partitions unacked.
+        """
+        by_tp: dict[TopicPartition, list[Message]] = {}
+        for m in msgs:
+            by_tp.setdefault(m.tp, []).append(m)
+        for tp_msgs in by_tp.values():
+            tp_msgs.sort(key=lambda m: m.offset)
+            self._ack(tp_msgs, txn, cumulative=None)
+
+    def redeliver_unacknowledged(self, msgs: Sequence[Message] | None = None) -> int:
+        """Deliver again, at once, records taken and not acked (``msgs``, or all).
+
+        Pulsar's ``redeliverUnacknowledgedMessages``: what a caller took but will not
+        ack (its batch aborted before the acks) comes back in offset order, ahead of
+        later records. A record acked in a txn is not: the txn's abort redelivers it, its
+        commit acks it. A partition no longer assigned here is skipped: its next owner
+        starts at the committed cursor, which stays below every unacked record. Returns
+        how many records were queued again.
+        """
+        with self._lock:
+            def key(m: Message) -> tuple[str, int, int]:
+                return (m.topic, m.partition, m.offset)
+
+            waiting = {key(m) for m in self._ready} | {key(n[2]) for n in self._nacked}
+            if msgs is None:
+                found = [m for r in self._readers.values() for m in r.unacked.values()]
+            else:
+                found = []
+                for m in msgs:
+                    r = self._readers.get(m.tp)
+                    if r is not None and (mine := r.unacked.get(m.offset)) is not None:
+                        found.append(mine)
+            back = {key(m): m for m in found if key(m) not in waiting}
+            if back:
+                self._ready = deque(sorted([*self._ready, *back.values()], key=key))
+            return len(back)
+
+    def _ack(self, msgs: list[Message], txn: Transaction | None,
+             cumulative: bool | None) -> None:
+        """Ack ``msgs`` (one partition, in offset order) with one pending-ack record.
+
+        ``cumulative``: everything up to the last one; False: exactly these; None:
+        cumulative where that acks exactly these (:meth:`acknowledge_batch`).
+        """
+        msg = msgs[-1]
         with self._lock:
             r = self._reader_for(msg)
             # Never delivered: beyond what was released, or not a visible record there.
             # (An already acked one is the handle's call: a conflict in a txn, else a no-op.)
-            if msg.offset >= r.deliver_pos or not self._was_visible(r, msg):
-                raise TxnStreamError(
-                    f"cannot ack {msg.tp}@{msg.offset}: not a message delivered to this "
-                    f"consumer of {self.subscription!r}")
+            for m in msgs:
+                if m.offset >= r.deliver_pos or not self._was_visible(r, m):
+                    raise TxnStreamError(
+                        f"cannot ack {m.tp}@{m.offset}: not a message delivered to this "
+                        f"consumer of {self.subscription!r}")
         if txn is not None:
             txn.register_subscriptions([SubscriptionRef(msg.topic, msg.partition,
                                                         self.subscription)])
         with self._lock:
             r = self._reader_for(msg)  # may have been revoked while registering
             assert r.handle is not None
-            covered = sorted(o for o in r.unacked if o <= msg.offset) if cumulative else [
-                msg.offset]
+            txn_id = txn.id if txn else None
+            offsets = sorted({m.offset for m in msgs})
+            if cumulative is None:
+                cumulative = self._cumulative_is_exact(r, offsets, txn_id)
+            covered = sorted(o for o in r.unacked if o <= msg.offset) if cumulative else offsets
             try:
                 if cumulative:
-                    r.handle.ack_cumulative(msg.offset, txn.id if txn else None)
+                    r.handle.ack_cumulative(msg.offset, txn_id)
                 else:
-                    r.handle.ack_individual([msg.offset], txn.id if txn else None)
+                    r.handle.ack_individual(offsets, txn_id)
             except TxnStreamError as exc:
                 if txn is not None:
                     txn.mark_abort_only(exc)
                 raise
             if txn is not None:
-                kind = (PendingAckKind.ACK_CUMULATIVE if cumulative
-                        else PendingAckKind.ACK_INDIVIDUAL)
+                kind, logged = ((PendingAckKind.ACK_CUMULATIVE, (msg.offset,)) if cumulative
+                                else (PendingAckKind.ACK_INDIVIDUAL, tuple(offsets)))
                 self._acks.append(PendingAckEntry(
-                    kind, self.subscription, msg.topic, msg.partition, txn.id, (msg.offset,),
+                    kind, self.subscription, msg.topic, msg.partition, txn.id, logged,
                     r.handle.generation, self.member_id))
                 self._txn_tps.setdefault(txn.id, set()).add(msg.tp)
                 if txn.id not in self._txns:
@@ -646,15 +705,36 @@ class Consumer:
                     if o in r.unacked:
                         r.inflight[o] = r.unacked.pop(o)
             else:
-                if not cumulative and msg.offset > r.handle.cursor:
+                above = [] if cumulative else [o for o in offsets if o >= r.handle.cursor]
+                if above:
                     # Above the cursor: the group offset cannot say it; the log keeps it.
                     self._acks.append_plain(PendingAckEntry(
                         PendingAckKind.ACK_INDIVIDUAL, self.subscription, msg.topic,
-                        msg.partition, None, (msg.offset,), r.handle.generation,
+                        msg.partition, None, tuple(above), r.handle.generation,
                         self.member_id))
                 for o in covered:
                     r.unacked.pop(o, None)
             self._commit()
+
+    @staticmethod
+    def _cumulative_is_exact(r: _PartitionReader, offsets: list[int],
+                             txn_id: TxnID | None) -> bool:
+        """Whether a cumulative ack of ``offsets[-1]`` acks exactly ``offsets`` now.
+
+        It does if no other delivered record below it is unacked (queued, nacked or
+        redelivered after an abort), none is held back or pending in another txn, and
+        no other txn's cumulative ack is pending (consumer lock held). Records below
+        it that are acked already, or invisible (markers, aborted), change nothing.
+        """
+        h = r.handle
+        assert h is not None
+        last = offsets[-1]
+        if last < h.cursor or (h.cumulative is not None and h.cumulative[0] != txn_id):
+            return False
+        mine = set(offsets)
+        return (all(o in mine for o in r.unacked if o <= last)
+                and not any(o <= last for o in r.held_back)
+                and not any(o <= last and t != txn_id for o, t in h.pending.items()))
 
     def _was_visible(self, r: _PartitionReader, msg: Message) -> bool:
         view = self._follower.views.get(r.tp)

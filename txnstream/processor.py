@@ -1,7 +1,11 @@
 """``ExactlyOnceProcessor``: consume-transform-produce, exactly once (Pulsar Functions' case).
 
 One transaction per batch: the outputs of every input in the batch are produced with
-the transaction and the inputs are acked with it, then it commits. Crash semantics:
+the transaction, then the inputs are acked with it in one pending-ack record per
+partition (cumulative where the batch holds the partition's next records, as Kafka's
+``send_offsets_to_transaction`` commits one offset per partition), then it commits.
+
+Crash semantics:
 
 1. a crash before the commit request: the txn stays open, the coordinator aborts it at
    its timeout, its outputs are never delivered and its acks are undone (ABORT marks),
@@ -9,6 +13,12 @@ the transaction and the inputs are acked with it, then it commits. Crash semanti
 2. a crash after the commit request: the coordinator finishes the commit (it is logged);
    the outputs become visible and the acks apply, so the inputs are not seen again;
 3. in both cases each input's output is visible exactly once.
+
+A batch that aborts while the process lives (its function's error, a send or an ack
+refused, a conflict, the txn's timeout) gives every input it took back: those its txn
+acked come back by the abort, those not acked yet by ``redeliver_unacknowledged``.
+Without the latter they stayed delivered-and-unacked in the consumer, never delivered
+again while it kept their partitions (their outputs went missing until a rebalance).
 """
 
 from __future__ import annotations
@@ -17,10 +27,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from txnstream.client import Client
 from txnstream.consumer import Message
 from txnstream.errors import TransactionOutcomeUnknownError, TxnStreamError
+from txnstream.types import TxnStatus
+
+if TYPE_CHECKING:
+    from txnstream.transaction import Transaction
 
 __all__ = ["ExactlyOnceProcessor", "ProcessorStats"]
 
@@ -46,16 +61,16 @@ class ExactlyOnceProcessor:
     def __init__(self, client: Client, inputs: str | Sequence[str], subscription: str,
                  output: str, fn: Function, batch_size: int = 100,
                  batch_interval_s: float = 0.5, txn_timeout_s: float = 30.0,
-                 cumulative: bool = False, **consumer_options: object) -> None:
+                 cumulative: bool = True, **consumer_options: object) -> None:
         self.client = client
         self.fn = fn
         self.batch_size = batch_size
         self.batch_interval_s = batch_interval_s
         self.txn_timeout_s = txn_timeout_s
         self.cumulative = cumulative
-        """Ack a batch with one cumulative ack per partition (its last input) instead
-        of one individual ack per input, where that covers only this batch's inputs
-        (not inputs redelivered after an abort and not processed yet)."""
+        """Kept for compatibility (``txnstream process --cumulative``): every batch acks
+        with one record per partition, cumulative wherever that acks exactly the
+        batch's inputs (``Consumer.acknowledge_batch``)."""
         self.consumer = client.subscribe(inputs, subscription=subscription,
                                          **consumer_options)
         self.producer = client.create_producer(output)
@@ -72,57 +87,61 @@ class ExactlyOnceProcessor:
 
     def run_batch(self) -> int:
         """Process one batch in one transaction; returns the inputs it committed."""
-        txn = None
-        n = outs = 0
-        last: dict[tuple[str, int], Message] = {}
-        batch: dict[tuple[str, int], dict[int, Message]] = {}
+        txn: Transaction | None = None
+        taken: list[Message] = []
+        outs = 0
         deadline = time.monotonic() + self.batch_interval_s
         try:
-            while n < self.batch_size:
+            while len(taken) < self.batch_size:
                 left = deadline - time.monotonic()
                 msg = self.consumer.receive(timeout_s=max(left, 0.01) if txn else 0.5)
                 if msg is None:
                     if txn is None or time.monotonic() >= deadline:
                         break
                     continue
+                taken.append(msg)  # from here on it is acked or given back
                 if txn is None:
                     txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
                     deadline = time.monotonic() + self.batch_interval_s
                 outs += self._emit(self.fn(msg), txn)
-                if self.cumulative:
-                    last[(msg.topic, msg.partition)] = msg
-                    batch.setdefault((msg.topic, msg.partition), {})[msg.offset] = msg
-                else:
-                    self.consumer.acknowledge(msg, txn=txn)
-                n += 1
             if txn is None:
+                self._give_back(None, taken)
                 return 0
-            for (topic, part), msg in last.items():
-                mine = batch[(topic, part)]
-                if set(self.consumer.cumulative_coverage(msg)) <= mine.keys():
-                    self.consumer.acknowledge_cumulative(msg, txn=txn)
-                else:  # it would also ack inputs redelivered but not processed here
-                    for m in mine.values():
-                        self.consumer.acknowledge(m, txn=txn)
+            self.consumer.acknowledge_batch(taken, txn=txn)
             txn.commit()
         except TransactionOutcomeUnknownError as exc:
             # Not aborted: its acks hold the inputs until the coordinator's outcome
             # reaches the consumer (redelivered only if it aborted), so nothing is redone.
-            log.warning("batch of %d: commit outcome unknown (%s)", n, exc)
+            log.warning("batch of %d: commit outcome unknown (%s)", len(taken), exc)
+            self.consumer.redeliver_unacknowledged(taken)  # none, unless not acked yet
             return 0
         except TxnStreamError as exc:
-            log.warning("batch of %d aborted: %s", n, exc)
+            log.warning("batch of %d aborted: %s", len(taken), exc)
             self.stats.aborted_batches += 1
-            if txn is not None and txn.status.value == "OPEN":
-                try:
-                    txn.abort()
-                except TxnStreamError:
-                    pass  # it times out at the coordinator anyway
+            self._give_back(txn, taken)
             return 0
+        except BaseException:
+            self._give_back(txn, taken)
+            raise
         self.stats.batches += 1
-        self.stats.inputs += n
+        self.stats.inputs += len(taken)
         self.stats.outputs += outs
-        return n
+        return len(taken)
+
+    def _give_back(self, txn: Transaction | None, taken: list[Message]) -> None:
+        """An aborted batch: end its txn, then every input it took comes back.
+
+        1. abort the txn (if still OPEN): its acks are undone and the inputs it acked
+           are redelivered (if the abort gets no answer, or the txn timed out, the
+           coordinator's ABORT mark does that later);
+        2. the inputs it took and never acked are redelivered now, in offset order.
+        """
+        if txn is not None and txn.status is TxnStatus.OPEN:
+            try:
+                txn.abort()
+            except TxnStreamError:
+                pass  # it times out at the coordinator anyway
+        self.consumer.redeliver_unacknowledged(taken)
 
     def run(self, max_idle_s: float | None = None, stop: Callable[[], bool] | None = None
             ) -> ProcessorStats:

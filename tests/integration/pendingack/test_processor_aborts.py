@@ -1,0 +1,104 @@
+"""A processor batch that aborts after taking its inputs loses none of them.
+
+The inputs of an aborted batch come back to the processor: those its txn acked by the
+abort (Pulsar's pending-ack abort), those it took but never acked by the processor
+handing them back to the consumer (Pulsar's ``redeliverUnacknowledgedMessages``).
+Real broker; the aborts are the function's own error and a real txn timeout.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from tests.integration.pendingack.conftest import make_topic
+from txnstream import Client
+from txnstream.errors import TxnStreamError
+from txnstream.processor import ExactlyOnceProcessor
+
+pytestmark = pytest.mark.integration
+
+PER_PARTITION = 20
+
+
+def produce(client, topic: str, partitions: int) -> set[bytes]:
+    p = client.create_producer(topic)
+    want = set()
+    for part in range(partitions):
+        for i in range(PER_PARTITION):
+            p.send(f"v{part}-{i}".encode(), partition=part)
+            want.add(f"V{part}-{i}".encode())
+    p.flush()
+    return want
+
+
+def outputs(config, topic: str, expect: int) -> list[bytes]:
+    with Client(config=config) as reader:
+        c = reader.subscribe(topic, subscription=f"check-{uuid.uuid4().hex[:6]}")
+        out: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = c.receive(timeout_s=3 if len(out) < expect else 1)
+            if m is None:
+                if len(out) >= expect:
+                    break
+                continue
+            out.append(m.value)
+        c.close()
+    return out
+
+
+def run_processor(client, src, dst, fn, **kw) -> ExactlyOnceProcessor:
+    proc = ExactlyOnceProcessor(client, src, f"abort-{uuid.uuid4().hex[:6]}", dst, fn,
+                                batch_size=100, batch_interval_s=0.5, **kw)
+    try:
+        proc.run(max_idle_s=6)
+    finally:
+        proc.close()
+    return proc
+
+
+def assert_exactly_once(out: list[bytes], want: set[bytes]) -> None:
+    missing = sorted(want - set(out))
+    assert not missing, f"{len(missing)} of {len(want)} inputs have no output: {missing[:10]}"
+    assert len(out) == len(set(out)), f"{len(out) - len(set(out))} outputs duplicated"
+    assert set(out) == want
+
+
+@pytest.mark.parametrize("cumulative", [True, False])
+def test_batch_aborted_by_an_error_after_taking_inputs_redelivers_them(
+        config, worker, client, cumulative):
+    """The error stands for any abort in the middle of a batch (an ack refused after a
+    rebalance, a conflict, a failed send): inputs taken before it must come back."""
+    src, dst = make_topic(config, 2, "in"), make_topic(config, 2, "out")
+    want = produce(client, src, 2)
+    failed: list[bytes] = []
+
+    def fn(msg):
+        if not failed and msg.value is not None and msg.value.endswith(b"-5"):
+            failed.append(msg.value)
+            raise TxnStreamError(f"refused {msg.value!r} once")
+        return msg.key, (msg.value or b"").upper()
+
+    proc = run_processor(client, src, dst, fn, cumulative=cumulative)
+    assert failed and proc.stats.aborted_batches == 1
+    assert_exactly_once(outputs(config, dst, len(want)), want)
+
+
+def test_batch_whose_txn_times_out_redelivers_its_inputs(config, worker, client):
+    """The paused member's case: the txn is aborted at its timeout mid-batch."""
+    src, dst = make_topic(config, 2, "in"), make_topic(config, 2, "out")
+    want = produce(client, src, 2)
+    slept: list[bytes] = []
+
+    def fn(msg):
+        if not slept and msg.value is not None and msg.value.endswith(b"-3"):
+            slept.append(msg.value)
+            time.sleep(2.5)  # past the txn timeout
+        return msg.key, (msg.value or b"").upper()
+
+    proc = run_processor(client, src, dst, fn, cumulative=True, txn_timeout_s=1.5)
+    assert slept and proc.stats.aborted_batches >= 1
+    assert_exactly_once(outputs(config, dst, len(want)), want)
