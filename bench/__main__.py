@@ -52,19 +52,41 @@ def _show(title: str, rows: list[dict]) -> None:
     console.print(t)
 
 
+GROUPS = {"coordinator": ("txn-rate", "produce", "failover")}
+"""``--only coordinator`` runs all of issue 13's coordinator-side measurements."""
+PARTS = ("txn-rate", "produce", "failover", "buffer", "processor", "spark")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--only", choices=("coordinator", "buffer", "processor", "spark"),
-                    action="append")
+    ap.add_argument("--only", choices=(*GROUPS, *PARTS), action="append",
+                    help="run only these (repeatable); coordinator = txn-rate + produce + "
+                         "failover")
+    ap.add_argument("--bootstrap", default=os.environ.get("TXNSTREAM_BOOTSTRAP"),
+                    help="an existing broker (default: $TXNSTREAM_BOOTSTRAP, else a local "
+                         "cluster started for the run)")
     ap.add_argument("--txns", type=int, default=2000, help="txns per coordinator measurement")
+    ap.add_argument("--produce-records", type=int, default=20_000,
+                    help="1 KB records per transactional / plain produce measurement")
+    ap.add_argument("--produce-rounds", type=int, default=3,
+                    help="rounds of the produce variants (median reported)")
+    ap.add_argument("--session-timeout-ms", type=int, default=None,
+                    help="workers' session timeout in the failover bench (default: "
+                         "bench.failover.SESSION_TIMEOUT_MS, 6000)")
+    ap.add_argument("--processor-records", type=int, default=20_000,
+                    help="input records per consume-transform-produce loop")
     ap.add_argument("--records", type=int, default=100_000, help="records for buffer benches")
     ap.add_argument("--latency-txns", type=int, default=300,
                     help="10-record txns per produce-to-visible measurement (buffer)")
+    ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"),
+                    help="the report whose generated section is rewritten")
     ap.add_argument("--cpu-window", type=float, default=20.0,
                     help="seconds of each worker-CPU window (buffer)")
     args = ap.parse_args(argv)
-    which = args.only or ["coordinator", "buffer", "processor", "spark"]
-    bootstrap = os.environ.get("TXNSTREAM_BOOTSTRAP")
+    which: set[str] = set()
+    for name in args.only or PARTS:
+        which.update(GROUPS.get(name, (name,)))
+    bootstrap = args.bootstrap
     cluster = None
     if not bootstrap:
         from tests.conftest import _free_port_pair
@@ -75,47 +97,96 @@ def main(argv: list[str]) -> int:
         cluster.up()
         bootstrap = cluster.bootstrap
     sections: list[tuple[str, list[dict]]] = []
+    goals: list[dict] = []
+    failed: list[str] = []
+
+    def section(title: str, rows: list[dict]) -> None:
+        sections.append((title, rows))
+        _show(title, rows)
+
+    def part(name: str, status: str, fn) -> None:
+        """Run one part; a failure is reported and the other parts still run."""
+        if name not in which:
+            return
+        try:
+            with console.status(status):
+                fn()
+        except Exception:
+            failed.append(name)
+            console.print(f"[red]{name} failed[/red]")
+            console.print_exception()
+
+    def txn_rate() -> None:
+        from bench import coordinator
+
+        rows = coordinator.run(fresh_config(bootstrap), total=args.txns,
+                               progress=lambda r: console.print(r))
+        section("Coordinator (issue 3): begin + add partition + commit", rows)
+        g = coordinator.goals(rows)
+        goals.extend(g)
+        section("Issue 13 goals: begin + one send + commit, vs Kafka's transactions", g)
+
+    def produce() -> None:
+        from bench import produce as prod
+
+        rows = prod.run(fresh_config(bootstrap), records=args.produce_records,
+                        rounds=args.produce_rounds, progress=lambda r: console.print(r))
+        section("Transactional vs plain produce, same txnstream Producer (issue 13)", rows)
+        g = prod.goals(rows)
+        goals.extend(g)
+        section("Issue 13 goals: transactional vs plain produce", g)
+
+    def failover() -> None:
+        from bench import failover as fo
+
+        ms = args.session_timeout_ms or fo.SESSION_TIMEOUT_MS
+        rows = fo.run(fresh_config(bootstrap), session_timeout_ms=ms,
+                      progress=lambda r: console.print(r))
+        section("Coordinator failover: kill -9 of a TC owner under load (issue 13)",
+                fo.table(rows))
+        g = fo.goals(rows, ms)
+        goals.extend(g)
+        section("Issue 13 goals: failover", g)
+
+    def buffer() -> None:
+        from bench import buffer as buf
+        from bench import worker_cpu
+
+        cfg = fresh_config(bootstrap)
+        rows = buf.run(cfg, records=args.records, txns=args.latency_txns,
+                       progress=lambda r: console.print(r))
+        rows += worker_cpu.run(cfg, window_s=args.cpu_window,
+                               progress=lambda r: console.print(r))
+        section("Transactional produce and committed-only consume (issue 4)", rows)
+
+    def processor() -> None:
+        from bench import processor as proc
+
+        rows = proc.run(fresh_config(bootstrap), records=args.processor_records,
+                        progress=lambda r: console.print(r))
+        goals.extend(rows)
+        section("Exactly-once consume-transform-produce (issue 5)", rows)
+
+    def spark() -> None:
+        try:
+            from bench import spark_bench
+        except ImportError:
+            return
+        section("Spark source and sink (issue 6)", spark_bench.run(fresh_config(bootstrap)))
+
     try:
-        if "coordinator" in which:
-            from bench import coordinator
-
-            with console.status("coordinator: begin + add-partition + commit ..."):
-                rows = coordinator.run(fresh_config(bootstrap), total=args.txns,
-                                       progress=lambda r: console.print(r))
-            sections.append(("Coordinator (issue 3): begin + add partition + commit", rows))
-            _show(sections[-1][0], rows)
-        if "buffer" in which:
-            from bench import buffer, worker_cpu
-
-            cfg = fresh_config(bootstrap)
-            with console.status("buffer: produce / consume / visibility ..."):
-                rows = buffer.run(cfg, records=args.records, txns=args.latency_txns,
-                                  progress=lambda r: console.print(r))
-            with console.status("buffer: worker CPU, 1 and 4 subscriptions ..."):
-                rows += worker_cpu.run(cfg, window_s=args.cpu_window,
-                                       progress=lambda r: console.print(r))
-            sections.append(("Transactional produce and committed-only consume (issue 4)", rows))
-            _show(sections[-1][0], rows)
-        if "processor" in which:
-            from bench import processor
-
-            with console.status("processor: exactly-once vs at-least-once vs Kafka EOS ..."):
-                rows = processor.run(fresh_config(bootstrap), progress=lambda r: console.print(r))
-            sections.append(("Exactly-once consume-transform-produce (issue 5)", rows))
-            _show(sections[-1][0], rows)
-        if "spark" in which:
-            try:
-                from bench import spark_bench
-            except ImportError:
-                spark_bench = None
-            if spark_bench is not None:
-                rows = spark_bench.run(fresh_config(bootstrap))
-                sections.append(("Spark source and sink (issue 6)", rows))
-                _show(sections[-1][0], rows)
+        part("txn-rate", "coordinator: begin + one send + commit ...", txn_rate)
+        part("produce", "produce: transactional vs plain ...", produce)
+        part("failover", "failover: kill -9 of a TC owner ...", failover)
+        part("buffer", "buffer: produce / consume / visibility / worker CPU ...", buffer)
+        part("processor", "processor: exactly-once vs at-least-once vs Kafka EOS ...",
+             processor)
+        part("spark", "spark: source and sink ...", spark)
     finally:
         if cluster is not None:
             cluster.down()
-    path = Path("BENCHMARKS.md")
+    _show("Issue 13 goals, this run", goals)
+    path = args.out
     text = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     old, _, tail = rest.partition(END)
@@ -129,7 +200,10 @@ def main(argv: list[str]) -> int:
     body = [BEGIN, ""] + [f"### {title}\n\n{text}" for title, text in kept.items()] + [END]
     path.write_text(head + "\n".join(body) + tail)
     console.print(f"wrote {path}")
-    return 0
+    if failed:
+        console.print(f"[red]failed: {', '.join(failed)} (their sections were not rewritten)"
+                      "[/red]")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
