@@ -145,12 +145,16 @@ def run(cfg: Config, session_timeout_ms: int = SESSION_TIMEOUT_MS,
             row["_first_s"] = None if first is None else first - t_kill
         else:
             ends = sorted(c[1] for c in s.commits)
-            gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)
+            gaps = [(b - a, a) for a, b in zip(ends, ends[1:], strict=False)
                     if b >= t_kill - 1]
             row["kill -> directory shows new owner"] = "-"
-            row["kill -> first commit by new owner"] = (
-                f"not moved; longest pause between commits {max(gaps):.2f} s"
-                if gaps else "not moved")
+            if gaps:
+                gap, since = max(gaps)
+                row["kill -> first commit by new owner"] = (
+                    f"not moved; longest pause between commits {gap:.2f} s, from "
+                    f"{since - t_kill:+.2f} s")
+            else:
+                row["kill -> first commit by new owner"] = "not moved"
             row["_first_s"] = None
         if s.errors:
             row["first error"] = f"+{s.errors[0][0] - t_kill:.2f} s {s.errors[0][1]}"
