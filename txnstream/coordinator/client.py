@@ -143,8 +143,11 @@ class EndpointDirectory:
     record never displaces it).
     """
 
-    def __init__(self, config: Config, num_coordinators: int) -> None:
+    def __init__(self, config: Config, num_coordinators: int,
+                 on_change: Callable[[TcEndpoint], None] | None = None) -> None:
         self.config = config
+        self._on_change = on_change
+        """Called (on the tail thread) with each TC's new owner."""
         self._known: dict[int, TcEndpoint] = {}
         self._changed = threading.Condition()
         self._closed = threading.Event()
@@ -187,9 +190,12 @@ class EndpointDirectory:
                     continue
                 with self._changed:
                     have = self._known.get(ep.tc_id)
+                    newer = have is None or ep.epoch_offset > have.epoch_offset
                     if have is None or ep.epoch_offset >= have.epoch_offset:
                         self._known[ep.tc_id] = ep
                         self._changed.notify_all()
+                if newer and have is not None and self._on_change is not None:
+                    self._on_change(ep)
             if pending and not msgs:
                 for p in list(pending):
                     [at] = self._consumer.position([KafkaTP(self.config.topics.endpoints, p)])
@@ -284,13 +290,16 @@ class TxnIdPool:
 
 
 class _Pending:
-    __slots__ = ("event", "reply", "conn")
+    __slots__ = ("event", "reply", "conn", "tc_id", "epoch")
 
-    def __init__(self) -> None:
+    def __init__(self, tc_id: int) -> None:
         self.event = threading.Event()
         self.reply: TcReply | None = None
         self.conn: ClientConnection | None = None
         """The connection the last attempt went out on; its close wakes the waiter."""
+        self.tc_id = tc_id
+        self.epoch = -1
+        """EPOCH offset of the owner the last attempt went to; a newer owner wakes it."""
 
 
 class TransactionCoordinatorClient:
@@ -318,7 +327,8 @@ class TransactionCoordinatorClient:
         self._io = IoLoop("txnstream-tc-client")
         self._conns: dict[Endpoint, ClientConnection] = {}
         self._conn_lock = threading.Lock()
-        self.directory = EndpointDirectory(config, self.num_coordinators)
+        self.directory = EndpointDirectory(config, self.num_coordinators,
+                                           self._on_owner_change)
         self.txn_ids = TxnIdPool(self)
         """TxnIDs reserved in blocks: ``new_transaction`` takes one without a round trip."""
 
@@ -356,6 +366,18 @@ class TransactionCoordinatorClient:
         pending.reply = reply
         pending.event.set()
 
+    def _on_owner_change(self, ep: TcEndpoint) -> None:
+        """A TC has a newer owner: attempts waiting on the old one resend now.
+
+        A failover, or its owner took it again after a rebalance (its old incarnation's
+        replies died with it): without this they would wait out their attempt timeout.
+        """
+        with self._lock:
+            waiting = [p for p in self._pending.values()
+                       if p.tc_id == ep.tc_id and p.reply is None and p.epoch < ep.epoch_offset]
+        for p in waiting:
+            p.event.set()
+
     def _on_close(self, conn: ClientConnection) -> None:
         with self._lock:
             waiting = [p for p in self._pending.values() if p.conn is conn]
@@ -380,7 +402,7 @@ class TransactionCoordinatorClient:
         request_id = uuid.uuid4().hex
         req = TcRequest(request_id, self.client_id, -1, op, tc_id,
                         int((time.time() + deadline_s) * 1000), **fields)
-        pending = _Pending()
+        pending = _Pending(tc_id)
         with self._lock:
             self._pending[request_id] = pending
         try:
@@ -407,12 +429,15 @@ class TransactionCoordinatorClient:
             pending.reply = None
             pending.event.clear()
             pending.conn = conn
+            pending.epoch = ep.epoch_offset
             conn.send(payload)
             if not pending.event.wait(ATTEMPT_TIMEOUT_S):
                 raise _NoReply()
             reply = pending.reply
-            if reply is None:  # the connection closed under the attempt
-                raise _Unreachable(f"{ep.endpoint} closed the connection")
+            if reply is None:  # the connection closed, or a newer owner took the TC
+                raise _Unreachable(f"{ep.endpoint} closed the connection"
+                                   if conn.closed.is_set() else
+                                   f"coordinator {req.tc_id} has a newer owner")
             if reply.error_kind == NotCoordinatorError.__name__:
                 stale.append(ep.epoch_offset)
                 raise _Unreachable(reply.error_message)

@@ -41,11 +41,16 @@ class Directory:
     def __init__(self) -> None:
         self.known: dict[int, TcEndpoint] = {}
         self.cond = threading.Condition()
+        self.on_change: Callable[[TcEndpoint], None] | None = None
 
     def set(self, tc_id: int, endpoint: Endpoint, epoch: int) -> None:
+        ep = TcEndpoint(tc_id, f"w{epoch}", endpoint, epoch)
         with self.cond:
-            self.known[tc_id] = TcEndpoint(tc_id, f"w{epoch}", endpoint, epoch)
+            had = tc_id in self.known
+            self.known[tc_id] = ep
             self.cond.notify_all()
+        if had and self.on_change is not None:
+            self.on_change(ep)
 
     def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None
                ) -> TcEndpoint | None:
@@ -104,6 +109,7 @@ def make_client() -> Iterator[Callable[..., tuple[TransactionCoordinatorClient, 
         c._conns = {}
         c._conn_lock = threading.Lock()
         d = Directory()
+        d.on_change = c._on_owner_change
         c.directory = d  # type: ignore[assignment]
         made.append(c)
         return c, d
@@ -244,3 +250,20 @@ def test_a_handshake_with_a_non_txnstream_peer_fails_clearly():
             assert f"127.0.0.1:{port}" in str(err.value)
         finally:
             io.close()
+
+
+def test_an_attempt_waiting_on_a_replaced_owner_resends_at_once(listeners, make_client):
+    """The owner took the request and lost the TC before answering (a rebalance): its
+    replies died with that incarnation. The attempt resends when the directory shows the
+    newer owner, not after its 3 s attempt timeout."""
+    swallowed: list[str] = []
+    old = listeners(lambda req, _conn: swallowed.append(req.request_id))
+    new = listeners()
+    client, d = make_client()
+    d.set(0, old.address, epoch=10)
+    threading.Timer(0.3, d.set, (0, new.address, 20)).start()
+    t0 = time.monotonic()
+    assert client.request(TcOp.GET, 0).owner_id == "w"
+    took = time.monotonic() - t0
+    assert swallowed, "the old owner got the first attempt"
+    assert took < 1.5, f"the resend waited {took:.1f} s for the attempt timeout"
