@@ -1,0 +1,110 @@
+"""Batched exactly-once (issue 13): one pending-ack record per partition per txn.
+
+Counted in the real pending-ack log, as Kafka's ``send_offsets_to_transaction``
+commits one offset per partition.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from tests.integration.pendingack.conftest import make_topic, read_all, receive_n, wait_until
+from txnstream.pendingack.records import PendingAckEntry, PendingAckKind, is_checkpoint
+from txnstream.processor import ExactlyOnceProcessor
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+PER_PARTITION = 30
+ACKS = (PendingAckKind.ACK_INDIVIDUAL, PendingAckKind.ACK_CUMULATIVE)
+
+
+def acks_logged(config, subscription: str) -> list[PendingAckEntry]:
+    out = []
+    for m in read_all(config, config.topics.pending_ack):
+        if is_checkpoint(m.headers()):
+            continue
+        e = PendingAckEntry.decode(m.value())
+        if e.subscription == subscription and e.kind in ACKS:
+            out.append(e)
+    return out
+
+
+def test_processor_batch_logs_one_cumulative_ack_per_partition(config, worker, client):
+    src, dst = make_topic(config, PARTITIONS, "in"), make_topic(config, PARTITIONS, "out")
+    p = client.create_producer(src)
+    for part in range(PARTITIONS):
+        for i in range(PER_PARTITION):
+            p.send(f"v{part}-{i}".encode(), partition=part)
+    p.flush()
+    sub = f"batch-{uuid.uuid4().hex[:6]}"
+    proc = ExactlyOnceProcessor(client, src, sub, dst,
+                                lambda m: (m.key, (m.value or b"").upper()),
+                                batch_size=1000, batch_interval_s=1.0)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.stats.inputs < PARTITIONS * PER_PARTITION and time.monotonic() < deadline:
+            proc.run_batch()
+        assert proc.stats.inputs == PARTITIONS * PER_PARTITION
+        assert proc.stats.aborted_batches == 0
+        batches = proc.stats.batches
+    finally:
+        proc.close()
+    entries = acks_logged(config, sub)
+    per_txn_tp = Counter((e.txn_id, e.tp) for e in entries)
+    assert per_txn_tp and max(per_txn_tp.values()) == 1, per_txn_tp
+    assert len({e.txn_id for e in entries}) == batches
+    # each partition's inputs were its next records: every record is cumulative
+    assert {e.kind for e in entries} == {PendingAckKind.ACK_CUMULATIVE}, entries
+    last = {e.tp.partition: e.offsets[-1] for e in entries}
+    assert last == {part: PER_PARTITION - 1 for part in range(PARTITIONS)}
+    assert len(entries) < PARTITIONS * PER_PARTITION / 2  # not one per input
+
+
+def test_acknowledge_batch_with_a_gap_logs_one_individual_ack(config, worker, client):
+    """Records out of order or with a gap: one individual record lists their offsets;
+    the record left out stays unacked (it comes back to the next consumer)."""
+    topic = make_topic(config, 1)
+    p = client.create_producer(topic)
+    for i in range(6):
+        p.send(f"m{i}".encode(), partition=0)
+    p.flush()
+    sub = f"gap-{uuid.uuid4().hex[:6]}"
+    c = client.subscribe(topic, subscription=sub)
+    msgs = receive_n(c, 6)
+    with client.transaction() as txn:
+        c.acknowledge_batch([msgs[4], msgs[0], msgs[1], msgs[3], msgs[5]], txn=txn)
+    wait_until(lambda: (c.receive(timeout_s=0.2), c.pending_ack_stats(msgs[0].tp).cursor)[1]
+               == 2, 20, "the cursor to move past the committed acks")
+    c.close()
+    entries = acks_logged(config, sub)
+    assert [(e.kind, e.offsets) for e in entries] == [
+        (PendingAckKind.ACK_INDIVIDUAL, (0, 1, 3, 4, 5))]
+    c2 = client.subscribe(topic, subscription=sub)
+    assert [m.value for m in receive_n(c2, 1)] == [b"m2"]
+    assert c2.receive(timeout_s=2) is None
+    c2.close()
+
+
+def test_acknowledge_batch_of_next_records_is_one_cumulative_ack(config, worker, client):
+    topic = make_topic(config, 2)
+    p = client.create_producer(topic)
+    for i in range(8):
+        p.send(f"m{i}".encode(), partition=i % 2)
+    p.flush()
+    sub = f"next-{uuid.uuid4().hex[:6]}"
+    c = client.subscribe(topic, subscription=sub)
+    msgs = receive_n(c, 8)
+    with client.transaction() as txn:
+        c.acknowledge_batch(msgs, txn=txn)
+    c.close()
+    entries = acks_logged(config, sub)
+    assert sorted((e.kind, e.partition, e.offsets) for e in entries) == [
+        (PendingAckKind.ACK_CUMULATIVE, 0, (3,)), (PendingAckKind.ACK_CUMULATIVE, 1, (3,))]
+    c2 = client.subscribe(topic, subscription=sub)
+    assert c2.receive(timeout_s=3) is None
+    c2.close()
