@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="consumer group session timeout: how fast a dead instance's "
                         "partitions move (default 10000)")
     p.add_argument("--cumulative", action="store_true",
-                   help="ack each batch with one cumulative ack per partition")
+                   help="accepted for compatibility: every batch now acks with one "
+                        "pending-ack record per partition (cumulative where exact)")
     p.add_argument("--idle", type=float, default=None, help="stop after this many idle seconds")
     p.set_defaults(handler=_run)
 
