@@ -105,7 +105,10 @@ def server_ssl_context(config: Config) -> ssl.SSLContext | None:
         if not config.tc_tls_cafile:
             raise ConfigError("tc_tls_client_auth needs tc_tls_cafile to verify clients")
         ctx.load_verify_locations(config.tc_tls_cafile)
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        # OPTIONAL, not REQUIRED: a certificate shown must verify, and one not shown is
+        # refused by the listener's own handshake, so the client learns why (with
+        # REQUIRED, TLS 1.3 only closes the connection once the client's side is done)
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
 
 
@@ -214,6 +217,7 @@ class Listener:
         self._on_request = on_request
         self._secret = secret
         self._tls = tls
+        self._require_cert = tls is not None and tls.verify_mode is not ssl.CERT_NONE
         self._io = IoLoop(name)
         self._conns: set[ServerConnection] = set()
         try:
@@ -257,6 +261,12 @@ class Listener:
         answer = await reader.readexactly(len(MAGIC) + PROOF_BYTES)
         if answer[:len(MAGIC)] != MAGIC:
             log.warning("refused a connection from %s: not a txnstream client", peer)
+            return False
+        if self._require_cert and not writer.get_extra_info("peercert"):
+            log.warning("refused a connection from %s: no client certificate", peer)
+            writer.write(b"NO" + b"this worker requires a client certificate (mutual TLS: "
+                                 b"tc_tls_certfile / tc_tls_keyfile)")
+            await writer.drain()
             return False
         if self._secret and not hmac.compare_digest(answer[len(MAGIC):],
                                                     _proof(self._secret, nonce)):

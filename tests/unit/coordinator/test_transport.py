@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ from txnstream.coordinator.transport import (
     IoLoop,
     Listener,
     ServerConnection,
+    client_ssl_context,
+    server_ssl_context,
 )
 from txnstream.errors import (
     CoordinatorAuthError,
@@ -267,3 +270,62 @@ def test_an_attempt_waiting_on_a_replaced_owner_resends_at_once(listeners, make_
     took = time.monotonic() - t0
     assert swallowed, "the old owner got the first attempt"
     assert took < 1.5, f"the resend waited {took:.1f} s for the attempt timeout"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict[str, str]:
+    """A CA, a worker certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
+    d = tmp_path_factory.mktemp("certs")
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+        "ca.pem", "-days", "1", "-subj", "/CN=txnstream-test-ca")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, ext in (("worker", ["-extfile", "san.cnf"]), ("client", [])):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", *ext)
+    return {k: str(d / f"{k}") for k in ("ca.pem", "worker.pem", "worker.key", "client.pem",
+                                         "client.key")}
+
+
+def tls_listener(listeners_made: list[Listener], config: Config) -> Listener:
+    lst = Listener("127.0.0.1", 0, lambda data, conn: answer(TcRequest.decode(data), conn),
+                   tls=server_ssl_context(config))
+    listeners_made.append(lst)
+    return lst
+
+
+def test_tls_and_mutual_tls_let_in_only_a_client_that_presents_what_is_required(
+        make_client, certs):
+    made: list[Listener] = []
+    try:
+        worker_cfg = Config(tc_tls_certfile=certs["worker.pem"],
+                            tc_tls_keyfile=certs["worker.key"])
+        lst = tls_listener(made, worker_cfg)
+        client, d = make_client()
+        client._tls = client_ssl_context(Config(tc_tls_cafile=certs["ca.pem"]))
+        d.set(0, lst.address, epoch=10)
+        assert lst.tls and client.request(TcOp.GET, 0).txn_seq == 7
+        # mutual TLS: a client without a certificate is refused, clearly and at once
+        mtls = tls_listener(made, worker_cfg.with_(tc_tls_cafile=certs["ca.pem"],
+                                                   tc_tls_client_auth=True))
+        anonymous, d2 = make_client(request_timeout_s=5)
+        anonymous._tls = client_ssl_context(Config(tc_tls_cafile=certs["ca.pem"]))
+        d2.set(0, mtls.address, epoch=10)
+        t0 = time.monotonic()
+        with pytest.raises(CoordinatorAuthError) as err:
+            anonymous.request(TcOp.GET, 0)
+        assert time.monotonic() - t0 < 3 and str(mtls.address) in str(err.value)
+        known, d3 = make_client()
+        known._tls = client_ssl_context(Config(tc_tls_cafile=certs["ca.pem"],
+                                               tc_tls_certfile=certs["client.pem"],
+                                               tc_tls_keyfile=certs["client.key"]))
+        d3.set(0, mtls.address, epoch=10)
+        assert known.request(TcOp.GET, 0).txn_seq == 7
+    finally:
+        for lst in made:
+            lst.close()
