@@ -77,6 +77,8 @@ them too); their records are dropped by readers either way, so it need not wait 
 SEND_DRAIN_TIMEOUT_S = 30.0
 """How long an end waits for sends that passed the OPEN check to reach librdkafka; a
 send holds the guard only for one ``produce()`` call (plus librdkafka back-pressure)."""
+END_THREADS = 16
+"""Threads for commits in the background (:meth:`Transaction.commit_async`)."""
 REGISTRATION_THREADS = 64
 """Threads (made on demand) sending a client's pipelined requests: activations and
 registrations. Each holds its thread for one coordinator round trip while it only
@@ -97,6 +99,9 @@ class RegistrationPipeline:
         self._threads = threads
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._ends: ThreadPoolExecutor | None = None
+        """Commits in the background (``commit_async``): their own threads, since a
+        commit waits for registrations sent on the other pool."""
         self._topics: set[str] = set()
         self._closed = False
 
@@ -119,11 +124,28 @@ class RegistrationPipeline:
                                                     thread_name_prefix="txnstream-register")
             return self._executor.submit(fn)
 
+    def submit_end(self, fn: Callable[[], None]) -> Future[None] | None:
+        """Run an end (a commit) on its own thread; None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._ends is None:
+                self._ends = ThreadPoolExecutor(END_THREADS,
+                                                thread_name_prefix="txnstream-commit")
+            return self._ends.submit(fn)
+
     def close(self, wait: bool = False) -> None:
-        """Stop; queued work is cancelled (its transactions become abort-only)."""
+        """Stop.
+
+        Background commits already asked for finish first; registrations not sent yet
+        are cancelled (their transactions become abort-only).
+        """
         with self._lock:
             self._closed = True
             executor, self._executor = self._executor, None
+            ends, self._ends = self._ends, None
+        if ends is not None:
+            ends.shutdown(wait=True)
         if executor is not None:
             executor.shutdown(wait=wait, cancel_futures=True)
 
@@ -417,6 +439,24 @@ class Transaction:
                 self._ended(TxnStatus.ABORTED)  # the coordinator says it is not committed
                 raise exc
             self._ended(TxnStatus.COMMITTED)
+
+    def commit_async(self) -> Future[None]:
+        """Commit in the background; the future holds :meth:`commit`'s outcome.
+
+        A client keeps any number of transactions open (a Kafka producer keeps one):
+        the next one can be written while this one commits, so a writer that commits
+        every few thousand records never waits for a commit's round trips. Its errors
+        are :meth:`commit`'s, raised by ``future.result()``.
+        """
+        future = self._pipeline.submit_end(self.commit) if self._pipeline else None
+        if future is None:  # no pipeline (or closed): commit here
+            future = Future()
+            try:
+                self.commit()
+                future.set_result(None)
+            except BaseException as exc:
+                future.set_exception(exc)
+        return future
 
     def abort(self) -> None:
         """Abort; its writes are never delivered and its acks are undone.

@@ -17,8 +17,8 @@ from confluent_kafka import Producer as KafkaProducer
 from tests.integration.buffer.conftest import make_topic
 from txnstream import TopicPartition
 from txnstream.admin_topics import ensure_topics
-from txnstream.config import TopicNames
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore, registration_key
+from txnstream.config import TopicNames
 
 pytestmark = pytest.mark.integration
 

@@ -220,3 +220,39 @@ def test_a_txn_attached_by_id_in_another_process_commits_both_writers_records_on
     assert info.status is TxnStatus.COMMITTED
     assert set(info.partitions) == {f"{topic}-0", f"{topic}-1"}
     assert sorted(committed_values(client, topic, 2)) == [b"from-child", b"from-parent"]
+
+
+def test_txns_committed_in_the_background_overlap_and_each_lands_once_or_raises(
+        config, worker, client):
+    """One producer keeps several txns open at once (a Kafka producer keeps one): each is
+    written while the ones before commit (``commit_async``). Every committed record is
+    delivered once; a txn an admin aborted meanwhile fails its future, and nothing of it
+    is delivered."""
+    topic = make_topic(config, 4)
+    producer = client.create_producer(topic)
+    with client.transaction() as warm:
+        producer.send(b"warm", txn=warm, partition=0)
+    futures, want = [], [b"warm"]
+    doomed = None
+    for t in range(6):
+        txn = client.new_transaction(timeout_s=60)
+        values = [f"t{t}-{i}".encode() for i in range(50)]
+        producer.send_batch(values, [i % 4 for i in range(50)], txn)
+        if t == 3:
+            txn.flush()
+            client.abort_transaction(txn.id)
+            doomed = txn
+        else:
+            want += values
+        futures.append(txn.commit_async())
+    outcomes = []
+    for f in futures:
+        try:
+            f.result(60)
+            outcomes.append("ok")
+        except InvalidTxnStatusError:
+            outcomes.append("aborted")
+    assert outcomes == ["ok", "ok", "ok", "aborted", "ok", "ok"]
+    assert doomed is not None and doomed.status is TxnStatus.ABORTED
+    got = committed_values(client, topic, len(want))
+    assert sorted(got) == sorted(want), "a record lost, duplicated, or of the aborted txn"
