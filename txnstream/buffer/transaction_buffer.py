@@ -115,6 +115,16 @@ class Journal:
     """Offsets hidden (markers, stragglers, undecodable), in the order folded."""
     aborted: list[tuple[TxnID, int, int]] = field(default_factory=list)
     """Txns that ended aborted here: (txn, first offset, last offset)."""
+    unmarked: dict[TxnID, int] = field(default_factory=dict)
+    """Txns with records here that ended without a marker here (ended by a later
+    marker's LWM, or a straggler below the LWM) -> that LWM: the owner writes their ABORT
+    markers, so no txn record is left without one (:meth:`take_unmarked`). Not cleared
+    by :meth:`clear`."""
+
+    def take_unmarked(self) -> dict[TxnID, int]:
+        """The txns whose ABORT marker the owner writes now (and forgets here)."""
+        out, self.unmarked = self.unmarked, {}
+        return out
 
     def clear(self) -> None:
         """Forget what was published."""
@@ -189,6 +199,11 @@ class TransactionBuffer:
     def _fold_txn_record(self, offset: int, txn_id: TxnID, timestamp_ms: int | None) -> Verdict:
         if self._has_ended(txn_id):
             self._hide(offset)
+            lwm = self.lwm.get(txn_id.tc_id, 0)
+            if self.journal is not None and txn_id.least_bits < lwm:
+                # it may have no marker here at all (its first record came after the
+                # LWM passed it); an ABORT after a COMMIT changes nothing: first wins
+                self.journal.unmarked[txn_id] = lwm
             return Verdict.STRAGGLER
         entry = self.ongoing.get(txn_id)
         if entry is None:
@@ -248,6 +263,8 @@ class TransactionBuffer:
         for txn_id in [t for t in self.ongoing if t.tc_id == tc and t.least_bits < lwm]:
             # Ended at its coordinator without a marker here: never committed here.
             self._end(txn_id, MarkerKind.ABORT)
+            if self.journal is not None:
+                self.journal.unmarked[txn_id] = lwm
         self.lwm[tc] = lwm
         seqs = self.ended.get(tc)
         if seqs:

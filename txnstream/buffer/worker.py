@@ -66,7 +66,7 @@ from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.fetch import drain
 from txnstream.markers import MarkerKind, TxnMarker
-from txnstream.types import TopicPartition
+from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["BufferWorker"]
 
@@ -401,6 +401,24 @@ class BufferWorker:
             if s is not None and (n := s.buf.fold_messages(msgs)):
                 s.dirty = True
                 metrics.BUFFER_RECORDS_FOLDED.inc(n)
+                if s.buf.journal is not None and s.buf.journal.unmarked:
+                    self._mark_ended(TopicPartition(topic, partition),
+                                     s.buf.journal.take_unmarked())
+
+    def _mark_ended(self, tp: TopicPartition, txns: dict[TxnID, int]) -> None:
+        """ABORT markers for txns the fold ended here without one.
+
+        The module docstring's argument for the LWM duty makes them safe.
+        """
+        for txn_id, lwm in txns.items():
+            marker = TxnMarker(txn_id, MarkerKind.ABORT, lwm)
+            try:
+                self._producer.produce(tp.topic, marker.encode(), partition=tp.partition,
+                                       headers=marker.headers())
+                self.markers_written += 1
+            except (KafkaException, BufferError) as exc:  # readers need none: LWM ended it
+                log.warning("%s: ABORT marker of %s not written: %s", tp, txn_id, exc)
+        self._producer.poll(0)
 
     def _publish_deltas(self) -> None:
         """One DELTA per partition that folded something since the last one."""

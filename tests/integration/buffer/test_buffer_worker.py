@@ -67,3 +67,45 @@ def _served(client, tp) -> bool:
         return True
     except TxnStreamError:
         return False
+
+
+def test_a_txn_ended_by_a_later_markers_lwm_gets_its_own_abort_marker(config, worker, client):
+    """A txn whose record reached a partition its coordinator never learnt of (a writer
+    killed before its pipelined registration landed) is ended there by the LWM a later
+    marker of the same TC carries: readers drop it. The raw partition must say so too:
+    the buffer's owner writes that txn's ABORT marker, so no txn record is left without
+    one (chaos: ``txn_without_marker``)."""
+    from tests.integration.coordinator.conftest import read_all
+    from txnstream.markers import RecordKind, TxnMarker, classify_headers
+
+    topic = make_topic(config, 1)
+    producer = client.create_producer(topic)
+    with client.transaction() as warm:  # registers the topic: the partition is served
+        producer.send(b"warm", txn=warm, partition=0)
+    lost = client.new_transaction(timeout_s=60)
+    raw = KafkaProducer(config.producer())
+    raw.produce(topic, b"never-registered", partition=0,
+                headers=[(TXN_ID_HEADER, lost.id.to_bytes())])
+    raw.flush(10)
+    lost.abort()  # it ends at its coordinator with no marker in this partition
+    with client.new_transaction(tc_id=lost.id.tc_id) as later:  # its marker carries the LWM
+        producer.send(b"later", txn=later, partition=0)
+
+    def abort_markers() -> list[TxnMarker]:
+        out = []
+        for m in read_all(config, topic):
+            kind, _ = classify_headers(m.headers())
+            if kind is RecordKind.MARKER:
+                marker = TxnMarker.decode(m.value())
+                if marker.txn_id == lost.id:
+                    out.append(marker)
+        return out
+
+    wait_until(lambda: abort_markers(), 30, f"an ABORT marker of {lost.id} in {topic}-0")
+    assert all(mk.kind.value == "ABORT" for mk in abort_markers())
+    consumer = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    got = []
+    while (m := consumer.receive(timeout_s=3)) is not None:
+        got.append(m.value)
+    consumer.close()
+    assert sorted(got) == [b"later", b"warm"]
