@@ -29,11 +29,12 @@ import time
 import uuid
 from collections.abc import Iterable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferView
-from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+from txnstream.buffer.snapshot_store import LatestSnapshotFinder, TransactionBufferSnapshotStore
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
 from txnstream.fetch import drain
@@ -45,6 +46,10 @@ log = logging.getLogger(__name__)
 
 RESCAN_INTERVAL_S = 0.25
 """How often a partition waiting for its first snapshot (or after a gap) looks again."""
+SCAN_RETRY_S = 15.0
+"""How long a snapshot scan that meets a Kafka error (a broker restarting, a leader
+moving) is retried before the error is raised (``follow``) or the partition waits for
+the next rescan (``poll``)."""
 WAIT_WARN_AFTER_S = 10.0
 """A partition registered but not served for this long is logged as a warning."""
 
@@ -100,7 +105,7 @@ class BufferStateFollower:
             return self.status[tp]
         slot = self._store.partition_of(tp)
         self._slot[tp] = slot
-        found = self._store.find(tp)
+        found = self._find(tp)
         if found.best is not None:
             self._start_view(tp, found.best)
         elif found.registered:
@@ -268,8 +273,21 @@ class BufferStateFollower:
             self._wait(tp)
             self._rescan(tp)
 
+    def _find(self, tp: TopicPartition) -> LatestSnapshotFinder:
+        """Scan ``tp``'s snapshot partition, riding through transient Kafka errors."""
+        for attempt in Retrying(retry=retry_if_exception_type((KafkaException, TimeoutError)),
+                                stop=stop_after_delay(SCAN_RETRY_S),
+                                wait=wait_exponential(0.1, max=2), reraise=True):
+            with attempt:
+                return self._store.find(tp)
+        raise AssertionError("unreachable")
+
     def _rescan(self, tp: TopicPartition) -> None:
-        found = self._store.find(tp)
+        try:
+            found = self._find(tp)
+        except (KafkaException, TimeoutError) as exc:  # still waiting: the next rescan
+            log.warning("%s: cannot read the buffer state of %s yet: %s", self.name, tp, exc)
+            return
         old = self.views.get(tp)
         if found.best is not None and (old is None or found.best.position > old.position):
             self._start_view(tp, found.best)
