@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.unit.coordinator.test_txn_log import CONTRACT, own_all
+from tests.unit.coordinator.test_txn_log import CONTRACT, assert_keeps_the_contract, own_all
 from txnstream import Config
 from txnstream.coordinator.txn_log import KafkaClients, KafkaTransactionLog, TransactionLog
 
@@ -38,6 +38,6 @@ def kafka_log(own_config: Config) -> Iterator[KafkaTransactionLog]:
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda c: c.__name__)
-def test_kafka_log_keeps_the_contract(kafka_log: KafkaTransactionLog,
+def test_kafka_log_keeps_the_contract(kafka_log: KafkaTransactionLog, own_config: Config,
                                       check: Callable[[TransactionLog], None]) -> None:
-    check(kafka_log)
+    assert_keeps_the_contract(check, kafka_log, own_config.num_coordinators)
