@@ -178,6 +178,7 @@ class CoordinatorWorker:
             flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s)
         self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
         self._origins: dict[str, tuple[ServerConnection, int]] = {}
+        self._sweep_origins_at = ORIGINS_SWEEP_AT
         """Request id -> the connection to answer on, and the request's deadline."""
         bind = Endpoint.parse(s.listen)
         self._listener = Listener(bind.host, bind.port,
@@ -394,8 +395,10 @@ class CoordinatorWorker:
         self._ownership.appended(appended & confirmed)
         self._finalizer.finalize(now_ms)
         self._truncate(now_ms)
-        if len(self._origins) > ORIGINS_SWEEP_AT:
+        if len(self._origins) > self._sweep_origins_at:
             self._origins = {k: v for k, v in self._origins.items() if v[1] >= now_ms}
+            # many still waiting (END waiters): sweep again only once as many came in
+            self._sweep_origins_at = max(ORIGINS_SWEEP_AT, 2 * len(self._origins))
 
     def _take_requests(self, timeout: float) -> list[tuple[bytes, ServerConnection]]:
         """The requests that have arrived, waiting up to ``timeout`` for the first."""

@@ -183,3 +183,24 @@ def test_fatal_consumed_error_stops_the_worker_instead_of_looping(make_worker, c
     assert len(raised) == 1 and isinstance(raised[0], KafkaClientError), raised
     assert "consumer fenced" in str(raised[0])
     assert not w.tcs, "a stopped worker serves nothing"
+
+
+def test_connections_of_requests_nobody_answers_are_forgotten_past_their_deadline(
+        make_worker):
+    """The worker remembers which connection each request came on until it answers; an
+    incarnation that dropped its waiters never answers: those are swept once past their
+    deadline, and a sweep that finds most still waiting is not redone every turn."""
+    from txnstream.coordinator import worker as worker_mod
+
+    w, conn = make_worker([], [])
+    now_ms = int(time.time() * 1000)
+    expired = {f"gone-{i}": (conn, now_ms - 1) for i in range(worker_mod.ORIGINS_SWEEP_AT)}
+    waiting = {f"wait-{i}": (conn, now_ms + 60_000) for i in range(10)}
+    w._origins.update(expired | waiting)
+    w._turn_once()
+    assert set(w._origins) == set(waiting)
+    w._origins.update({f"live-{i}": (conn, now_ms + 60_000)
+                       for i in range(worker_mod.ORIGINS_SWEEP_AT)})
+    w._turn_once()
+    assert len(w._origins) == worker_mod.ORIGINS_SWEEP_AT + 10, "live ones are kept"
+    assert w._sweep_origins_at == 2 * len(w._origins)
