@@ -26,7 +26,7 @@ demo: $(STAMP)
 	@$(PY) -m txnstream.demo.ensure_broker $(BOOTSTRAP)
 	$(TXN) --bootstrap $(BOOTSTRAP) init
 	$(TXN) --bootstrap $(BOOTSTRAP) demo
-	$(PY) -m spark.example_pipeline --bootstrap $(BOOTSTRAP) --input txnstream-demo \
+	$(PY) -m txnstream_spark.example_pipeline --bootstrap $(BOOTSTRAP) --input txnstream-demo \
 		--output txnstream-demo-windows --checkpoint .txnstream/ckpt-demo-windows \
 		--mode windowed --window "500 milliseconds" --watermark "0 seconds" --with-worker --check
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,10 @@ def load_value_schema(text: str) -> ValueSchema:
     if text.startswith("{"):
         source, raw = "inline JSON", text
     else:
-        path = Path(text)
-        if not path.exists():
+        path: Traversable = Path(text)
+        if not path.is_file():
             path = SCHEMA_DIR / (text if text.endswith(".avsc") else f"{text}.avsc")
-        if not path.exists():
+        if not path.is_file():
             raise ConfigError(f"option '{OPTION}': no schema {text!r} (neither a file nor "
                               f"a name in {SCHEMA_DIR})")
         source, raw = str(path), path.read_text()

@@ -1,6 +1,6 @@
 r"""Example pipeline: committed-only read -> transform or windowed count -> exactly-once write.
 
-    python -m spark.example_pipeline --bootstrap 127.0.0.1:9092 --input txnstream-demo \\
+    python -m txnstream_spark.example_pipeline --bootstrap 127.0.0.1:9092 --input txnstream-demo \\
         --output txnstream-demo-counts --checkpoint .txnstream/ckpt-demo
 
 Reads everything committed so far and exits (transform: one ``availableNow`` run;
@@ -33,7 +33,7 @@ def _ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
 
 def main(argv: list[str]) -> int:
     """Run one availableNow trigger of the pipeline."""
-    ap = argparse.ArgumentParser(prog="python -m spark.example_pipeline")
+    ap = argparse.ArgumentParser(prog="python -m txnstream_spark.example_pipeline")
     ap.add_argument("--bootstrap", default=os.environ.get("TXNSTREAM_BOOTSTRAP",
                                                           "127.0.0.1:9092"))
     ap.add_argument("--prefix", default=None, help="internal topic prefix")
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from spark.txnstream_source import TxnStreamDataSource
+    from txnstream_spark.txnstream_source import TxnStreamDataSource
 
     spark = (SparkSession.builder.master("local[2]").appName("txnstream-example")
              .config("spark.sql.shuffle.partitions", "2")

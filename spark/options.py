@@ -57,7 +57,7 @@ class SourceOptions:
     ending: Any
     max_records_per_trigger: int | None
     value_schema: str | None = None
-    """The ``valueSchema`` option as given (see :mod:`spark.avro`); None: raw bytes."""
+    """The ``valueSchema`` option as given (see :mod:`txnstream_spark.avro`); None: raw bytes."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -75,7 +75,7 @@ class SourceOptions:
                 from exc
         value_schema = options.get("valueschema")
         if value_schema is not None:
-            from spark.avro import load_value_schema
+            from txnstream_spark.avro import load_value_schema
 
             load_value_schema(value_schema)  # fail here, naming the option
         return cls(config, topics, parse_offsets("startingOffsets", options.get("startingoffsets")),

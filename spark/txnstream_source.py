@@ -50,8 +50,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark.avro import ValueSchema, load_value_schema
-from spark.options import SinkOptions, SourceOptions
 from txnstream.config import Config
 from txnstream.errors import (
     ConfigError,
@@ -62,6 +60,8 @@ from txnstream.errors import (
 )
 from txnstream.fetch import read_to
 from txnstream.types import TopicPartition
+from txnstream_spark.avro import ValueSchema, load_value_schema
+from txnstream_spark.options import SinkOptions, SourceOptions
 
 __all__ = ["TxnStreamDataSource", "SCHEMA"]
 
@@ -694,7 +694,7 @@ def _by_topic(rb: pa.RecordBatch, default: str | None, done: int
 def _send_all(opts: SinkOptions, client: Any, txn: Any, batches: Iterator[pa.RecordBatch],
               producers: dict[str, Any]) -> int:
     """Send every row in ``txn``; keyed rows go where Kafka's default partitioner puts them."""
-    from spark.partitioner import partitions_for
+    from txnstream_spark.partitioner import partitions_for
 
     n = 0
     rr: dict[str, int] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 from functools import cache
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import fastavro
@@ -23,7 +23,8 @@ __all__ = ["FORMAT_VERSION", "SCHEMA_DIR", "AvroCodec", "codec"]
 FORMAT_VERSION = 1
 """Bump when a schema changes incompatibly; readers refuse versions they do not know."""
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMA_DIR = resources.files("txnstream") / "schemas"
+"""Package data (``txnstream/schemas``; the repo's top-level ``schemas`` links to it)."""
 
 
 class AvroCodec:
@@ -67,8 +68,7 @@ class AvroCodec:
 def codec(name: str) -> AvroCodec:
     """The codec for ``schemas/<name>.avsc`` (loaded once)."""
     path = SCHEMA_DIR / f"{name}.avsc"
-    try:
-        schema = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise CorruptRecordError(f"no schema file {path}") from exc
+    if not path.is_file():  # the same test on a directory and inside a zipped wheel
+        raise CorruptRecordError(f"no schema file {path}")
+    schema = json.loads(path.read_text())
     return AvroCodec(name, schema)

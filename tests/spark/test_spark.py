@@ -190,7 +190,7 @@ def _avro(records):
 
     import fastavro
 
-    from spark.avro import load_value_schema
+    from txnstream_spark.avro import load_value_schema
 
     parsed = load_value_schema("demo_event").parsed
     out = []

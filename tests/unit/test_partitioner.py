@@ -6,8 +6,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark.partitioner import murmur2_hashes, partitions_for
 from txnstream.producer import _murmur2, murmur2_partition
+from txnstream_spark.partitioner import murmur2_hashes, partitions_for
 
 # Kafka's UtilsTest.testMurmur2 (signed Java ints)
 JAVA = {b"21": -973932308, b"foobar": -790332482,

@@ -8,8 +8,6 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from spark import txnstream_source as src  # noqa: E402
-from spark.options import SinkOptions  # noqa: E402
 from txnstream.errors import (  # noqa: E402
     InvalidTxnStatusError,
     RequestTimeoutError,
@@ -17,6 +15,8 @@ from txnstream.errors import (  # noqa: E402
     TransactionTimeoutError,
 )
 from txnstream.types import TxnID  # noqa: E402
+from txnstream_spark import txnstream_source as src  # noqa: E402
+from txnstream_spark.options import SinkOptions  # noqa: E402
 
 OPTS = SinkOptions.parse({"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "out",
                           "txnstream.txnTimeoutSeconds": "7"})

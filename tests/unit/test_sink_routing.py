@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from spark.txnstream_source import _by_topic
 from txnstream.errors import ConfigError
+from txnstream_spark.txnstream_source import _by_topic
 
 
 def routed(rb, default, done=0):

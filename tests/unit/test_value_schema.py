@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from spark.avro import SchemaMismatchError, load_value_schema
 from txnstream.errors import ConfigError
+from txnstream_spark.avro import SchemaMismatchError, load_value_schema
 
 
 def _schema(*fields):
