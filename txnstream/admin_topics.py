@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from txnstream.config import Config
@@ -75,15 +75,33 @@ def topic_specs(config: Config) -> list[TopicSpec]:
     ]
 
 
+_LOGIN_REFUSED = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
+                  KafkaError._SSL)
+"""librdkafka error codes that mean the broker answered but refused this client's login."""
+
+
 def ensure_topics(config: Config) -> list[TopicReport]:
     """Create missing internal topics; report existing ones (never changes them)."""
     # librdkafka's connect errors go to Python logging (DEBUG), not raw to stderr: the
     # one message a person needs is the ClusterError below.
     quiet = logging.getLogger("txnstream.librdkafka")
-    admin = AdminClient(config.admin() | {"socket.timeout.ms": 5000, "logger": quiet})
+    refused: list[KafkaError] = []
+
+    def on_error(err: KafkaError) -> None:
+        if err.code() in _LOGIN_REFUSED:
+            refused.append(err)
+
+    admin = AdminClient(config.admin() | {"socket.timeout.ms": 5000, "logger": quiet,
+                                          "error_cb": on_error})
     try:
         meta = admin.list_topics(timeout=min(10.0, config.admin_timeout_s))
     except KafkaException as exc:
+        admin.poll(0.5)  # serves the error callbacks queued meanwhile (a refused login)
+        if refused:  # the broker answered, and refused the login: say that, not "no broker"
+            raise ClusterError(
+                f"Kafka at {config.bootstrap_servers} refused the login: {refused[-1].str()}. "
+                "Check the SASL/TLS settings (--kafka-config / $TXNSTREAM_KAFKA_CONFIG: "
+                "sasl.mechanisms, sasl.username, sasl.password).") from None
         raise ClusterError(
             f"no Kafka broker answers at {config.bootstrap_servers}: {exc.args[0].str()}. "
             "Start one with `txnstream cluster up` or point --bootstrap at yours.") from exc

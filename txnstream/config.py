@@ -9,14 +9,63 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from txnstream.errors import ConfigError
 
-__all__ = ["Config", "TopicNames", "DEFAULT_BOOTSTRAP"]
+__all__ = ["Config", "TopicNames", "KafkaSettings", "DEFAULT_BOOTSTRAP", "is_secret_setting",
+           "load_kafka_properties"]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-_SECRET_HINTS = ("password", "secret", "sasl.oauthbearer", "ssl.key")
+_SECRET_HINTS = ("password", "secret", "sasl.oauthbearer", "ssl.key", "jaas", "token")
+"""A librdkafka setting whose name holds one of these is a secret: masked when shown."""
+
+
+def is_secret_setting(name: str) -> bool:
+    """True for librdkafka settings that hold credentials (passwords, keys, JAAS)."""
+    return any(h in name for h in _SECRET_HINTS)
+
+
+class KafkaSettings(dict[str, Any]):
+    """librdkafka settings that print with their secrets masked.
+
+    Clients get the real values (it is a plain dict to them); ``repr``/``str``, and so
+    every log line or error that formats a Config, show ``***`` instead.
+    """
+
+    def masked(self) -> dict[str, Any]:
+        """A copy with every secret value replaced by ``***``."""
+        return {k: "***" if is_secret_setting(k) else v for k, v in self.items()}
+
+    def __repr__(self) -> str:
+        return repr(self.masked())
+
+    __str__ = __repr__
+
+
+def load_kafka_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read librdkafka settings from a Java-style ``client.properties`` (``key=value`` lines).
+
+    Blank lines and ``#``/``!`` comments are skipped. An error names the file and the
+    line number, never the line's text (it may hold a password).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read Kafka client properties {path}: "
+                          f"{exc.strerror or exc}") from None
+    out: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{path} line {n}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +148,7 @@ class Config:
     """Deadline for topic admin calls; KRaft metadata updates take well under a second."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kafka", KafkaSettings(self.kafka))  # masked when printed
         if not self.bootstrap_servers:
             raise ConfigError("bootstrap_servers is empty: give host:port of a Kafka broker")
         if not 1 <= self.num_coordinators <= 4096:
@@ -108,11 +158,18 @@ class Config:
 
     @classmethod
     def from_env(cls, bootstrap: str | None = None, **overrides: Any) -> Config:
-        """Build from ``TXNSTREAM_BOOTSTRAP`` / ``TXNSTREAM_TOPIC_PREFIX`` and overrides."""
+        """Build from the environment and overrides.
+
+        ``TXNSTREAM_BOOTSTRAP``, ``TXNSTREAM_TOPIC_PREFIX``, ``TXNSTREAM_TC_SECRET`` and
+        ``TXNSTREAM_KAFKA_CONFIG`` (a client.properties file of librdkafka settings).
+        """
         boot = bootstrap or os.environ.get("TXNSTREAM_BOOTSTRAP") or DEFAULT_BOOTSTRAP
         prefix = os.environ.get("TXNSTREAM_TOPIC_PREFIX")
         if prefix and "topics" not in overrides:
             overrides["topics"] = TopicNames(prefix)
+        props = os.environ.get("TXNSTREAM_KAFKA_CONFIG")
+        if props and "kafka" not in overrides:
+            overrides["kafka"] = load_kafka_properties(props)
         secret = os.environ.get("TXNSTREAM_TC_SECRET")
         if secret and "tc_secret" not in overrides:
             overrides["tc_secret"] = secret
@@ -153,8 +210,4 @@ class Config:
 
     def redacted(self) -> dict[str, Any]:
         """The librdkafka settings with secrets masked, for logs and tables."""
-        out = self.common()
-        for k in out:
-            if any(h in k for h in _SECRET_HINTS):
-                out[k] = "***"
-        return out
+        return KafkaSettings(self.common()).masked()

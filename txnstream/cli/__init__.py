@@ -36,6 +36,10 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bootstrap", default=None,
                         help="Kafka bootstrap servers "
                         "(default: $TXNSTREAM_BOOTSTRAP or 127.0.0.1:9092)")
+    parser.add_argument("--kafka-config", default=None, metavar="FILE",
+                        help="librdkafka settings (key=value lines, e.g. SASL/TLS) for every "
+                        "Kafka client (default: $TXNSTREAM_KAFKA_CONFIG); keeps passwords off "
+                        "the command line")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _GROUPS:

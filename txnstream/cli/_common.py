@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from rich.table import Table
 
-from txnstream.config import Config, TopicNames
+from txnstream.config import Config, TopicNames, load_kafka_properties
 
 __all__ = ["add_topic_flags", "config_from_args", "table", "fmt_age"]
 
@@ -20,10 +20,12 @@ def add_topic_flags(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """A Config from ``--bootstrap`` / ``--prefix`` and the environment."""
-    overrides = {}
+    """A Config from ``--bootstrap`` / ``--prefix`` / ``--kafka-config`` and the environment."""
+    overrides: dict[str, object] = {}
     if getattr(args, "prefix", None):
         overrides["topics"] = TopicNames(args.prefix)
+    if getattr(args, "kafka_config", None):
+        overrides["kafka"] = load_kafka_properties(args.kafka_config)
     return Config.from_env(args.bootstrap, **overrides)
 
 

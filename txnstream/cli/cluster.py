@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from txnstream.cli import console, err_console
 from txnstream.cli._common import table
-from txnstream.cluster import KAFKA_VERSION, LocalCluster, NodeStatus
+from txnstream.cluster import KAFKA_VERSION, LocalCluster, NodeStatus, ScramUser
 from txnstream.cluster.local import DEFAULT_DOWN_TIMEOUT_S, DEFAULT_UP_TIMEOUT_S
 from txnstream.errors import ClusterError
 
@@ -52,6 +53,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--timeout", type=float, default=DEFAULT_UP_TIMEOUT_S,
                     help=f"seconds to wait for the cluster to answer (default "
                     f"{DEFAULT_UP_TIMEOUT_S:.0f})")
+    up.add_argument("--sasl-scram", metavar="USER", default=None,
+                    help="secure the client listener with SASL/SCRAM-SHA-512 for USER; the "
+                    "password comes from $TXNSTREAM_SASL_PASSWORD or is generated, and is "
+                    "written only to <state-dir>/client.properties (mode 0600)")
     _add_state_dir(up)
     up.set_defaults(handler=_plain_errors(_up))
 
@@ -125,10 +130,17 @@ def _nodes_table(nodes: list[NodeStatus]) -> Table:
 
 def _up(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or default_state_dir()
+    sasl = None
+    if args.sasl_scram:
+        recorded = LocalCluster.from_state_dir(state_dir)
+        password = (os.environ.get("TXNSTREAM_SASL_PASSWORD")
+                    or (recorded.sasl.password if recorded and recorded.sasl else None)
+                    or secrets.token_urlsafe(24))
+        sasl = ScramUser(args.sasl_scram, password)
     with err_console.status("starting local Kafka") as spinner:
         cluster = LocalCluster(state_dir, brokers=args.brokers, port=args.port,
                                controller_port=args.controller_port, heap=args.heap,
-                               reporter=_RichReporter(err_console, spinner))
+                               sasl=sasl, reporter=_RichReporter(err_console, spinner))
         cluster.up(timeout_s=args.timeout)
     report = cluster.last_up
     assert report is not None
@@ -143,6 +155,11 @@ def _up(args: argparse.Namespace) -> int:
                   soft_wrap=True)
     console.print(f"  export TXNSTREAM_BOOTSTRAP={cluster.bootstrap}",
                   highlight=False, markup=False, soft_wrap=True)
+    if cluster.client_properties:
+        console.print(f"SASL/SCRAM user {args.sasl_scram}: clients take "
+                      f"--kafka-config {cluster.client_properties}\n"
+                      f"  export TXNSTREAM_KAFKA_CONFIG={cluster.client_properties}",
+                      highlight=False, markup=False, soft_wrap=True)
     console.print(f"stop with: txnstream cluster down --state-dir {cluster.state_dir}",
                   highlight=False, markup=False)
     return 0

@@ -5,6 +5,7 @@ and verified, and one or three combined broker+controller nodes run on 127.0.0.1
 """
 
 from txnstream.cluster.jars import KAFKA_VERSION
+from txnstream.cluster.layout import ScramUser
 from txnstream.cluster.local import LocalCluster, NodeStatus, StartupReport
 from txnstream.cluster.report import RecordingReporter, Reporter, StderrReporter
 
@@ -14,6 +15,7 @@ __all__ = [
     "NodeStatus",
     "RecordingReporter",
     "Reporter",
+    "ScramUser",
     "StartupReport",
     "StderrReporter",
 ]

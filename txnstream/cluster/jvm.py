@@ -17,7 +17,7 @@ from pathlib import Path
 from txnstream.cluster import process
 from txnstream.cluster.cds import ClassDataArchive
 from txnstream.cluster.jars import KAFKA_VERSION, Classpath, cache_root, resolve_classpath
-from txnstream.cluster.layout import ClusterLayout
+from txnstream.cluster.layout import ClusterLayout, ScramUser
 from txnstream.cluster.report import Reporter
 from txnstream.cluster.tools import require_tools
 from txnstream.errors import ClusterError
@@ -71,7 +71,8 @@ def _write_log4j_config(state_dir: Path) -> Path:
 
 
 def format_storage(rt: Runtime, layout: ClusterLayout, cluster_id: str,
-                   node_ids: list[int], reporter: Reporter) -> None:
+                   node_ids: list[int], reporter: Reporter,
+                   scram: ScramUser | None = None) -> None:
     """Format KRaft storage of each node that has none yet, all in parallel.
 
     A node counts as formatted once ``data/meta.properties`` exists (the formatter writes
@@ -88,6 +89,8 @@ def format_storage(rt: Runtime, layout: ClusterLayout, cluster_id: str,
                f"-Dlog4j2.configurationFile={rt.log4j}", "-Dtxnstream.log.level=WARN",
                "-cp", rt.classpath.java_arg, STORAGE_TOOL,
                "format", "-t", cluster_id, "-c", str(layout.properties_path(i))]
+        if scram:  # the SCRAM credential is bootstrapped into the metadata log (KRaft)
+            cmd += ["--add-scram", scram.format_arg()]
         with out.open("wb") as fh:
             try:
                 return i, subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from txnstream.errors import ClusterError
@@ -30,6 +30,7 @@ __all__ = [
     "CONTROLLER_PORT_OFFSET",
     "SUPPORTED_BROKER_COUNTS",
     "new_cluster_id",
+    "ScramUser",
     "render_server_properties",
     "read_cluster_file",
     "write_cluster_file",
@@ -151,10 +152,47 @@ def new_cluster_id() -> str:
             return cid
 
 
-def render_server_properties(layout: ClusterLayout, node_id: int) -> str:
-    """The ``server.properties`` of one combined broker+controller KRaft node."""
+@dataclass(frozen=True, slots=True)
+class ScramUser:
+    """The one SASL/SCRAM user of a secured local cluster (brokers and clients share it).
+
+    The password never prints (``repr``); it is written only to files readable by the
+    owner: the nodes' ``server.properties`` and the state dir's ``client.properties``.
+    """
+
+    username: str
+    password: str = field(repr=False)
+    mechanism: str = "SCRAM-SHA-512"
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+            raise ClusterError(f"SASL mechanism must be SCRAM-SHA-256 or SCRAM-SHA-512, "
+                               f"not {self.mechanism!r}")
+        bad = set('"\\;,[]=') & set(self.username + self.password)
+        if not self.username or not self.password or bad:
+            raise ClusterError("SCRAM username and password must be non-empty, without "
+                               'any of: " \\ ; , [ ] =')
+
+    def client_settings(self) -> dict[str, str]:
+        """Return the librdkafka settings that log in as this user (SASL_PLAINTEXT)."""
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": self.mechanism,
+                "sasl.username": self.username, "sasl.password": self.password}
+
+    def format_arg(self) -> str:
+        """The ``kafka-storage format --add-scram`` value creating the credential."""
+        return f"{self.mechanism}=[name={self.username},password={self.password}]"
+
+
+def render_server_properties(layout: ClusterLayout, node_id: int,
+                             scram: ScramUser | None = None) -> str:
+    """The ``server.properties`` of one combined broker+controller KRaft node.
+
+    With ``scram`` the client listener (also used between brokers) is SASL_PLAINTEXT and
+    takes only that SCRAM user; the controller listener stays on 127.0.0.1 in plaintext.
+    """
     if node_id not in layout.node_ids:
         raise ClusterError(f"node {node_id} is not in a {layout.brokers}-node cluster")
+    client = "SASL_PLAINTEXT" if scram else "PLAINTEXT"
     multi = layout.brokers > 1
     rf = 3 if multi else 1
     min_isr = 2 if multi else 1
@@ -162,12 +200,12 @@ def render_server_properties(layout: ClusterLayout, node_id: int) -> str:
         "process.roles": "broker,controller",
         "node.id": node_id,
         "controller.quorum.voters": layout.quorum_voters,
-        "listeners": (f"PLAINTEXT://127.0.0.1:{layout.client_port(node_id)},"
+        "listeners": (f"{client}://127.0.0.1:{layout.client_port(node_id)},"
                       f"CONTROLLER://127.0.0.1:{layout.controller_port_of(node_id)}"),
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{layout.client_port(node_id)}",
+        "advertised.listeners": f"{client}://127.0.0.1:{layout.client_port(node_id)}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": client,
+        "listener.security.protocol.map": f"{client}:{client},CONTROLLER:PLAINTEXT",
         "log.dirs": str(layout.data_dir(node_id)),
         # Replication: every internal topic gets RF 3 / min ISR 2 on three nodes (one
         # node may die without losing acks=all writes), RF 1 / min ISR 1 on one node.
@@ -188,6 +226,15 @@ def render_server_properties(layout: ClusterLayout, node_id: int) -> str:
         "num.partitions": 1,
         "auto.create.topics.enable": "true",
     }
+    if scram:
+        mech = scram.mechanism
+        props.update({
+            "sasl.enabled.mechanisms": mech,
+            "sasl.mechanism.inter.broker.protocol": mech,
+            f"listener.name.sasl_plaintext.{mech.lower()}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{scram.username}" password="{scram.password}";'),
+        })
     header = (f"# Rendered by txnstream.cluster.layout for node {node_id} of {layout.brokers};\n"
               "# re-rendered on every `txnstream cluster up`: edits are lost.\n")
     return header + "".join(f"{k}={v}\n" for k, v in props.items())

@@ -43,6 +43,7 @@ from txnstream.cluster.jvm import (
 )
 from txnstream.cluster.layout import (
     ClusterLayout,
+    ScramUser,
     new_cluster_id,
     read_cluster_file,
     render_server_properties,
@@ -50,9 +51,13 @@ from txnstream.cluster.layout import (
 )
 from txnstream.cluster.probe import ClusterProbe
 from txnstream.cluster.report import Reporter, StderrReporter
+from txnstream.config import load_kafka_properties
 from txnstream.errors import ClusterError
 
-__all__ = ["LocalCluster", "NodeStatus", "StartupReport"]
+__all__ = ["LocalCluster", "NodeStatus", "StartupReport", "CLIENT_PROPERTIES"]
+
+CLIENT_PROPERTIES = "client.properties"
+"""A secured cluster's client settings, in its state dir (``--kafka-config`` takes it)."""
 
 DEFAULT_UP_TIMEOUT_S = 90.0
 """A cold 3-node start on a loaded 2-core machine takes ~10 s; 90 s means something is wrong."""
@@ -101,6 +106,8 @@ class LocalCluster:
         port: client port of node 1; node i listens on ``port + i - 1``.
         controller_port: controller port of node 1 (default ``port + 100``).
         heap: ``-Xmx`` of each broker JVM.
+        sasl: a SCRAM user: the client listener then takes SASL_PLAINTEXT logins of that
+            user only; clients use :attr:`client_settings` or ``client.properties``.
         cache_dir: jar cache root (default ``$TXNSTREAM_CACHE`` or ``~/.cache/txnstream``).
         reporter: receives progress; default logs, and prints notes to stderr.
     """
@@ -113,11 +120,13 @@ class LocalCluster:
         controller_port: int | None = None,
         heap: str = "512m",
         *,
+        sasl: ScramUser | None = None,
         cache_dir: Path | None = None,
         reporter: Reporter | None = None,
     ) -> None:
         self.layout = ClusterLayout.create(Path(state_dir), brokers, port, controller_port)
         self.heap = heap
+        self.sasl = sasl
         self.cache_dir = cache_dir
         self.reporter: Reporter = reporter or StderrReporter()
         self.last_up: StartupReport | None = None
@@ -131,8 +140,14 @@ class LocalCluster:
         if recorded is None:
             return None
         layout, _ = recorded
+        sasl = None
+        props = layout.state_dir / CLIENT_PROPERTIES
+        if props.exists():
+            conf = load_kafka_properties(props)
+            sasl = ScramUser(conf["sasl.username"], conf["sasl.password"],
+                             conf["sasl.mechanisms"])
         return cls(layout.state_dir, layout.brokers, layout.port, layout.controller_port,
-                   cache_dir=cache_dir, reporter=reporter)
+                   sasl=sasl, cache_dir=cache_dir, reporter=reporter)
 
     # --- introspection ---------------------------------------------------------------
 
@@ -150,6 +165,26 @@ class LocalCluster:
     def bootstrap(self) -> str:
         """``bootstrap.servers`` for clients, e.g. ``127.0.0.1:9092``."""
         return self.layout.bootstrap
+
+    @property
+    def client_settings(self) -> dict[str, str]:
+        """The librdkafka settings a client needs besides ``bootstrap.servers`` (SASL or none)."""
+        return self.sasl.client_settings() if self.sasl else {}
+
+    @property
+    def client_properties(self) -> Path | None:
+        """``<state_dir>/client.properties`` (mode 0600) of a secured cluster, else None.
+
+        Give it to the CLI as ``--kafka-config`` or ``$TXNSTREAM_KAFKA_CONFIG``.
+        """
+        return self.state_dir / CLIENT_PROPERTIES if self.sasl else None
+
+    def _write_secret(self, path: Path, text: str) -> None:
+        """Write a file that holds the SCRAM password: readable by its owner only."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(path, 0o600)
 
     def _pid(self, node_id: int) -> int | None:
         proc = self._procs.get(node_id)
@@ -201,10 +236,14 @@ class LocalCluster:
         t_fetch = time.monotonic()
 
         write_cluster_file(self.layout, cluster_id)
+        if self.sasl:
+            self._write_secret(self.state_dir / CLIENT_PROPERTIES, "".join(
+                f"{k}={v}\n" for k, v in self.sasl.client_settings().items()))
         for i in to_start:
             self.layout.node_dir(i).mkdir(parents=True, exist_ok=True)
-            self.layout.properties_path(i).write_text(render_server_properties(self.layout, i))
-        format_storage(rt, self.layout, cluster_id, to_start, self.reporter)
+            self._write_secret(self.layout.properties_path(i),
+                               render_server_properties(self.layout, i, self.sasl))
+        format_storage(rt, self.layout, cluster_id, to_start, self.reporter, self.sasl)
         t_format = time.monotonic()
 
         offsets = {}
@@ -284,7 +323,8 @@ class LocalCluster:
         Raises ClusterError if a node we started exits (with the tail of its log) or the
         deadline passes.
         """
-        probe = ClusterProbe(self.bootstrap, [self.layout.client_port(i) for i in expect])
+        probe = ClusterProbe(self.bootstrap, [self.layout.client_port(i) for i in expect],
+                             self.client_settings)
         while True:
             for i, offset in offsets.items():
                 proc = self._procs.get(i)

@@ -34,9 +34,12 @@ class ClusterProbe:
     that is still starting costs a few socket connects per probe, not a client's retries.
     """
 
-    def __init__(self, bootstrap: str, ports: list[int]) -> None:
+    def __init__(self, bootstrap: str, ports: list[int],
+                 settings: dict[str, str] | None = None) -> None:
         self.bootstrap = bootstrap
         self.ports = ports
+        self.settings = settings or {}
+        """librdkafka settings added to the probe's client (SASL on a secured cluster)."""
         self._admin: Any = None
 
     def brokers(self) -> set[int]:
@@ -46,7 +49,7 @@ class ClusterProbe:
                 return set()
             from confluent_kafka.admin import AdminClient  # heavy; only once ports are open
 
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap},
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.settings},
                                       logger=_PROBE_LOGGER)
         try:
             return set(self._admin.list_topics(timeout=PROBE_TIMEOUT_S).brokers)
