@@ -43,6 +43,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--window", default="10 seconds", help="event-time window (windowed)")
     ap.add_argument("--watermark", default=None,
                     help="how late a record may come (windowed; default: --window)")
+    ap.add_argument("--master", default=None,
+                    help="Spark master (default: what spark-submit set, else local[2])")
     ap.add_argument("--with-worker", action="store_true",
                     help="run a coordinator worker in this process for the run")
     ap.add_argument("--check", action="store_true",
@@ -51,17 +53,24 @@ def main(argv: list[str]) -> int:
                     help="transform: upper-case every committed value (default); windowed: "
                          "count per key and event-time window")
     args = ap.parse_args(argv)
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # executors run this interpreter
+    # Under spark-submit the master and the executors' Python come from its flags and
+    # conf; run as a plain script, local[2] executors run this interpreter.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
+    if not submitted:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     _ensure_topic(args.bootstrap, args.output)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from txnstream_spark.txnstream_source import TxnStreamDataSource
 
-    spark = (SparkSession.builder.master("local[2]").appName("txnstream-example")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    builder = SparkSession.builder.appName("txnstream-example")
+    if args.master or not submitted:  # else spark-submit's --master and --conf hold
+        builder = (builder.master(args.master or "local[2]")
+                   .config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", "127.0.0.1"))
+    spark = builder.getOrCreate()
     spark.dataSource.register(TxnStreamDataSource)
     common = {"kafka.bootstrap.servers": args.bootstrap}
     if args.prefix:

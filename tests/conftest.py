@@ -23,7 +23,7 @@ from txnstream import Config, TopicNames
 
 log = logging.getLogger(__name__)
 
-KAFKA_IMAGE = "apache/kafka:4.1.1"
+KAFKA_IMAGE = "apache/kafka:4.4.0"  # the version the local broker runs (cluster/jars.py)
 
 
 def _free_port_pair() -> int:

@@ -1,25 +1,55 @@
-"""Prometheus metrics of the coordinator worker (``txnstream worker --metrics-port``)."""
+"""Prometheus metrics of a worker (``txnstream worker --metrics-port``), listed in docs/metrics.md.
+
+A worker's coordinator role serves them on ``--metrics-port``; its buffer role runs in a
+child process and serves its own on ``--metrics-port + 1``. Names follow Prometheus
+conventions: ``_total`` counters, ``_seconds`` in base units. Label values are bounded:
+``tc`` by ``num_coordinators``, ``op``/``outcome``/``result`` by enums, ``topic`` and
+``partition`` by the partitions a worker serves, and ``txn`` appears only on
+``txnstream_buffer_partition_blocked_seconds``: one series per blocked partition, removed
+when the partition unblocks.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["TXN_ENDED", "REQUESTS", "TURN_SECONDS", "TCS_SERVED", "INVALID_RECORDS",
-           "OPEN_TXNS", "serve"]
+__all__ = ["TXN_ENDED", "TXN_DURATION_SECONDS", "REQUESTS", "REQUEST_SECONDS", "TURN_SECONDS",
+           "TCS_SERVED", "INVALID_RECORDS", "OPEN_TXNS", "OLDEST_OPEN_TXN_SECONDS",
+           "PENDING_ACK_SUBSCRIPTIONS", "TC_OWNERSHIP_CHANGES", "BUFFER_SLOTS",
+           "BUFFER_PARTITIONS", "BUFFER_DELTAS", "BUFFER_RECORDS_FOLDED", "BUFFER_BLOCKED",
+           "BUFFER_BLOCKED_SECONDS", "BUFFER_READ_LAG", "BUFFER_FOLD_LAG", "serve"]
 
-TXN_ENDED = Counter("txnstream_txn_ended_total", "Transactions finalized", ["tc", "outcome"])
-REQUESTS = Counter("txnstream_tc_requests_total", "Coordinator requests handled", ["op", "result"])
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                    30, 60)
+
+# --- coordinator role -------------------------------------------------------------
+TXN_ENDED = Counter("txnstream_txn_ended_total", "Transactions finalized (markers written)",
+                    ["tc", "outcome"])
+TXN_DURATION_SECONDS = Histogram("txnstream_txn_duration_seconds",
+                                 "Open to finalized (markers written), per outcome",
+                                 ["outcome"], buckets=_LATENCY_BUCKETS)
+REQUESTS = Counter("txnstream_tc_requests_total", "Coordinator requests handled",
+                   ["op", "result"])
+REQUEST_SECONDS = Histogram("txnstream_tc_request_seconds",
+                            "A coordinator request from arrival to its reply (END: markers "
+                            "written)", ["op"], buckets=_LATENCY_BUCKETS)
 TURN_SECONDS = Histogram("txnstream_worker_turn_seconds", "One batch turn of the worker loop",
                          buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
 TCS_SERVED = Gauge("txnstream_tcs_served", "Coordinators this worker serves")
 INVALID_RECORDS = Counter("txnstream_log_invalid_records_total",
                           "Log records ignored by the fencing rule or undecodable", ["tc"])
-OPEN_TXNS = Gauge("txnstream_open_txns", "Open transactions", ["tc"])
+OPEN_TXNS = Gauge("txnstream_open_txns", "Transactions not yet final (open or ending)", ["tc"])
+OLDEST_OPEN_TXN_SECONDS = Gauge("txnstream_oldest_open_txn_age_seconds",
+                                "Age of the oldest transaction not yet final (0: none)",
+                                ["tc"])
+PENDING_ACK_SUBSCRIPTIONS = Gauge("txnstream_pending_ack_subscriptions",
+                                  "Subscription partitions with acks pending in transactions "
+                                  "not yet final", ["tc"])
+TC_OWNERSHIP_CHANGES = Counter("txnstream_tc_ownership_changes_total",
+                               "Coordinators this worker started serving (after a replay) "
+                               "or stopped serving: failovers and rebalances", ["event"])
 
-
-def serve(port: int) -> None:
-    """Expose /metrics on 127.0.0.1:``port``."""
-    start_http_server(port, addr="127.0.0.1")
+# --- buffer role (its own process: --metrics-port + 1) ------------------------------
 BUFFER_SLOTS = Gauge("txnstream_buffer_slots_owned", "Buffer slots this worker owns")
 BUFFER_PARTITIONS = Gauge("txnstream_buffer_partitions_served",
                           "Data partitions this worker's buffer role serves")
@@ -29,3 +59,17 @@ BUFFER_RECORDS_FOLDED = Counter("txnstream_buffer_records_folded_total",
                                 "Data records folded by the buffer role")
 BUFFER_BLOCKED = Gauge("txnstream_buffer_partitions_blocked",
                        "Served partitions an open txn blocks (max read position < end)")
+BUFFER_BLOCKED_SECONDS = Gauge("txnstream_buffer_partition_blocked_seconds",
+                               "How long the txn holding back a partition's committed "
+                               "readers has been open there", ["topic", "partition", "txn"])
+BUFFER_READ_LAG = Gauge("txnstream_buffer_max_read_lag_records",
+                        "Offsets folded but not yet readable (folded position minus max "
+                        "read position)", ["topic", "partition"])
+BUFFER_FOLD_LAG = Gauge("txnstream_buffer_fold_lag_records",
+                        "Offsets written but not yet folded (log end minus folded position)",
+                        ["topic", "partition"])
+
+
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on ``host:port`` (``0.0.0.0`` inside a container, to be scraped)."""
+    start_http_server(port, addr=host)

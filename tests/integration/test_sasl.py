@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import _free_port_pair
+from tests.integration.coordinator.conftest import make_topic
 from txnstream import Client, Config, TopicNames
 from txnstream.admin_topics import ensure_topics
 from txnstream.cluster import LocalCluster, ScramUser
@@ -47,14 +48,6 @@ def assert_no_password(text: str, where: str) -> None:
     assert PASSWORD not in text, f"the SCRAM password appears in {where}"
 
 
-def _topic(config: Config, name: str, partitions: int) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient(config.admin())
-    for fut in admin.create_topics([NewTopic(name, partitions, 1)]).values():
-        fut.result(30)
-
-
 def test_transactional_round_trip_on_scram(scram_cluster: LocalCluster,
                                            caplog: pytest.LogCaptureFixture,
                                            tmp_path: Path) -> None:
@@ -64,8 +57,7 @@ def test_transactional_round_trip_on_scram(scram_cluster: LocalCluster,
                     topics=TopicNames(f"__s{uuid.uuid4().hex[:6]}"),
                     kafka=scram_cluster.client_settings)
     ensure_topics(config)
-    topic = f"sasl-{uuid.uuid4().hex[:6]}"
-    _topic(config, topic, 2)
+    topic = make_topic(config, 2, "sasl")
 
     env = dict(os.environ, TXNSTREAM_KAFKA_CONFIG=str(props),
                TXNSTREAM_TOPIC_PREFIX=config.topics.prefix)

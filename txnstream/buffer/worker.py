@@ -77,6 +77,8 @@ ERROR_BACKOFF_S = 1.0
 to the session timeout, so the group keeps the member."""
 FOLD_WAIT_S = 0.005
 """How long one turn waits for data records: the latency a commit's marker sees."""
+METRICS_EXPORT_S = 1.0
+"""How often the per-partition gauges are recomputed."""
 CLAIM_TIMEOUT_S = 10.0
 """How long the OWNER record of a claim may take to be written."""
 
@@ -113,6 +115,9 @@ class BufferWorker:
                  snapshot_interval_s: float = 10.0, lwm_check_interval_s: float = 5.0,
                  member: str | None = None, session_timeout_ms: int | None = None) -> None:
         self.config = config
+        self._metrics_at = 0.0
+        self._blocked_series: set[tuple[str, str, str]] = set()
+        self._lag_series: set[tuple[str, str]] = set()
         self.topics = topics
         """Serve only these topics (names, or regexes starting with ``^``); None: all."""
         self._topic_res = [re.compile(t) for t in topics or () if t.startswith("^")]
@@ -428,9 +433,49 @@ class BufferWorker:
                 continue
             self._produce_delta(tp, s, now_ms)
         self._producer.poll(0)
+        if time.monotonic() >= self._metrics_at:
+            self._metrics_at = time.monotonic() + METRICS_EXPORT_S
+            self._export_metrics()
+
+    def _export_metrics(self) -> None:
+        """Per-partition gauges, once a second: lag, and which txn blocks it since when.
+
+        Series of partitions no longer served, or no longer blocked, are removed: one
+        ``blocked_seconds`` series per blocked partition at most.
+        """
         metrics.BUFFER_SLOTS.set(len(self.slots))
         metrics.BUFFER_PARTITIONS.set(len(self.served))
-        metrics.BUFFER_BLOCKED.set(sum(1 for s in self.served.values() if s.buf.ongoing))
+        now_ms = int(time.time() * 1000)
+        lag_series: set[tuple[str, str]] = set()
+        blocked_series: set[tuple[str, str, str]] = set()
+        for tp, s in self.served.items():
+            st = s.buf.stats(now_ms)
+            labels = (tp.topic, str(tp.partition))
+            lag_series.add(labels)
+            metrics.BUFFER_READ_LAG.labels(*labels).set(st.last_offset - st.max_read_position)
+            try:
+                _, high = self._data.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
+                                                           cached=True)
+            except KafkaException:
+                high = -1
+            if high is not None and high >= 0:
+                metrics.BUFFER_FOLD_LAG.labels(*labels).set(max(0, high - 1 - st.last_offset))
+            if st.blocking_txn is not None:
+                key = (*labels, str(st.blocking_txn))
+                blocked_series.add(key)
+                metrics.BUFFER_BLOCKED_SECONDS.labels(*key).set(st.blocked_for_s or 0.0)
+        metrics.BUFFER_BLOCKED.set(len(blocked_series))
+        for gauge, old, new in ((metrics.BUFFER_BLOCKED_SECONDS, self._blocked_series,
+                                 blocked_series),
+                                (metrics.BUFFER_READ_LAG, self._lag_series, lag_series),
+                                (metrics.BUFFER_FOLD_LAG, self._lag_series, lag_series)):
+            for labels in old - new:
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+        self._blocked_series = blocked_series
+        self._lag_series = lag_series
 
     def _produce_delta(self, tp: TopicPartition, s: _Served, now_ms: int) -> None:
         slot = self.slots.get(s.slot)

@@ -48,7 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="host:port clients are told to connect to (default: the bound "
                         "listen address)")
     p.add_argument("--metrics-port", type=int, default=0,
-                   help="serve Prometheus metrics on 127.0.0.1:PORT (default: off)")
+                   help="serve Prometheus metrics on --metrics-host:PORT, and the buffer "
+                   "role's (a child process) on PORT+1 (default: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address the metrics endpoints bind (default 127.0.0.1; 0.0.0.0 in a "
+                   "container, so Prometheus can scrape them)")
     p.set_defaults(handler=_run)
 
 
@@ -68,14 +72,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from txnstream import metrics
 
-        metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port, args.metrics_host)
     buffers = None
     if child:
         buffers = multiprocessing.get_context("spawn").Process(
             target=run_buffer_role, name=f"txnstream-buffers-{worker.worker_id}",
             args=(config, topics, worker.worker_id, settings.session_timeout_ms,
                   settings.buffer_snapshot_interval_s,
-                  args.metrics_port + 1 if args.metrics_port else 0, os.getpid()))
+                  args.metrics_port + 1 if args.metrics_port else 0, os.getpid(),
+                  args.metrics_host))
         buffers.start()
     done = threading.Event()
 
@@ -104,14 +109,14 @@ PARENT_WATCH_S = 0.5
 
 def run_buffer_role(config: Config, topics: tuple[str, ...] | None, member: str,
                     session_timeout_ms: int, snapshot_interval_s: float, metrics_port: int,
-                    parent: int) -> None:
+                    parent: int, metrics_host: str = "127.0.0.1") -> None:
     """The buffer role of worker ``member`` (pid ``parent``), in a child process."""
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("txnstream").setLevel(logging.INFO)
     if metrics_port:
         from txnstream import metrics
 
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, metrics_host)
     bw = BufferWorker(config, list(topics) if topics is not None else None,
                       snapshot_interval_s=snapshot_interval_s, member=member,
                       session_timeout_ms=session_timeout_ms)

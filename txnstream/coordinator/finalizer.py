@@ -122,9 +122,11 @@ class TxnFinalizer:
     def _ended(self, tc: TcIncarnation, seq: int, now_ms: int) -> None:
         """The markers of txn ``seq`` are written: mark it final and answer who waits."""
         entry = tc.store.finalize(seq, now_ms)
+        meta = tc.store.txns[seq]
         if entry is not None and entry.status is not None:
             metrics.TXN_ENDED.labels(str(tc.tc_id), entry.status.value).inc()
-        meta = tc.store.txns[seq]
+            metrics.TXN_DURATION_SECONDS.labels(entry.status.value).observe(
+                max(0.0, (now_ms - meta.open_time_ms) / 1000))
         for req in tc.end_waiters.pop(seq, []):
             if req.commit == (meta.status is TxnStatus.COMMITTED):
                 self._reply(req, TcReply(req.request_id, req.client_id, tc.tc_id,

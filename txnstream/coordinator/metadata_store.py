@@ -645,6 +645,10 @@ class TransactionMetadataStore:
 
     # ----------------------------------------------------------------- queries
 
+    def live(self) -> list[TxnMeta]:
+        """Txns not yet final (OPEN, reserved, COMMITTING, ABORTING)."""
+        return [self.txns[s] for s in self._live if s in self.txns]
+
     def ending(self) -> list[TxnMeta]:
         """Txns whose outcome is decided but not yet finalized (COMMITTING/ABORTING)."""
         return [self.txns[s] for s in sorted(self._ending_seqs)]

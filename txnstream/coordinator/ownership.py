@@ -172,6 +172,7 @@ class TcOwnership:
         if self.tcs.get(tc.tc_id) is not tc:
             return  # already dropped (a newer incarnation may serve the id)
         del self.tcs[tc.tc_id]
+        metrics.TC_OWNERSHIP_CHANGES.labels("dropped").inc()
         self._on_dropped(tc.tc_id)
         level = logging.INFO if why == "worker stopping" else logging.WARNING
         log.log(level, "tc %d: %s stops serving (%s)", tc.tc_id, self.worker_id, why)
@@ -226,6 +227,7 @@ class TcOwnership:
         tc.store.own_epoch = tc.epoch_write
         tc.phase = TcPhase.SERVING
         tc.next_checkpoint = time.monotonic() + self.checkpoint_interval_s
+        metrics.TC_OWNERSHIP_CHANGES.labels("serving").inc()
         self._on_serving(tc)
 
     def poll(self, timeout: float) -> None:

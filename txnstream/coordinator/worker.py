@@ -105,6 +105,8 @@ log = logging.getLogger(__name__)
 _Phase = TcPhase
 _Tc = TcIncarnation
 
+METRICS_EXPORT_S = 1.0
+"""How often the per-TC gauges are recomputed (each is a pass over live txns)."""
 ORIGINS_SWEEP_AT = 10_000
 """Requests awaiting a reply past this many: those past their deadline are forgotten
 (their client gave up on them; a resend brings its connection again)."""
@@ -177,7 +179,10 @@ class CoordinatorWorker:
             self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
             flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s)
         self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
-        self._origins: dict[str, tuple[ServerConnection, int]] = {}
+        self._origins: dict[str, tuple[ServerConnection, int, float, str]] = {}
+        """request id -> (connection, deadline, perf_counter at arrival, op)."""
+        self._metrics_at = 0.0
+        self._exported_tcs: set[int] = set()
         self._sweep_origins_at = ORIGINS_SWEEP_AT
         """Request id -> the connection to answer on, and the request's deadline."""
         bind = Endpoint.parse(s.listen)
@@ -321,7 +326,40 @@ class CoordinatorWorker:
         t0 = time.perf_counter()
         self._turn_once()
         metrics.TURN_SECONDS.observe(time.perf_counter() - t0)
+        if t0 >= self._metrics_at:
+            self._metrics_at = t0 + METRICS_EXPORT_S
+            self._export_metrics()
+
+    def _export_metrics(self) -> None:
+        """Per-TC gauges (open txns, the oldest one's age, pending-ack subscriptions).
+
+        Once a second, not per turn: each costs a pass over the TC's live txns. A TC this
+        worker no longer serves has its series removed, so a dashboard never shows one
+        TC twice (old owner and new) after a failover.
+        """
         metrics.TCS_SERVED.set(len(self.serving()))
+        now_ms = int(time.time() * 1000)
+        served: set[int] = set()
+        for tc in list(self.tcs.values()):
+            if not self._ownership.serving(tc):
+                continue
+            served.add(tc.tc_id)
+            live = tc.store.live()
+            label = str(tc.tc_id)
+            metrics.OPEN_TXNS.labels(label).set(len(live))
+            oldest = min((m.open_time_ms for m in live), default=None)
+            metrics.OLDEST_OPEN_TXN_SECONDS.labels(label).set(
+                0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000))
+            metrics.PENDING_ACK_SUBSCRIPTIONS.labels(label).set(
+                sum(len(m.subscriptions) for m in live))
+        for gone in self._exported_tcs - served:
+            for gauge in (metrics.OPEN_TXNS, metrics.OLDEST_OPEN_TXN_SECONDS,
+                          metrics.PENDING_ACK_SUBSCRIPTIONS):
+                try:
+                    gauge.remove(str(gone))
+                except KeyError:
+                    pass
+        self._exported_tcs = served
 
     def _turn_once(self) -> None:
         busy = any(tc.phase is TcPhase.SERVING for tc in self.tcs.values())
@@ -351,7 +389,8 @@ class CoordinatorWorker:
                     f"worker {self.worker_id} does not serve coordinator {req.tc_id}"),
                     self.worker_id).encode())
                 continue
-            self._origins[req.request_id] = (conn, req.deadline_ms)
+            self._origins[req.request_id] = (conn, req.deadline_ms, time.perf_counter(),
+                                             req.op.value)
             handled[tc.tc_id] = tc
             reply = self._handler.handle(tc, req, now_ms)
             metrics.REQUESTS.labels(req.op.value,
@@ -488,6 +527,7 @@ class CoordinatorWorker:
         origin = self._origins.pop(req.request_id, None)
         if origin is not None:
             origin[0].send(reply.encode())
+            metrics.REQUEST_SECONDS.labels(origin[3]).observe(time.perf_counter() - origin[2])
 
     def _truncate(self, now_ms: int) -> None:
         """Drop the log prefix below each checkpointed TC's truncation point."""

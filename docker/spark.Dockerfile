@@ -1,0 +1,19 @@
+# The Spark example pipeline (committed-only source -> exactly-once sink), local[2] Spark
+# in one container: Java 17 for Spark, txnstream[spark] from the project's wheel.
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY txnstream ./txnstream
+COPY spark ./spark
+RUN pip install --no-cache-dir build==1.2.2.post1 \
+    && python -m build --wheel --outdir /dist
+
+FROM python:3.11-slim-bookworm
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless=17.* \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /dist /dist
+RUN whl=$(ls /dist/*.whl) && pip install --no-cache-dir "${whl}[spark]" && rm -rf /dist
+RUN useradd --create-home --uid 1000 spark && mkdir /checkpoints && chown spark /checkpoints
+USER spark
+ENTRYPOINT ["python", "-m", "txnstream_spark.example_pipeline"]
