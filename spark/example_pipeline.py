@@ -43,6 +43,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--window", default="10 seconds", help="event-time window (windowed)")
     ap.add_argument("--watermark", default=None,
                     help="how late a record may come (windowed; default: --window)")
+    ap.add_argument("--max-records-per-trigger", type=int, default=None,
+                    help="cap each micro-batch (the source's maxRecordsPerTrigger)")
     ap.add_argument("--master", default=None,
                     help="Spark master (default: what spark-submit set, else local[2])")
     ap.add_argument("--with-worker", action="store_true",
@@ -75,8 +77,10 @@ def main(argv: list[str]) -> int:
     common = {"kafka.bootstrap.servers": args.bootstrap}
     if args.prefix:
         common["txnstream.prefix"] = args.prefix
-    source = (spark.readStream.format("txnstream").options(**common, subscribe=args.input)
-              .load())
+    reader = spark.readStream.format("txnstream").options(**common, subscribe=args.input)
+    if args.max_records_per_trigger:
+        reader = reader.option("maxRecordsPerTrigger", str(args.max_records_per_trigger))
+    source = reader.load()
     if args.mode == "windowed":
         # Append is the only output mode of Python stream writers: a window is written
         # once the watermark (max event time - window) has passed its end, i.e. after
