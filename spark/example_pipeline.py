@@ -18,10 +18,11 @@ import os
 import sys
 
 
-def _ensure_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
+def _ensure_topic(bootstrap: str, topic: str, kafka: dict[str, str],
+                  partitions: int = 3) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **kafka})
     if topic not in admin.list_topics(timeout=10).topics:
         for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
             try:
@@ -43,6 +44,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--window", default="10 seconds", help="event-time window (windowed)")
     ap.add_argument("--watermark", default=None,
                     help="how late a record may come (windowed; default: --window)")
+    ap.add_argument("--kafka-config", default=os.environ.get("TXNSTREAM_KAFKA_CONFIG"),
+                    help="librdkafka settings file (SASL/TLS), passed as kafka.* options")
     ap.add_argument("--max-records-per-trigger", type=int, default=None,
                     help="cap each micro-batch (the source's maxRecordsPerTrigger)")
     ap.add_argument("--master", default=None,
@@ -60,7 +63,6 @@ def main(argv: list[str]) -> int:
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
     if not submitted:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    _ensure_topic(args.bootstrap, args.output)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
@@ -74,7 +76,12 @@ def main(argv: list[str]) -> int:
                    .config("spark.driver.host", "127.0.0.1"))
     spark = builder.getOrCreate()
     spark.dataSource.register(TxnStreamDataSource)
-    common = {"kafka.bootstrap.servers": args.bootstrap}
+    from txnstream.config import load_kafka_properties
+
+    kafka = load_kafka_properties(args.kafka_config) if args.kafka_config else {}
+    common = {"kafka.bootstrap.servers": args.bootstrap,
+              **{f"kafka.{k}": v for k, v in kafka.items()}}
+    _ensure_topic(args.bootstrap, args.output, kafka)
     if args.prefix:
         common["txnstream.prefix"] = args.prefix
     reader = spark.readStream.format("txnstream").options(**common, subscribe=args.input)
@@ -93,7 +100,7 @@ def main(argv: list[str]) -> int:
         out = source.select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
     from txnstream.config import Config, TopicNames
 
-    config = Config(bootstrap_servers=args.bootstrap,
+    config = Config(bootstrap_servers=args.bootstrap, kafka=kafka,
                     topics=TopicNames(args.prefix) if args.prefix else TopicNames())
     worker = _start_worker(config) if args.with_worker else None
     try:
