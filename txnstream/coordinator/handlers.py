@@ -154,6 +154,7 @@ class TcRequestHandler:
     def _stats(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
         st = tc.store.stats(now_ms)
         stats = {f"status.{k}": v for k, v in st.by_status.items()}
+        stats.update({f"ended.{k}": v for k, v in tc.store.ended.items()})
         stats.update({"next_sequence": st.next_sequence,
                       "low_watermark": st.low_watermark,
                       "epoch_offset": st.epoch_offset,

@@ -153,6 +153,8 @@ class TransactionMetadataStore:
         self._unlogged: list[TransactionLogEntry] = []
         self.timeouts = TransactionTimeoutTracker()
         self._live: set[int] = set()
+        self.ended: dict[str, int] = {TxnStatus.COMMITTED.value: 0, TxnStatus.ABORTED.value: 0}
+        """Txns this incarnation finalized, by outcome (rates; a new owner starts at 0)."""
         """Txns not final yet; with :attr:`_live_heap` (stale entries skipped lazily),
         the low watermark without a scan of every txn remembered."""
         self._live_heap: list[int] = []
@@ -625,6 +627,7 @@ class TransactionMetadataStore:
             return None
         entry = self._entry(kind=LogEntryKind.TXN, txn_seq=seq, status=final)
         self._apply_new(entry, now_ms)
+        self.ended[final.value] += 1
         return entry
 
     def expire(self, now_ms: int) -> list[TransactionLogEntry]:

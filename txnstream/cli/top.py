@@ -1,0 +1,44 @@
+"""``txnstream top``: the live view of coordinators and blocked partitions (txnstream.top)."""
+
+from __future__ import annotations
+
+import argparse
+
+from txnstream.cli import console, err_console
+from txnstream.cli._common import add_topic_flags, config_from_args
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``top`` command."""
+    p = sub.add_parser("top", help="live view: coordinators, open txns, blocked partitions")
+    add_topic_flags(p)
+    p.add_argument("--interval", type=float, default=2.0,
+                   help="seconds between refreshes (default 2)")
+    p.add_argument("--once", action="store_true",
+                   help="print one sample's tables and exit (scripts, captures)")
+    p.add_argument("--rates", action="store_true",
+                   help="with --once: take two samples --interval apart to show rates")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import time
+
+    from txnstream.client import Client
+    from txnstream.top import Sampler, TopApp, build_view, render
+
+    with Client(config=config_from_args(args)) as client:
+        if not args.once:
+            TopApp(client, args.interval).run()
+            return 0
+        sampler = Sampler(client)
+        try:
+            with err_console.status("reading coordinators and buffer state"):
+                prev = sampler.sample() if args.rates else None
+                if prev is not None:
+                    time.sleep(args.interval)
+                cur = sampler.sample()
+        finally:
+            sampler.close()
+        console.print(render(build_view(prev, cur), footer=" "))
+    return 0
