@@ -11,13 +11,16 @@ when the partition unblocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 __all__ = ["TXN_ENDED", "TXN_DURATION_SECONDS", "REQUESTS", "REQUEST_SECONDS", "TURN_SECONDS",
            "TCS_SERVED", "INVALID_RECORDS", "OPEN_TXNS", "OLDEST_OPEN_TXN_SECONDS",
            "PENDING_ACK_SUBSCRIPTIONS", "TC_OWNERSHIP_CHANGES", "BUFFER_SLOTS",
            "BUFFER_PARTITIONS", "BUFFER_DELTAS", "BUFFER_RECORDS_FOLDED", "BUFFER_BLOCKED",
-           "BUFFER_BLOCKED_SECONDS", "BUFFER_READ_LAG", "BUFFER_FOLD_LAG", "serve"]
+           "BUFFER_BLOCKED_SECONDS", "BUFFER_LAG", "BUFFER_READ_LAG", "BUFFER_FOLD_LAG",
+           "remove_series", "serve"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30, 60)
@@ -62,6 +65,10 @@ BUFFER_BLOCKED = Gauge("txnstream_buffer_partitions_blocked",
 BUFFER_BLOCKED_SECONDS = Gauge("txnstream_buffer_partition_blocked_seconds",
                                "How long the txn holding back a partition's committed "
                                "readers has been open there", ["topic", "partition", "txn"])
+BUFFER_LAG = Gauge("txnstream_buffer_lag_records",
+                   "Offsets written but not yet readable by committed readers (log end "
+                   "offset minus max read position): fold lag plus read lag",
+                   ["topic", "partition"])
 BUFFER_READ_LAG = Gauge("txnstream_buffer_max_read_lag_records",
                         "Offsets folded but not yet readable (folded position minus max "
                         "read position)", ["topic", "partition"])
@@ -73,3 +80,16 @@ BUFFER_FOLD_LAG = Gauge("txnstream_buffer_fold_lag_records",
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose /metrics on ``host:port`` (``0.0.0.0`` inside a container, to be scraped)."""
     start_http_server(port, addr=host)
+
+
+def remove_series(gauge: Gauge, gone: Iterable[tuple[str, ...]]) -> None:
+    """Drop the series of these label values from ``gauge``; one already absent is fine.
+
+    How per-partition and per-TC gauges keep their cardinality bounded: a series whose
+    partition unblocked, or whose TC moved away, leaves the endpoint at the next export.
+    """
+    for labels in gone:
+        try:
+            gauge.remove(*labels)
+        except KeyError:
+            pass

@@ -11,6 +11,7 @@ panel points at a metric nobody exports.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -19,11 +20,12 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ProcReaper
 from tests.integration.coordinator.conftest import make_topic
@@ -41,7 +43,7 @@ def _free_port(span: int = 1) -> int:
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            port: int = s.getsockname()[1]
         try:
             for k in range(1, span):
                 with socket.socket() as s2:
@@ -52,16 +54,33 @@ def _free_port(span: int = 1) -> int:
     raise RuntimeError("no free ports")
 
 
+GRAFANA_VARIABLES = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
+"""Grafana's built-in variables, as Grafana would expand them for a 1s-scraped source."""
+
+
 def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every target, template variables substituted."""
+    """(panel title, PromQL) of every target, template variables substituted.
+
+    The dashboard's own variables take their "All" value (``allValue``), as the default
+    view shows them; a variable without one is an error, not a silent pass.
+    """
     dash = json.loads(DASHBOARD.read_text())
+    values = dict(GRAFANA_VARIABLES)
+    for var in dash.get("templating", {}).get("list", []):
+        assert var.get("includeAll") and var.get("allValue"), (
+            f"dashboard variable {var['name']!r}: no allValue to evaluate its queries with")
+        values[var["name"]] = var["allValue"]
     out = []
+    for var in dash.get("templating", {}).get("list", []):  # the variables' own choices
+        m = re.fullmatch(r"label_values\((\w+), *(\w+)\)", var["definition"])
+        assert m, f"dashboard variable {var['name']!r}: unexpected query {var['definition']}"
+        out.append((f"variable {var['name']}", f"group by ({m[2]}) ({m[1]})"))
+    names = "|".join(sorted(map(re.escape, values), key=len, reverse=True))
+    pattern = re.compile(r"\$(?:\{(" + names + r")\}|(" + names + r")\b)")
     for panel in dash["panels"]:
         for target in panel.get("targets", []):
-            expr = target["expr"]
-            for var, value in (("$__rate_interval", "1m"), ("$__interval", "15s"),
-                               ("$__range", "5m")):
-                expr = expr.replace(var, value)
+            expr = pattern.sub(lambda m: values[m.group(1) or m.group(2)], target["expr"])
+            assert "$" not in expr, f"{panel['title']}: unknown variable in {expr}"
             out.append((panel["title"], expr))
     return out
 
@@ -163,3 +182,57 @@ def test_every_dashboard_query_returns_data(kafka_bootstrap: str, prometheus: tu
         consumer.close()
     assert not missing, "dashboard queries with no data:\n" + "\n".join(
         f"  {t}: {q}" for t, q in missing)
+
+
+def _blocked_series(endpoint: str, topic: str) -> list[dict[str, str]]:
+    """Labels of the ``partition_blocked_seconds`` series of ``topic`` a worker exports now."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return [dict(sample.labels) for family in text_string_to_metric_families(text)
+            if family.name == "txnstream_buffer_partition_blocked_seconds"
+            for sample in family.samples if sample.labels.get("topic") == topic]
+
+
+def test_blocked_partition_series_removed_when_unblocked(
+        kafka_bootstrap: str, proc_reaper: ProcReaper, tmp_path: Path) -> None:
+    config = Config(bootstrap_servers=kafka_bootstrap,
+                    topics=TopicNames(f"__b{uuid.uuid4().hex[:6]}"))
+    ensure_topics(config)
+    port = _free_port(2)
+    buffer_endpoint = f"127.0.0.1:{port + 1}"  # the buffer role's child process
+    proc_reaper.track(subprocess.Popen(
+        [str(Path(sys.executable).parent / "txnstream"),
+         "--bootstrap", kafka_bootstrap, "worker", "--prefix", config.topics.prefix,
+         "--session-timeout-ms", "6000", "--metrics-port", str(port)],
+        stdout=(tmp_path / "worker.log").open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True))
+    data_topic = make_topic(config, 2, "blk")
+
+    def wait_for(what: str, done: Callable[[list[dict[str, str]]], bool]) -> list[dict[str, str]]:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                series = _blocked_series(buffer_endpoint, data_topic)
+                if done(series):
+                    return series
+            except OSError:
+                series = []
+            assert time.monotonic() < deadline, (
+                f"{what}: series now {series}\n{(tmp_path / 'worker.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    with Client(config=config) as client:
+        producer = client.create_producer(data_topic)
+        holder = client.new_transaction(timeout_s=120)
+        producer.send(b"held", partition=0, txn=holder)
+        holder.flush()
+        for i in range(3):  # committed records behind the open txn: partition 0 is blocked
+            txn = client.new_transaction(timeout_s=60)
+            producer.send(f"v{i}".encode(), partition=0, txn=txn)
+            producer.send(f"w{i}".encode(), partition=1, txn=txn)
+            txn.commit()
+        blocked = wait_for("partition 0 never showed as blocked", bool)
+        assert blocked == [{"topic": data_topic, "partition": "0", "txn": str(holder.id)}], (
+            "one series per blocked partition, labelled with the txn that blocks it")
+        holder.abort()
+        wait_for("the series outlived the txn that blocked the partition", lambda s: not s)

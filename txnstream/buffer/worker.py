@@ -458,22 +458,18 @@ class BufferWorker:
                                                            cached=True)
             except KafkaException:
                 high = -1
-            if high is not None and high >= 0:
+            if high is not None and high >= 0:  # high: the log end offset (exclusive)
                 metrics.BUFFER_FOLD_LAG.labels(*labels).set(max(0, high - 1 - st.last_offset))
+                metrics.BUFFER_LAG.labels(*labels).set(
+                    max(0, high - 1 - st.max_read_position))
             if st.blocking_txn is not None:
                 key = (*labels, str(st.blocking_txn))
                 blocked_series.add(key)
                 metrics.BUFFER_BLOCKED_SECONDS.labels(*key).set(st.blocked_for_s or 0.0)
         metrics.BUFFER_BLOCKED.set(len(blocked_series))
-        for gauge, old, new in ((metrics.BUFFER_BLOCKED_SECONDS, self._blocked_series,
-                                 blocked_series),
-                                (metrics.BUFFER_READ_LAG, self._lag_series, lag_series),
-                                (metrics.BUFFER_FOLD_LAG, self._lag_series, lag_series)):
-            for labels in old - new:
-                try:
-                    gauge.remove(*labels)
-                except KeyError:
-                    pass
+        metrics.remove_series(metrics.BUFFER_BLOCKED_SECONDS, self._blocked_series - blocked_series)
+        for gauge in (metrics.BUFFER_LAG, metrics.BUFFER_READ_LAG, metrics.BUFFER_FOLD_LAG):
+            metrics.remove_series(gauge, self._lag_series - lag_series)
         self._blocked_series = blocked_series
         self._lag_series = lag_series
 

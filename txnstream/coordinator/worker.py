@@ -352,13 +352,10 @@ class CoordinatorWorker:
                 0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000))
             metrics.PENDING_ACK_SUBSCRIPTIONS.labels(label).set(
                 sum(len(m.subscriptions) for m in live))
-        for gone in self._exported_tcs - served:
-            for gauge in (metrics.OPEN_TXNS, metrics.OLDEST_OPEN_TXN_SECONDS,
-                          metrics.PENDING_ACK_SUBSCRIPTIONS):
-                try:
-                    gauge.remove(str(gone))
-                except KeyError:
-                    pass
+        gone = [(str(tc_id),) for tc_id in self._exported_tcs - served]
+        for gauge in (metrics.OPEN_TXNS, metrics.OLDEST_OPEN_TXN_SECONDS,
+                      metrics.PENDING_ACK_SUBSCRIPTIONS):
+            metrics.remove_series(gauge, gone)
         self._exported_tcs = served
 
     def _turn_once(self) -> None:
