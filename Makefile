@@ -43,7 +43,8 @@ chaos: $(STAMP)
 	$(PY) -m chaos --profile short
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check txnstream spark bench tests
+	$(VENV)/bin/ruff check txnstream spark bench chaos tests
+	$(VENV)/bin/mypy
 
 clean:
 	-$(TXN) cluster down

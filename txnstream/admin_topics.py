@@ -6,7 +6,8 @@ import logging
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from txnstream.config import Config
 from txnstream.errors import ClusterError

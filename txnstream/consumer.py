@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaException
-from confluent_kafka import Message as KafkaMessage
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
@@ -46,7 +45,7 @@ from txnstream.errors import (
     classify_kafka_error,
     message_error,
 )
-from txnstream.fetch import drain
+from txnstream.fetch import KafkaRecord, drain
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
@@ -491,7 +490,7 @@ class Consumer:
         except KafkaException as exc:
             log.warning("%s: cannot keep %s assigned (%s)", self.member_id, tp, exc)
 
-    def _ingest_batch(self, batch: list[KafkaMessage]) -> None:
+    def _ingest_batch(self, batch: list[KafkaRecord]) -> None:
         """Deliver what the served state says is committed; wait at the first that is not.
 
         The hot path of every reader: per run of one partition's records, the reader,
@@ -886,10 +885,13 @@ class Consumer:
         if not offsets:
             return
         try:
-            self._kafka.commit(offsets=[
-                KafkaTP(r.tp.topic, r.tp.partition, max(c, r.committed),
-                        metadata=r.checkpoint.to_metadata() if r.checkpoint else None)
-                for r, c in offsets], asynchronous=not force)
+            tps = [KafkaTP(r.tp.topic, r.tp.partition, max(c, r.committed),
+                           metadata=r.checkpoint.to_metadata() if r.checkpoint else None)
+                   for r, c in offsets]
+            if force:
+                self._kafka.commit(offsets=tps, asynchronous=False)
+            else:
+                self._kafka.commit(offsets=tps, asynchronous=True)
         except KafkaException as exc:
             # The group moved on (member unknown, rebalance in progress): the next owner
             # starts from the last committed cursor and the pending-ack log, so nothing

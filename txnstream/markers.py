@@ -46,8 +46,8 @@ class TxnMarker:
     kind: MarkerKind
     lwm: int
 
-    def headers(self) -> list[tuple[str, bytes]]:
-        """The record headers a marker is written with."""
+    def headers(self) -> list[tuple[str, str | bytes | None]]:
+        """The record headers a marker is written with (as ``Producer.produce`` takes them)."""
         return [(TXN_MARKER_HEADER, self.kind.value.encode()),
                 (TXN_ID_HEADER, self.txn_id.to_bytes())]
 

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from txnstream.client import Client
 from txnstream.consumer import Message
@@ -61,7 +61,7 @@ class ExactlyOnceProcessor:
     def __init__(self, client: Client, inputs: str | Sequence[str], subscription: str,
                  output: str, fn: Function, batch_size: int = 100,
                  batch_interval_s: float = 0.5, txn_timeout_s: float = 30.0,
-                 cumulative: bool = True, **consumer_options: object) -> None:
+                 cumulative: bool = True, **consumer_options: Any) -> None:
         self.client = client
         self.fn = fn
         self.batch_size = batch_size

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 __all__ = ["Producer", "murmur2_partition"]
 
 Headers = Sequence[tuple[str, bytes]] | None
+KafkaHeaders = list[tuple[str, str | bytes | None]]
+"""Headers as confluent-kafka's ``produce`` takes them."""
 
 FLUSH_TIMEOUT_S = 30.0
 """How long commit() waits for a txn's sends; longer than librdkafka's delivery timeout
@@ -134,7 +136,7 @@ class Producer:
         """
         kbytes = key.encode() if isinstance(key, str) else key
         part = self._partition_for(kbytes, partition)
-        hdrs = list(headers or [])
+        hdrs: KafkaHeaders = list(headers or [])
         for name, _ in hdrs:
             if name in (TXN_ID_HEADER, TXN_MARKER_HEADER):
                 raise ConfigError(f"header {name!r} is reserved for txnstream")
@@ -157,7 +159,7 @@ class Producer:
         return part
 
     def _produce(self, value: bytes | None, key: bytes | None, part: int,
-                 headers: list[tuple[str, bytes]],
+                 headers: KafkaHeaders,
                  on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
         """``produce()``, waiting while librdkafka's queue is full (up to a deadline)."""
         deadline = time.monotonic() + QUEUE_FULL_TIMEOUT_S
@@ -199,7 +201,7 @@ class Producer:
 
     def _send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
                     txn: Transaction, keys: Sequence[bytes | None] | None, n: int) -> None:
-        hdrs = [(TXN_ID_HEADER, txn.id.to_bytes())]
+        hdrs: KafkaHeaders = [(TXN_ID_HEADER, txn.id.to_bytes())]
         sends = _BatchSends(n)
         with self._lock:
             self._sweep_batches()

@@ -262,14 +262,14 @@ class BufferStateFollower:
                     view.generation = m.offset()
             return
         tp = rec.tp
-        view = self.views.get(tp)
-        if view is None:
+        current = self.views.get(tp)
+        if current is None:
             return
-        if not view.apply(rec) and rec.generation >= view.generation:
+        if not current.apply(rec) and rec.generation >= current.generation:
             self.gaps += 1
             log.warning("%s: buffer state of %s has a gap (delta from %d, have %d): "
                         "reloading from a snapshot", self.name, tp, rec.from_position,
-                        view.position)
+                        current.position)
             self._wait(tp)
             self._rescan(tp)
 

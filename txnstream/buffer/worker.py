@@ -64,7 +64,7 @@ from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapsho
 from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
-from txnstream.fetch import drain
+from txnstream.fetch import KafkaRecord, consume, delivered_offset, drain
 from txnstream.markers import MarkerKind, TxnMarker
 from txnstream.types import TopicPartition, TxnID
 
@@ -307,7 +307,7 @@ class BufferWorker:
         self._producer.flush(CLAIM_TIMEOUT_S)
         if not got:
             raise KafkaException(errors[0] if errors else "OWNER record not delivered in time")
-        return got[0].offset()
+        return delivered_offset(got[0])
 
     def _drop_slot(self, slot: int, why: str) -> None:
         self._retry_claim.pop(slot, None)
@@ -358,7 +358,7 @@ class BufferWorker:
 
     def _poll_group(self) -> None:
         """Serve rebalance callbacks; a newer OWNER in an owned slot fences this owner."""
-        for m in self._group.consume(100, 0):
+        for m in consume(self._group, 100, 0):
             if message_error(m, "buffer worker group", log):
                 continue
             slot = self.slots.get(m.partition())
@@ -377,7 +377,7 @@ class BufferWorker:
     def _poll_registrations(self) -> None:
         if not self.slots:
             return
-        for m in self._registry.consume(100, 0):
+        for m in consume(self._registry, 100, 0):
             if message_error(m, "buffer worker registrations", log):
                 continue
             key = m.key() or b""
@@ -396,7 +396,7 @@ class BufferWorker:
         if not self.served:
             self._stop.wait(FOLD_WAIT_S)
             return
-        runs: dict[tuple[str, int], list[Message]] = {}
+        runs: dict[tuple[str, int], list[KafkaRecord]] = {}
         for m in drain(self._data, 5000, FOLD_WAIT_S):
             if message_error(m, "buffer worker", log):
                 continue
@@ -489,7 +489,7 @@ class BufferWorker:
                           "snapshot", tp, rec.position, err)
                 return
             s.delivered += 1
-            s.delta_offset = max(s.delta_offset, msg.offset())
+            s.delta_offset = max(s.delta_offset, delivered_offset(msg))
             self.deltas_published += 1
             metrics.BUFFER_DELTAS.labels("ok").inc()
 

@@ -9,7 +9,7 @@ from txnstream.cli._common import add_topic_flags, config_from_args, table
 from txnstream.client import Client
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``acks`` command."""
     p = sub.add_parser("acks", help="pending-ack state of a subscription partition")
     add_topic_flags(p)

@@ -35,7 +35,7 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("TXNSTREAM_STATE_DIR") or Path.cwd() / ".txnstream" / "cluster")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``cluster`` command group."""
     p = sub.add_parser("cluster", help="run a local Apache Kafka broker (no Docker needed)",
                        description="Run Apache Kafka (KRaft) on 127.0.0.1 from jars fetched "

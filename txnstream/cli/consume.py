@@ -13,7 +13,7 @@ from txnstream.cli._common import add_topic_flags, config_from_args, table
 from txnstream.client import Client
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``consume`` command."""
     p = sub.add_parser("consume", help="consume committed records only")
     add_topic_flags(p)
@@ -50,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
         finally:
             consumer.close()
     secs = time.monotonic() - t0
-    rows = [(p, n) for p, n in sorted(per_partition.items())]
+    rows: list[tuple[object, int]] = [(p, n) for p, n in sorted(per_partition.items())]
     rows.append(("all", sum(per_partition.values())))
     console.print(table(f"{args.topic} as {args.subscription}: {txn_records} transactional, "
                         f"{secs:.1f}s", ("partition", "records"), rows))

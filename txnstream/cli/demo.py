@@ -8,7 +8,7 @@ from txnstream.cli import console
 from txnstream.cli._common import add_topic_flags, config_from_args
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``demo`` command."""
     p = sub.add_parser("demo", help="run the demo pipeline against the broker")
     add_topic_flags(p)

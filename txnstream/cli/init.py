@@ -9,7 +9,7 @@ from txnstream.cli import console
 from txnstream.cli._common import add_topic_flags, config_from_args, table
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``init`` command."""
     p = sub.add_parser("init", help="create the internal topics (safe to repeat)")
     add_topic_flags(p)

@@ -12,7 +12,7 @@ from txnstream.consumer import Message
 from txnstream.processor import ExactlyOnceProcessor
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``process`` command."""
     p = sub.add_parser("process", help="exactly-once consume-transform-produce (demo)")
     add_topic_flags(p)

@@ -13,7 +13,7 @@ from txnstream.cli._common import add_topic_flags, config_from_args, table
 from txnstream.client import Client
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``produce`` command."""
     p = sub.add_parser("produce", help="produce records (optionally in transactions)")
     add_topic_flags(p)

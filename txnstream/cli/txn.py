@@ -12,7 +12,7 @@ from txnstream.coordinator.protocol import TxnInfo
 _COLUMNS = ("txn", "status", "age", "timeout", "partitions", "subscriptions", "reason")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``txn`` command group."""
     p = sub.add_parser("txn", help="list, inspect and abort transactions")
     ts = p.add_subparsers(dest="txn_command", metavar="ACTION", required=True)

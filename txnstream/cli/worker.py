@@ -25,7 +25,7 @@ from txnstream.config import Config
 from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``worker`` command."""
     p = sub.add_parser("worker", help="run a coordinator worker (scale out by starting more)")
     add_topic_flags(p)

@@ -105,7 +105,8 @@ def _resend_wait(state: RetryCallState) -> float:
     exc = state.outcome.exception() if state.outcome is not None else None
     if isinstance(exc, _NoReply):
         return 0.0
-    return min(RESEND_BACKOFF_MAX_S, RESEND_BACKOFF_FIRST_S * 2 ** (state.attempt_number - 1))
+    return float(min(RESEND_BACKOFF_MAX_S,
+                     RESEND_BACKOFF_FIRST_S * 2 ** (state.attempt_number - 1)))
 
 
 class TcEndpoint:

@@ -79,14 +79,15 @@ class TxnFinalizer:
                 commit = meta.status is TxnStatus.COMMITTING
                 key = (tc.tc_id, seq)
 
-                def on_delivery(err: KafkaError | None, _m: Message, key: tuple = key) -> None:
+                def on_delivery(err: KafkaError | None, _m: Message,
+                                key: tuple[int, int] = key) -> None:
                     if err is not None:
                         failed.add(key)
 
                 marker = TxnMarker(meta.txn_id, MarkerKind.COMMIT if commit else MarkerKind.ABORT,
                                    lwm)
                 value = marker.encode()
-                headers: list[tuple[str, str | bytes | None]] = list(marker.headers())
+                headers = marker.headers()
                 try:
                     for tp in sorted(meta.partitions):
                         producer.produce(tp.topic, value, partition=tp.partition,

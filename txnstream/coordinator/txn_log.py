@@ -43,7 +43,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.errors import is_retriable_kafka_error, message_error
-from txnstream.fetch import drain
+from txnstream.fetch import KafkaRecord, drain
 
 __all__ = [
     "AppendResult",
@@ -186,7 +186,7 @@ class KafkaTransactionLog:
         # the records are taken, so a caller acting on an assignment does so first.
         return self._records(drain(self.clients.consumer, POLL_MAX_RECORDS, timeout_s))
 
-    def _records(self, msgs: list[Message]) -> Iterator[LogRecord]:
+    def _records(self, msgs: list[KafkaRecord]) -> Iterator[LogRecord]:
         for m in msgs:
             if message_error(m, self.where, log):
                 continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
@@ -12,8 +13,9 @@ def answers(bootstrap: str) -> bool:
     """Whether a broker answers at ``bootstrap`` within a few seconds."""
     import logging
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 3000,
-                         "logger": logging.getLogger("txnstream.librdkafka")})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 3000,
+                            "logger": logging.getLogger("txnstream.librdkafka")}
+    admin = AdminClient(conf)
     try:
         admin.list_topics(timeout=4)
         return True

@@ -14,7 +14,9 @@ import time
 import uuid
 from collections import defaultdict
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from rich.console import Console
 from rich.progress import Progress
 
 from txnstream.client import Client
@@ -39,7 +41,7 @@ def _ensure_topic(config: Config, partitions: int = 3) -> None:
         time.sleep(1)
 
 
-def run(config: Config, records: int, txn_size: int, console) -> bool:
+def run(config: Config, records: int, txn_size: int, console: Console) -> bool:
     """Run the demo; True if the check holds."""
     _ensure_topic(config)
     worker = CoordinatorWorker(config).start()

@@ -33,7 +33,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
-from txnstream.fetch import read_to
+from txnstream.fetch import KafkaRecord, consume, delivered_at, delivered_offset, read_to
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
     CHECKPOINT_HEADER,
@@ -155,7 +155,7 @@ class PendingAckStore:
         """
         key = key_of(self.subscription, handle.tp)
         c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-pr-{uuid.uuid4().hex}"))
-        early: list[Message] = []
+        early: list[KafkaRecord] = []
         try:
             ktp = KafkaTP(self.topic, part)
             low, high = c.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
@@ -205,7 +205,7 @@ class PendingAckStore:
         finally:
             c.close()
 
-    def _restore(self, handle: PendingAckHandle, m: Message) -> None:
+    def _restore(self, handle: PendingAckHandle, m: KafkaRecord) -> None:
         try:
             handle.restore(PendingAckCheckpoint.decode(m.value()))
         except CorruptRecordError as exc:
@@ -223,7 +223,7 @@ class PendingAckStore:
 
         def delivered(err: KafkaError | None, m: Message) -> None:
             if err is None:
-                written.append(m.offset())
+                written.append(delivered_offset(m))
             else:
                 log.warning("pending-ack checkpoint of %s not written: %s", handle.tp, err)
 
@@ -239,7 +239,7 @@ class PendingAckStore:
         with self._lock:
             return self._tail_pos.get(self.log_partition(tp), -1)
 
-    def _apply(self, handle: PendingAckHandle, m: Message) -> PendingAckEntry | None:
+    def _apply(self, handle: PendingAckHandle, m: KafkaRecord) -> PendingAckEntry | None:
         try:
             entry = PendingAckEntry.decode(m.value())
         except CorruptRecordError as exc:
@@ -270,7 +270,7 @@ class PendingAckStore:
             if err is not None:
                 failed.append(err)
             else:
-                written.append(m.offset())
+                written.append(delivered_offset(m))
 
         self._producer.produce(self.topic, entry.encode(), key=entry.key(), partition=part,
                                on_delivery=delivered)
@@ -319,7 +319,8 @@ class PendingAckStore:
                     self._failed[txn] = str(err)
                 else:
                     w = self._written[txn]
-                    w[m.partition()] = max(w.get(m.partition(), -1), m.offset())
+                    part, off = delivered_at(m)
+                    w[part] = max(w.get(part, -1), off)
                 self._outstanding[txn] -= 1
                 if self._outstanding[txn] <= 0:
                     del self._outstanding[txn]
@@ -382,7 +383,7 @@ class PendingAckStore:
         if not self._tailing:
             return []
         out = []
-        for m in self._tail.consume(1000, 0):
+        for m in consume(self._tail, 1000, 0):
             if message_error(m, f"pending-ack tail of {self.subscription}", log):
                 continue
             self._tail_pos[m.partition()] = m.offset() + 1
