@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,6 +43,7 @@ def scram_cluster() -> Iterator[LocalCluster]:
         yield cluster
     finally:
         cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def assert_no_password(text: str, where: str) -> None:
