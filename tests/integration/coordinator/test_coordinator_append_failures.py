@@ -161,6 +161,8 @@ def test_lost_committed_record_replays_the_tc_which_finishes_the_commit(config, 
         txn = client.new_transaction(timeout_s=60, tc_id=tc)
         txn.register_partitions([TopicPartition(topic, 0)])
         client.tc.request(TcOp.END, tc, txn_seq=txn.id.least_bits, commit=True)
+        # the COMMITTED record is appended after the reply (without waiting): wait for it
+        wait_until(lambda: bool(w._producer.failed), 30, "the COMMITTED record's append")
         assert w._producer.failed, "the COMMITTED record was not the one refused"
         wait_until(lambda: replay_log(config, tc).txns[txn.id.least_bits].status
                    is TxnStatus.COMMITTED, 60, "COMMITTED in the log after the replay")
