@@ -10,7 +10,7 @@ BOOTSTRAP ?= $(or $(TXNSTREAM_BOOTSTRAP),127.0.0.1:9092)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test venv bench chaos lint clean
+.PHONY: demo test chaos-test venv bench chaos lint clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,12 @@ demo: $(STAMP)
 
 # The test session starts (and stops) its own broker unless TXNSTREAM_BOOTSTRAP is set.
 test: $(STAMP)
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos" tests
+
+# The nemesis harness's short profile as a test (asserts 0 anomalies); CI runs it after
+# `make test`.
+chaos-test: $(STAMP)
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/fault/test_chaos.py
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.fault]
+pytestmark = [pytest.mark.fault, pytest.mark.chaos]  # CI runs it as its own step
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 840
