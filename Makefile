@@ -32,7 +32,7 @@ demo: $(STAMP)
 
 # The test session starts (and stops) its own broker unless TXNSTREAM_BOOTSTRAP is set.
 test: $(STAMP)
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos" tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos" --durations=25 tests
 
 # The nemesis harness's short profile as a test (asserts 0 anomalies); CI runs it after
 # `make test`.
