@@ -6,7 +6,9 @@ librdkafka settings are never printed (see :meth:`Config.redacted`).
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 from txnstream.errors import ConfigError
 
 __all__ = ["Config", "TopicNames", "KafkaSettings", "DEFAULT_BOOTSTRAP", "is_secret_setting",
-           "load_kafka_properties"]
+           "load_kafka_properties", "load_tc_users", "read_secret_file", "check_principal"]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 _SECRET_HINTS = ("password", "secret", "sasl.oauthbearer", "ssl.key", "jaas", "token")
@@ -44,19 +46,14 @@ class KafkaSettings(dict[str, Any]):
     __str__ = __repr__
 
 
-def load_kafka_properties(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Read librdkafka settings from a Java-style ``client.properties`` (``key=value`` lines).
-
-    Blank lines and ``#``/``!`` comments are skipped. An error names the file and the
-    line number, never the line's text (it may hold a password).
-    """
+def _key_values(path: str | os.PathLike[str], what: str) -> list[tuple[str, str, int]]:
+    """``key=value`` lines of a file, with their line numbers; errors never show a line."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read Kafka client properties {path}: "
-                          f"{exc.strerror or exc}") from None
-    out: dict[str, str] = {}
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    out: list[tuple[str, str, int]] = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line[0] in "#!":
@@ -64,8 +61,55 @@ def load_kafka_properties(path: str | os.PathLike[str]) -> dict[str, str]:
         key, sep, value = line.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"{path} line {n}: expected key=value")
-        out[key.strip()] = value.strip()
+        out.append((key.strip(), value.strip(), n))
     return out
+
+
+def load_kafka_properties(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read librdkafka settings from a Java-style ``client.properties`` (``key=value`` lines).
+
+    Blank lines and ``#``/``!`` comments are skipped. An error names the file and the
+    line number, never the line's text (it may hold a password).
+    """
+    return {k: v for k, v, _ in _key_values(path, "Kafka client properties")}
+
+
+_PRINCIPAL = re.compile(r"[A-Za-z0-9._@:/=+-]{1,128}")
+"""A principal's name: what a certificate's common name or a user name usually holds."""
+
+
+def check_principal(name: object, what: str) -> str:
+    """``name`` if it is a principal's name, else ``ConfigError`` naming ``what``."""
+    if not isinstance(name, str) or not _PRINCIPAL.fullmatch(name):
+        raise ConfigError(f"{what}: {name!r} is not a principal name (1-128 of "
+                          "A-Z a-z 0-9 . _ @ : / = + -)")
+    return name
+
+
+def read_secret_file(path: str | os.PathLike[str], what: str) -> str:
+    """The secret held in a file (surrounding white space dropped); errors never show it."""
+    try:
+        secret = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    if not secret:
+        raise ConfigError(f"{what}: {path} is empty")
+    return secret
+
+
+def load_tc_users(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Principals and their secrets from a ``principal=secret`` file (``tc_users_file``).
+
+    Blank lines and ``#`` comments are skipped; an error names the file and line, never
+    the line's text.
+    """
+    users: dict[str, str] = {}
+    for key, value, n in _key_values(path, "coordinator users file"):
+        check_principal(key, f"{path} line {n}")
+        if not value:
+            raise ConfigError(f"{path} line {n}: the secret of {key} is empty")
+        users[key] = value
+    return users
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,18 +167,32 @@ class Config:
     replication_factor: int = 1
     kafka: Mapping[str, Any] = field(default_factory=dict)
 
-    # The direct line to coordinators (DESIGN.md section 5) -------------------------
+    # The direct line to coordinators (DESIGN.md sections 5 and 10, docs/security.md) --
+    tc_principal: str = "txnstream"
+    """Who this client is on the line when it proves ``tc_secret``; a txn belongs to the
+    principal that opened it. ``TXNSTREAM_TC_PRINCIPAL``."""
     tc_secret: str | None = field(default=None, repr=False)
-    """Shared secret a client proves (HMAC of the worker's nonce; never sent) before a
-    worker takes its requests; ``TXNSTREAM_TC_SECRET``. None: no check."""
+    """Secret of ``tc_principal``. Each frame after the handshake carries an HMAC keyed
+    from it, so neither the secret nor a relay can be used against a connection.
+    ``TXNSTREAM_TC_SECRET`` or ``TXNSTREAM_TC_SECRET_FILE``. None: no secret."""
+    tc_users_file: str | None = None
+    """Workers: more principals, one ``principal=secret`` line each (mode 0600); the
+    worker's own ``tc_principal``/``tc_secret`` is always one of them.
+    ``TXNSTREAM_TC_USERS_FILE``."""
+    tc_admins: tuple[str, ...] = ()
+    """Workers: principals that may list, inspect and abort every txn; empty: the
+    worker's own ``tc_principal``. ``TXNSTREAM_TC_ADMINS`` (comma-separated)."""
     tc_tls_cafile: str | None = None
-    """CA bundle: with it, clients speak TLS to workers and verify their certificate."""
+    """CA bundle: with it, clients speak TLS to workers and verify their certificate;
+    workers verify client certificates with it. ``TXNSTREAM_TC_TLS_CAFILE``."""
     tc_tls_certfile: str | None = None
-    """A worker's certificate (it serves TLS); a client's, for mutual TLS."""
+    """A worker's certificate (it serves TLS); a client's, for mutual TLS (its subject's
+    common name is its principal). ``TXNSTREAM_TC_TLS_CERTFILE``."""
     tc_tls_keyfile: str | None = field(default=None, repr=False)
-    """Private key of ``tc_tls_certfile``."""
+    """Private key of ``tc_tls_certfile``. ``TXNSTREAM_TC_TLS_KEYFILE``."""
     tc_tls_client_auth: bool = False
-    """Workers require a client certificate signed by ``tc_tls_cafile`` (mutual TLS)."""
+    """Workers require a client certificate signed by ``tc_tls_cafile`` (mutual TLS).
+    ``TXNSTREAM_TC_TLS_CLIENT_AUTH=1``."""
 
     # Timeouts ---------------------------------------------------------------------
     default_txn_timeout_s: float = 60.0
@@ -155,13 +213,41 @@ class Config:
             raise ConfigError(f"num_coordinators must be 1..4096, got {self.num_coordinators}")
         if self.replication_factor < 1:
             raise ConfigError(f"replication_factor must be >= 1, got {self.replication_factor}")
+        check_principal(self.tc_principal, "tc_principal")
+        for admin in self.tc_admins:
+            check_principal(admin, "tc_admins")
+        if self.tc_secret is not None and not self.tc_secret:
+            raise ConfigError("tc_secret is empty: give a secret, or None for no secret")
+        for name in ("default_txn_timeout_s", "max_txn_timeout_s", "request_timeout_s",
+                     "admin_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a finite number of seconds > 0, "
+                                  f"got {value!r}")
+        if self.default_txn_timeout_s > self.max_txn_timeout_s:
+            raise ConfigError(f"default_txn_timeout_s ({self.default_txn_timeout_s:g}) is "
+                              f"over max_txn_timeout_s ({self.max_txn_timeout_s:g})")
+
+    @property
+    def admins(self) -> frozenset[str]:
+        """Principals a worker treats as admins (``tc_admins``, else its own principal)."""
+        return frozenset(self.tc_admins or (self.tc_principal,))
+
+    @property
+    def tc_authenticated(self) -> bool:
+        """Whether a worker with this config authenticates its clients."""
+        return bool(self.tc_secret or self.tc_users_file or self.tc_tls_client_auth)
 
     @classmethod
     def from_env(cls, bootstrap: str | None = None, **overrides: Any) -> Config:
         """Build from the environment and overrides.
 
-        ``TXNSTREAM_BOOTSTRAP``, ``TXNSTREAM_TOPIC_PREFIX``, ``TXNSTREAM_TC_SECRET`` and
-        ``TXNSTREAM_KAFKA_CONFIG`` (a client.properties file of librdkafka settings).
+        ``TXNSTREAM_BOOTSTRAP``, ``TXNSTREAM_TOPIC_PREFIX``, ``TXNSTREAM_KAFKA_CONFIG`` (a
+        client.properties file of librdkafka settings) and the line's settings:
+        ``TXNSTREAM_TC_PRINCIPAL``, ``TXNSTREAM_TC_SECRET`` (or ``_SECRET_FILE``),
+        ``TXNSTREAM_TC_USERS_FILE``, ``TXNSTREAM_TC_ADMINS``, ``TXNSTREAM_TC_TLS_CAFILE``,
+        ``_CERTFILE``, ``_KEYFILE``, ``_CLIENT_AUTH``.
         """
         boot = bootstrap or os.environ.get("TXNSTREAM_BOOTSTRAP") or DEFAULT_BOOTSTRAP
         prefix = os.environ.get("TXNSTREAM_TOPIC_PREFIX")
@@ -170,9 +256,26 @@ class Config:
         props = os.environ.get("TXNSTREAM_KAFKA_CONFIG")
         if props and "kafka" not in overrides:
             overrides["kafka"] = load_kafka_properties(props)
-        secret = os.environ.get("TXNSTREAM_TC_SECRET")
+        env = os.environ
+        secret = env.get("TXNSTREAM_TC_SECRET")
+        if not secret and env.get("TXNSTREAM_TC_SECRET_FILE"):
+            secret = read_secret_file(env["TXNSTREAM_TC_SECRET_FILE"],
+                                      "TXNSTREAM_TC_SECRET_FILE")
         if secret and "tc_secret" not in overrides:
             overrides["tc_secret"] = secret
+        for var, name in (("TXNSTREAM_TC_PRINCIPAL", "tc_principal"),
+                          ("TXNSTREAM_TC_USERS_FILE", "tc_users_file"),
+                          ("TXNSTREAM_TC_TLS_CAFILE", "tc_tls_cafile"),
+                          ("TXNSTREAM_TC_TLS_CERTFILE", "tc_tls_certfile"),
+                          ("TXNSTREAM_TC_TLS_KEYFILE", "tc_tls_keyfile")):
+            if env.get(var) and name not in overrides:
+                overrides[name] = env[var]
+        if env.get("TXNSTREAM_TC_ADMINS") and "tc_admins" not in overrides:
+            overrides["tc_admins"] = tuple(
+                a.strip() for a in env["TXNSTREAM_TC_ADMINS"].split(",") if a.strip())
+        if env.get("TXNSTREAM_TC_TLS_CLIENT_AUTH") and "tc_tls_client_auth" not in overrides:
+            overrides["tc_tls_client_auth"] = env["TXNSTREAM_TC_TLS_CLIENT_AUTH"].lower() \
+                in ("1", "true", "yes", "on")
         return cls(bootstrap_servers=boot, **overrides)
 
     def with_(self, **changes: Any) -> Config:

@@ -140,6 +140,22 @@ class WorkerSettings:
     advertise: str | None = None
     """Address clients are told (``host:port``); default: the listen host and the port
     bound (this host's name when listening on every interface). Give it behind a NAT."""
+    allow_unauthenticated: bool = False
+    """Serve a line beyond loopback with no authentication (no secret, no mutual TLS):
+    refused by default, since anyone who reaches the port could then act as anyone."""
+    max_connections: int = 1_024
+    """Open client connections; one more is refused (closed after a ``NO`` naming this)."""
+    max_inflight_per_connection: int = 1_000
+    """Requests of one connection awaiting their reply; past it the connection is refused
+    further requests with ``TooManyRequestsError`` until replies drain."""
+    max_request_bytes: int = 1 << 20
+    """A request frame larger than this closes its connection (the largest honest request,
+    a RESERVE or an ADD of many partitions, is a few KB)."""
+    idle_timeout_s: float = 600.0
+    """A connection with no frame in this long is closed (clients reconnect on demand)."""
+    max_open_txns_per_principal: int = 10_000
+    """Open txns one principal may hold on one TC (reserved ones included); a NEW or
+    RESERVE past it is refused with ``TooManyRequestsError``."""
 
 
 class CoordinatorWorker:
