@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.markup import escape
 
+from txnstream.cli._common import add_line_flags
 from txnstream.errors import TxnStreamError
 
 __all__ = ["main", "console", "err_console"]
@@ -42,6 +43,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "Kafka client (default: $TXNSTREAM_KAFKA_CONFIG); keeps passwords off "
                         "the command line")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    add_line_flags(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _GROUPS:
         try:

@@ -8,9 +8,9 @@ from collections.abc import Iterable, Sequence
 
 from rich.table import Table
 
-from txnstream.config import Config, TopicNames, load_kafka_properties
+from txnstream.config import Config, TopicNames, load_kafka_properties, read_secret_file
 
-__all__ = ["add_topic_flags", "config_from_args", "table", "fmt_age"]
+__all__ = ["add_topic_flags", "add_line_flags", "config_from_args", "table", "fmt_age"]
 
 
 def add_topic_flags(p: argparse.ArgumentParser) -> None:
@@ -19,14 +19,56 @@ def add_topic_flags(p: argparse.ArgumentParser) -> None:
                    help="internal topic prefix (default: $TXNSTREAM_TOPIC_PREFIX or __txn)")
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """A Config from ``--bootstrap`` / ``--prefix`` / ``--kafka-config`` and the environment."""
-    overrides: dict[str, object] = {}
+def add_line_flags(p: argparse.ArgumentParser) -> None:
+    """Global flags of the coordinator line's client side (every command takes them).
+
+    The secret is only ever read from a file: a command line is visible to every user of
+    the host (``ps``), so there is no flag that takes the secret itself.
+    """
+    g = p.add_argument_group(
+        "coordinator line",
+        "who this process is on the direct line to coordinator workers and how it proves "
+        "it (docs/security.md). Each flag overrides its environment variable; a worker "
+        "uses them for its own identity and TLS too.")
+    g.add_argument("--tc-principal", default=None, metavar="NAME",
+                   help="principal this process acts as; a txn belongs to the principal "
+                   "that opened it (default: $TXNSTREAM_TC_PRINCIPAL or txnstream)")
+    g.add_argument("--tc-secret-file", default=None, metavar="FILE",
+                   help="file holding the secret of --tc-principal, keep it mode 0600 "
+                   "(default: $TXNSTREAM_TC_SECRET or the file $TXNSTREAM_TC_SECRET_FILE; "
+                   "there is no flag taking the secret itself: ps shows command lines)")
+    g.add_argument("--tc-tls-ca", default=None, metavar="FILE",
+                   help="CA bundle: speak TLS to workers and verify their certificates; "
+                   "a worker verifies client certificates with it "
+                   "(default: $TXNSTREAM_TC_TLS_CAFILE)")
+    g.add_argument("--tc-tls-cert", default=None, metavar="FILE",
+                   help="certificate (PEM): a client's for mutual TLS, its common name is its "
+                   "principal; a worker's own, with it the worker serves TLS "
+                   "(default: $TXNSTREAM_TC_TLS_CERTFILE)")
+    g.add_argument("--tc-tls-key", default=None, metavar="FILE",
+                   help="private key of --tc-tls-cert, unless that file holds it "
+                   "(default: $TXNSTREAM_TC_TLS_KEYFILE)")
+
+
+def config_from_args(args: argparse.Namespace, **overrides: object) -> Config:
+    """A Config from the global flags, ``--prefix``, ``overrides`` and the environment.
+
+    ``--bootstrap``, ``--kafka-config`` and the coordinator line's flags
+    (:func:`add_line_flags`); a flag given wins over its environment variable.
+    """
     if getattr(args, "prefix", None):
         overrides["topics"] = TopicNames(args.prefix)
     if getattr(args, "kafka_config", None):
         overrides["kafka"] = load_kafka_properties(args.kafka_config)
-    return Config.from_env(args.bootstrap, **overrides)
+    if getattr(args, "tc_principal", None):
+        overrides["tc_principal"] = args.tc_principal
+    if getattr(args, "tc_secret_file", None):
+        overrides["tc_secret"] = read_secret_file(args.tc_secret_file, "--tc-secret-file")
+    for flag, name in (("tc_tls_ca", "tc_tls_cafile"), ("tc_tls_cert", "tc_tls_certfile"),
+                       ("tc_tls_key", "tc_tls_keyfile")):
+        if getattr(args, flag, None):
+            overrides[name] = getattr(args, flag)
+    return Config.from_env(getattr(args, "bootstrap", None), **overrides)
 
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[object]]) -> Table:

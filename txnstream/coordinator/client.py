@@ -348,7 +348,7 @@ class TransactionCoordinatorClient:
             try:
                 conn = ClientConnection.open(self._io, endpoint, self.config.tc_secret,
                                              self._tls, self._on_reply, self._on_close,
-                                             CONNECT_TIMEOUT_S)
+                                             CONNECT_TIMEOUT_S, self.config.tc_principal)
             except OSError as exc:  # refused, reset, unreachable, no handshake
                 raise _Unreachable(f"{endpoint}: {exc}") from exc
             self._conns[endpoint] = conn

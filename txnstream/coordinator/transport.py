@@ -7,10 +7,26 @@ medium of everything durable: a worker replies only once the entries a request p
 have read back from the log, so the line carries nothing a crash could lose.
 
 Wire form: every frame is a 4-byte big-endian length, then that many bytes. A connection
-opens with a handshake: the worker sends :data:`MAGIC` and a 16-byte nonce; the client
-answers :data:`MAGIC` and HMAC-SHA256(shared secret, nonce) (zeros without a secret, so
-the secret never crosses the wire); the worker answers ``OK``, or ``NO`` and the reason
-and closes. After it, client frames are requests and worker frames replies
+opens with a handshake that authenticates both ends and keys the frames after it:
+
+1. worker -> client: :data:`MAGIC`, a 16-byte nonce ``sn``;
+2. client -> worker: :data:`MAGIC`, its own nonce ``cn``, its principal (one length byte,
+   UTF-8) and ``HMAC-SHA256(secret, "client" | sn | cn | principal)`` (zeros without a
+   secret), so the secret never crosses the wire;
+3. worker -> client: ``OK``, the mode (``K`` keyed by the secret, ``T`` identified by its
+   TLS certificate, ``A`` anonymous) and, in mode ``K``, ``HMAC(secret, "worker" | sn |
+   cn | principal)``: the client checks it, so a process that does not know the secret
+   cannot pose as a worker (say, behind a forged endpoint record). ``NO`` and the reason
+   (credentials refused) or ``BY`` and the reason (the worker is at its connection cap),
+   then the worker closes.
+
+In mode ``K`` every later frame ends in a 16-byte tag, ``HMAC(session key, direction |
+frame number | payload)`` truncated, with the session key derived from the secret and
+both nonces: a relay that passed the handshake along can neither inject, reorder, replay
+nor alter a frame (a bad tag closes the connection). In mode ``T`` TLS does the same. A
+client that holds a secret refuses a worker that answers ``A``.
+
+After the handshake, client frames are requests and worker frames replies
 (``schemas/tc_request.avsc``, ``schemas/tc_reply.avsc``).
 
 Both ends run their sockets on an asyncio loop in a daemon thread, so TLS reads and
@@ -28,25 +44,31 @@ import os
 import ssl
 import struct
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txnstream.config import Config
 from txnstream.errors import ConfigError, CoordinatorAuthError
 
-__all__ = ["Endpoint", "Listener", "ServerConnection", "ClientConnection", "IoLoop",
-           "server_ssl_context", "client_ssl_context", "MAX_FRAME_BYTES"]
+__all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "ClientConnection",
+           "IoLoop", "FrameKey", "server_ssl_context", "client_ssl_context", "MAX_FRAME_BYTES",
+           "ANONYMOUS"]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TXNS1"
+MAGIC = b"TXNS2"
 FRAME = struct.Struct(">I")
 NONCE_BYTES = 16
 PROOF_BYTES = 32
 MAX_FRAME_BYTES = 8 << 20
 """A request or reply larger than this is refused (the largest, a LIST of many open
 txns, is far smaller); the bound keeps a garbage length from allocating gigabytes."""
+TAG_BYTES = 16
+"""Per-frame HMAC-SHA256 tag, truncated (128 bits, as TLS's GCM tags)."""
+ANONYMOUS = "anonymous"
+"""The principal of a client on a worker that authenticates nobody (loopback only)."""
+MAX_PRINCIPAL_BYTES = 128
 HANDSHAKE_TIMEOUT_S = 5.0
 """A peer that does not finish the handshake in this time is dropped."""
 MAX_UNSENT_BYTES = 16 << 20
@@ -75,21 +97,65 @@ class Endpoint:
         return cls(host.strip("[]"), int(port))
 
 
-def _proof(secret: str | None, nonce: bytes) -> bytes:
+def _proof(secret: str | None, label: bytes, sn: bytes, cn: bytes, principal: bytes) -> bytes:
     if not secret:
         return bytes(PROOF_BYTES)
-    return hmac.new(secret.encode(), nonce, hashlib.sha256).digest()
+    return hmac.digest(secret.encode(), label + sn + cn + principal, "sha256")
+
+
+class FrameKey:
+    """Tags and checks the frames of one keyed connection, in both directions."""
+
+    __slots__ = ("_key", "_out", "_in", "_sent", "_received")
+
+    def __init__(self, secret: str, sn: bytes, cn: bytes, principal: bytes,
+                 client_side: bool) -> None:
+        self._key = hmac.digest(secret.encode(), b"session" + sn + cn + principal, "sha256")
+        self._out, self._in = (b"C", b"S") if client_side else (b"S", b"C")
+        self._sent = 0
+        self._received = 0
+
+    def seal(self, payload: bytes) -> bytes:
+        """``payload`` and its tag (frames must be sealed in the order they are sent)."""
+        tag = hmac.digest(self._key, self._out + self._sent.to_bytes(8, "big") + payload,
+                          "sha256")[:TAG_BYTES]
+        self._sent += 1
+        return payload + tag
+
+    def open(self, frame: bytes) -> bytes:
+        """The payload of the next frame received; ``ValueError`` if its tag is wrong."""
+        if len(frame) < TAG_BYTES:
+            raise ValueError("a frame too short to carry its tag")
+        payload, tag = frame[:-TAG_BYTES], frame[-TAG_BYTES:]
+        want = hmac.digest(self._key, self._in + self._received.to_bytes(8, "big") + payload,
+                           "sha256")[:TAG_BYTES]
+        if not hmac.compare_digest(tag, want):
+            raise ValueError(f"frame {self._received} failed its authentication tag "
+                             "(altered, injected or replayed)")
+        self._received += 1
+        return payload
 
 
 def _frame(data: bytes) -> bytes:
     return FRAME.pack(len(data)) + data
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES) -> bytes:
     (n,) = FRAME.unpack(await reader.readexactly(FRAME.size))
-    if n > MAX_FRAME_BYTES:
-        raise ValueError(f"frame of {n} bytes is over the {MAX_FRAME_BYTES}-byte bound")
+    if n > limit:
+        raise ValueError(f"frame of {n} bytes is over the {limit}-byte bound")
     return await reader.readexactly(n)
+
+
+def _cert_principal(cert: Any) -> str | None:
+    """The common name of a verified peer certificate (mutual TLS), if any."""
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and isinstance(value, str):
+                return value
+    return None
 
 
 def server_ssl_context(config: Config) -> ssl.SSLContext | None:
@@ -168,18 +234,21 @@ class IoLoop:
 class _Conn:
     """One open connection; sends are handed to the loop and never block the caller."""
 
-    def __init__(self, io: IoLoop, writer: asyncio.StreamWriter, peer: str) -> None:
+    def __init__(self, io: IoLoop, writer: asyncio.StreamWriter, peer: str,
+                 key: FrameKey | None = None) -> None:
         self._io = io
         self._writer = writer
         self.peer = peer
+        self.key = key
+        """Tags frames (mode ``K``); None under TLS or without authentication."""
         self.closed = threading.Event()
 
     def send(self, data: bytes) -> None:
         """Queue one frame; dropped if the connection has closed."""
         if not self.closed.is_set():
-            self._io.call(self._write, _frame(data))
+            self._io.call(self._write, data)
 
-    def _write(self, framed: bytes) -> None:
+    def _write(self, data: bytes) -> None:
         if self.closed.is_set():
             return
         transport = self._writer.transport
@@ -188,7 +257,11 @@ class _Conn:
                         self.peer, transport.get_write_buffer_size())
             self._close_now()
             return
-        self._writer.write(framed)
+        # sealed here, on the loop thread, so tags number the frames in the order sent
+        self._writer.write(_frame(self.key.seal(data) if self.key is not None else data))
+
+    def _unseal(self, frame: bytes) -> bytes:
+        return self.key.open(frame) if self.key is not None else frame
 
     def _close_now(self) -> None:
         self.closed.set()
@@ -203,23 +276,47 @@ class _Conn:
 class ServerConnection(_Conn):
     """A client's connection as its worker sees it: replies go back through :meth:`send`."""
 
+    def __init__(self, io: IoLoop, writer: asyncio.StreamWriter, peer: str,
+                 principal: str = ANONYMOUS, key: FrameKey | None = None) -> None:
+        super().__init__(io, writer, peer, key)
+        self.principal = principal
+        """Who the handshake proved the client is (``anonymous`` without authentication)."""
+        self.inflight = 0
+        """Requests of this connection awaiting a reply (counted by the worker)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineLimits:
+    """What one listener lets clients hold (WorkerSettings carries the worker's values)."""
+
+    max_connections: int = 1_024
+    max_request_bytes: int = 1 << 20
+    idle_timeout_s: float = 600.0
+
 
 class Listener:
     """A worker's listener: calls ``on_request(frame, connection)`` for every frame.
 
     ``on_request`` runs on the loop thread: it must only hand the frame over (a queue).
+    ``users`` maps each principal to its secret; with none (and no client certificates
+    required) every client is ``anonymous``.
     """
 
     def __init__(self, host: str, port: int, on_request: Callable[[bytes, ServerConnection],
                                                                   None],
-                 secret: str | None = None, tls: ssl.SSLContext | None = None,
-                 name: str = "txnstream-tc-listener") -> None:
+                 users: Mapping[str, str] | None = None, tls: ssl.SSLContext | None = None,
+                 name: str = "txnstream-tc-listener", limits: LineLimits | None = None
+                 ) -> None:
         self._on_request = on_request
-        self._secret = secret
+        self._users = dict(users or {})
         self._tls = tls
         self._require_cert = tls is not None and tls.verify_mode is not ssl.CERT_NONE
+        self.limits = limits or LineLimits()
         self._io = IoLoop(name)
         self._conns: set[ServerConnection] = set()
+        self._opening = 0
+        self.refused = 0
+        """Connections refused (credentials, cap): a count for tests and stats."""
         try:
             self._server = self._io.run(asyncio.start_server(self._serve, host, port, ssl=tls),
                                         timeout=10)
@@ -234,48 +331,94 @@ class Listener:
         """Whether the listener speaks TLS."""
         return self._tls is not None
 
+    @property
+    def authenticates(self) -> bool:
+        """Whether every client must prove who it is (a secret or a certificate)."""
+        return bool(self._users) or self._require_cert
+
+    def connections(self) -> int:
+        """Open client connections (handshakes under way included)."""
+        return len(self._conns) + self._opening
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_addr = writer.get_extra_info("peername")
         peer = f"{peer_addr[0]}:{peer_addr[1]}" if peer_addr else "?"
-        conn = ServerConnection(self._io, writer, peer)
+        conn: ServerConnection | None = None
+        self._opening += 1
         try:
-            if not await asyncio.wait_for(self._handshake(reader, writer, peer),
-                                          HANDSHAKE_TIMEOUT_S):
+            try:
+                conn = await asyncio.wait_for(self._handshake(reader, writer, peer),
+                                              HANDSHAKE_TIMEOUT_S)
+            finally:
+                self._opening -= 1
+            if conn is None:
+                self.refused += 1
                 return
             self._conns.add(conn)
+            limits = self.limits
             while True:
-                self._on_request(await _read_frame(reader), conn)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                frame = await asyncio.wait_for(_read_frame(reader, limits.max_request_bytes),
+                                               limits.idle_timeout_s)
+                self._on_request(conn._unseal(frame), conn)
+        except TimeoutError:
+            if conn is not None:
+                log.info("closing the connection from %s (%s): idle for %.0f s", peer,
+                         conn.principal, self.limits.idle_timeout_s)
+        except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away (or never finished the handshake)
         except (ValueError, ssl.SSLError, OSError) as exc:
             log.warning("dropping the connection from %s: %s", peer, exc)
         finally:
-            self._conns.discard(conn)
-            conn.closed.set()
+            if conn is not None:
+                self._conns.discard(conn)
+                conn.closed.set()
             writer.close()
 
+    async def _refuse(self, writer: asyncio.StreamWriter, peer: str, verdict: bytes,
+                      why: str) -> None:
+        log.warning("refused a connection from %s: %s", peer, why)
+        writer.write(verdict + why.encode()[:200])
+        await writer.drain()
+
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         peer: str) -> bool:
-        nonce = os.urandom(NONCE_BYTES)
-        writer.write(MAGIC + nonce)
-        answer = await reader.readexactly(len(MAGIC) + PROOF_BYTES)
-        if answer[:len(MAGIC)] != MAGIC:
-            log.warning("refused a connection from %s: not a txnstream client", peer)
-            return False
-        if self._require_cert and not writer.get_extra_info("peercert"):
-            log.warning("refused a connection from %s: no client certificate", peer)
-            writer.write(b"NO" + b"this worker requires a client certificate (mutual TLS: "
-                                 b"tc_tls_certfile / tc_tls_keyfile)")
-            await writer.drain()
-            return False
-        if self._secret and not hmac.compare_digest(answer[len(MAGIC):],
-                                                    _proof(self._secret, nonce)):
-            log.warning("refused a connection from %s: wrong shared secret", peer)
-            writer.write(b"NO" + b"wrong shared secret (tc_secret / TXNSTREAM_TC_SECRET)")
-            await writer.drain()
-            return False
-        writer.write(b"OK")
-        return True
+                         peer: str) -> ServerConnection | None:
+        sn = os.urandom(NONCE_BYTES)
+        writer.write(MAGIC + sn)
+        head = await reader.readexactly(len(MAGIC) + NONCE_BYTES + 1)
+        if head[:len(MAGIC)] != MAGIC:
+            log.warning("refused a connection from %s: not a txnstream client (or an older "
+                        "one)", peer)
+            return None
+        cn = head[len(MAGIC):len(MAGIC) + NONCE_BYTES]
+        claimed = await reader.readexactly(head[-1])
+        proof = await reader.readexactly(PROOF_BYTES)
+        if self.connections() > self.limits.max_connections:
+            await self._refuse(writer, peer, b"BY", f"the worker is at its cap of "
+                               f"{self.limits.max_connections} connections (max_connections)")
+            return None
+        cert_principal = _cert_principal(writer.get_extra_info("peercert"))
+        if self._require_cert and cert_principal is None:
+            await self._refuse(writer, peer, b"NO", "this worker requires a client "
+                               "certificate (mutual TLS: tc_tls_certfile / tc_tls_keyfile)")
+            return None
+        name = claimed.decode(errors="replace")
+        secret = self._users.get(name)
+        if secret is not None and hmac.compare_digest(
+                proof, _proof(secret, b"client", sn, cn, claimed)):
+            writer.write(b"OK" + b"K" + _proof(secret, b"worker", sn, cn, claimed))
+            return ServerConnection(self._io, writer, peer, name,
+                                    FrameKey(secret, sn, cn, claimed, client_side=False))
+        if cert_principal is not None:  # mutual TLS: the certificate says who it is
+            writer.write(b"OK" + b"T" + bytes(PROOF_BYTES))
+            return ServerConnection(self._io, writer, peer, cert_principal)
+        if self._users:
+            why = (f"wrong secret for principal {name!r} (tc_principal / tc_secret)"
+                   if name in self._users or not any(proof) else
+                   f"unknown principal {name!r} (tc_principal / tc_secret)")
+            await self._refuse(writer, peer, b"NO", why)
+            return None
+        writer.write(b"OK" + b"A" + bytes(PROOF_BYTES))
+        return ServerConnection(self._io, writer, peer, ANONYMOUS)
 
     def close(self) -> None:
         """Stop listening and close every connection (idempotent)."""
@@ -300,12 +443,19 @@ class ClientConnection(_Conn):
     @classmethod
     def open(cls, io: IoLoop, endpoint: Endpoint, secret: str | None,
              tls: ssl.SSLContext | None, on_reply: Callable[[bytes], None],
-             on_close: Callable[[ClientConnection], None], timeout_s: float
-             ) -> ClientConnection:
-        """Connect and handshake.
+             on_close: Callable[[ClientConnection], None], timeout_s: float,
+             principal: str = "txnstream") -> ClientConnection:
+        """Connect and handshake as ``principal`` (proving ``secret`` if given).
 
-        ``OSError`` if unreachable, ``CoordinatorAuthError`` if refused.
+        ``OSError`` if unreachable or the worker is at its connection cap,
+        ``CoordinatorAuthError`` if refused or if the worker cannot prove it knows
+        the secret.
         """
+        name = principal.encode()
+        if not 0 < len(name) <= MAX_PRINCIPAL_BYTES:
+            raise ConfigError(f"tc_principal {principal!r} is not 1-{MAX_PRINCIPAL_BYTES} "
+                              "bytes")
+
         async def connect() -> ClientConnection:
             reader, writer = await asyncio.open_connection(
                 endpoint.host, endpoint.port, ssl=tls,
@@ -313,13 +463,35 @@ class ClientConnection(_Conn):
             try:
                 hello = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
                 if hello[:len(MAGIC)] != MAGIC:
-                    raise ConnectionError(f"{endpoint} is not a txnstream worker")
-                writer.write(MAGIC + _proof(secret, hello[len(MAGIC):]))
+                    raise ConnectionError(f"{endpoint} is not a txnstream worker (or runs "
+                                          "another version of the line)")
+                sn, cn = hello[len(MAGIC):], os.urandom(NONCE_BYTES)
+                writer.write(MAGIC + cn + bytes([len(name)]) + name
+                             + _proof(secret, b"client", sn, cn, name))
                 verdict = await reader.readexactly(2)
                 if verdict != b"OK":
                     why = (await reader.read(200)).decode(errors="replace")
+                    if verdict == b"BY":
+                        raise ConnectionError(f"the coordinator worker at {endpoint} is "
+                                              f"busy: {why}")
                     raise CoordinatorAuthError(
                         f"the coordinator worker at {endpoint} refused this client: {why}")
+                mode = await reader.readexactly(1)
+                worker_proof = await reader.readexactly(PROOF_BYTES)
+                key: FrameKey | None = None
+                if mode == b"K" and secret:
+                    if not hmac.compare_digest(worker_proof,
+                                               _proof(secret, b"worker", sn, cn, name)):
+                        raise CoordinatorAuthError(
+                            f"the coordinator worker at {endpoint} could not prove it knows "
+                            f"the secret of {principal!r}: not talking to it (a forged "
+                            "endpoint, or a relay)")
+                    key = FrameKey(secret, sn, cn, name, client_side=True)
+                elif secret and mode != b"T":
+                    raise CoordinatorAuthError(
+                        f"the coordinator worker at {endpoint} does not authenticate "
+                        f"clients, but this client holds a secret for {principal!r}: not "
+                        "talking to it (a misconfigured worker, or a forged endpoint)")
             except asyncio.IncompleteReadError as exc:
                 writer.close()
                 raise ConnectionError(f"{endpoint} closed the connection during the "
@@ -327,7 +499,7 @@ class ClientConnection(_Conn):
             except BaseException:
                 writer.close()
                 raise
-            conn = cls(io, writer, str(endpoint))
+            conn = cls(io, writer, str(endpoint), key)
             asyncio.ensure_future(conn._read(reader, on_reply, on_close))
             return conn
 
@@ -344,8 +516,10 @@ class ClientConnection(_Conn):
                     on_close: Callable[[ClientConnection], None]) -> None:
         try:
             while True:
-                on_reply(await _read_frame(reader))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError) as exc:
+                on_reply(self._unseal(await _read_frame(reader)))
+        except ValueError as exc:
+            log.warning("closing the connection to %s: %s", self.peer, exc)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             log.debug("connection to %s closed: %s", self.peer, exc)
         finally:
             self.closed.set()

@@ -61,6 +61,7 @@ outcomes, see :meth:`TransactionMetadataStore.shrink_groups`), never a restart.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import queue
@@ -77,7 +78,7 @@ from confluent_kafka.admin import AdminClient
 from txnstream import metrics
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.worker import BufferWorker
-from txnstream.config import Config
+from txnstream.config import Config, load_tc_users
 from txnstream.coordinator.client import TcEndpoint
 from txnstream.coordinator.finalizer import TxnFinalizer
 from txnstream.coordinator.handlers import TcRequestHandler
@@ -85,12 +86,14 @@ from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.transport import (
     Endpoint,
+    LineLimits,
     Listener,
     ServerConnection,
     server_ssl_context,
 )
 from txnstream.coordinator.txn_log import KafkaClients, KafkaTransactionLog, TransactionLog
 from txnstream.errors import (
+    ConfigError,
     CorruptRecordError,
     KafkaClientError,
     NotCoordinatorError,
@@ -110,6 +113,21 @@ METRICS_EXPORT_S = 1.0
 ORIGINS_SWEEP_AT = 10_000
 """Requests awaiting a reply past this many: those past their deadline are forgotten
 (their client gave up on them; a resend brings its connection again)."""
+
+
+def line_users(config: Config) -> dict[str, str]:
+    """Every principal a worker lets in by secret: its own, and the users file's."""
+    users = load_tc_users(config.tc_users_file) if config.tc_users_file else {}
+    if config.tc_secret:
+        users.setdefault(config.tc_principal, config.tc_secret)
+    return users
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,10 +220,21 @@ class CoordinatorWorker:
         self._sweep_origins_at = ORIGINS_SWEEP_AT
         """Request id -> the connection to answer on, and the request's deadline."""
         bind = Endpoint.parse(s.listen)
+        users = line_users(config)
+        if not users and not config.tc_tls_client_auth and not _loopback(bind.host) \
+                and not s.allow_unauthenticated:
+            raise ConfigError(
+                f"worker {self.worker_id} would serve the coordinator line on {s.listen} "
+                "with no authentication: anyone who reaches it could end every txn. Set a "
+                "secret (TXNSTREAM_TC_SECRET / TXNSTREAM_TC_SECRET_FILE, or "
+                "--tc-users-file), mutual TLS (--tls-client-auth), listen on loopback, or "
+                "pass --allow-unauthenticated")
         self._listener = Listener(bind.host, bind.port,
                                   lambda data, conn: self._inbox.put((data, conn)),
-                                  secret=config.tc_secret, tls=server_ssl_context(config),
-                                  name=f"tc-listener-{self.worker_id}")
+                                  users=users, tls=server_ssl_context(config),
+                                  name=f"tc-listener-{self.worker_id}",
+                                  limits=LineLimits(s.max_connections, s.max_request_bytes,
+                                                    s.idle_timeout_s))
         if s.advertise:
             self.address = Endpoint.parse(s.advertise)
         elif bind.host in ("0.0.0.0", "::", ""):  # every interface: tell the host's name

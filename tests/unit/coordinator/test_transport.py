@@ -24,6 +24,7 @@ from txnstream.coordinator.transport import (
     ClientConnection,
     Endpoint,
     IoLoop,
+    LineLimits,
     Listener,
     ServerConnection,
     client_ssl_context,
@@ -83,9 +84,10 @@ def answer(req: TcRequest, conn: ServerConnection) -> None:
 def listeners() -> Iterator[Callable[..., Listener]]:
     made: list[Listener] = []
 
-    def make(handler: Handler = answer, secret: str | None = None) -> Listener:
+    def make(handler: Handler = answer, secret: str | None = None,
+             limits: LineLimits | None = None) -> Listener:
         lst = Listener("127.0.0.1", 0, lambda data, conn: handler(TcRequest.decode(data), conn),
-                       secret=secret)
+                       users={"txnstream": secret} if secret else None, limits=limits)
         made.append(lst)
         return lst
 
@@ -148,7 +150,7 @@ def test_a_client_with_the_wrong_secret_is_refused_with_a_clear_error(listeners,
     with pytest.raises(CoordinatorAuthError) as err:
         client.request(TcOp.GET, 0)
     assert time.monotonic() - t0 < 2.0, "a refusal is not retried until the deadline"
-    assert str(lst.address) in str(err.value) and "wrong shared secret" in str(err.value)
+    assert str(lst.address) in str(err.value) and "wrong secret for principal 'txnstream'" in str(err.value)
     assert "not-the-secret" not in str(err.value) and SECRET not in str(err.value)
     # no secret at all is refused the same way; the right one is let in
     nobody, d2 = make_client(secret=None)
@@ -222,8 +224,9 @@ def test_an_oversized_frame_drops_that_connection_and_the_listener_keeps_serving
     lst = listeners()
     with socket.create_connection((lst.address.host, lst.address.port), 5) as raw:
         hello = raw.recv(5 + 16)
-        raw.sendall(hello[:5] + bytes(32))
+        raw.sendall(hello[:5] + bytes(16) + b"\x00" + bytes(32))
         assert raw.recv(2) == b"OK"
+        assert raw.recv(33)[:1] == b"A"
         raw.sendall(struct.pack(">I", MAX_FRAME_BYTES + 1))
         raw.settimeout(5)
         assert raw.recv(1) == b"", "the listener closes a connection that sends a huge frame"
@@ -329,3 +332,128 @@ def test_tls_and_mutual_tls_let_in_only_a_client_that_presents_what_is_required(
     finally:
         for lst in made:
             lst.close()
+
+
+class Relay:
+    """A man in the middle: forwards bytes both ways and can inject its own into the
+    client-to-worker stream once the handshake has passed through it."""
+
+    def __init__(self, target: Endpoint) -> None:
+        self.target = target
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen()
+        self.address = Endpoint("127.0.0.1", self.srv.getsockname()[1])
+        self.upstream: socket.socket | None = None
+        self.ready = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        client, _ = self.srv.accept()
+        up = socket.create_connection((self.target.host, self.target.port), 5)
+        self.upstream = up
+
+        def pump(a: socket.socket, b: socket.socket) -> None:
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+        threading.Thread(target=pump, args=(client, up), daemon=True).start()
+        threading.Thread(target=pump, args=(up, client), daemon=True).start()
+        self.ready.set()
+
+    def inject(self, payload: bytes) -> None:
+        assert self.upstream is not None
+        self.upstream.sendall(struct.pack(">I", len(payload)) + payload)
+
+    def close(self) -> None:
+        self.srv.close()
+        if self.upstream is not None:
+            self.upstream.close()
+
+
+def test_a_relay_that_passed_the_handshake_along_cannot_inject_a_request(listeners,
+                                                                         make_client):
+    """Old line: only the handshake was authenticated, so a relay without the secret
+    injected an END after it. Now every frame carries a tag keyed from the secret and
+    both nonces: the injected frame closes the connection and is never handled."""
+    seen: list[TcRequest] = []
+
+    def record(req: TcRequest, conn: ServerConnection) -> None:
+        seen.append(req)
+        answer(req, conn)
+
+    lst = listeners(record, secret=SECRET)
+    relay = Relay(lst.address)
+    try:
+        client, d = make_client(secret=SECRET)
+        d.set(0, relay.address, epoch=10)
+        assert client.request(TcOp.GET, 0).txn_seq == 7  # honest traffic passes the relay
+        assert relay.ready.wait(5)
+        forged = TcRequest("forged-1", "mallory", -1, TcOp.END, 0,
+                           int(time.time() * 1000) + 60_000, txn_seq=3, commit=True)
+        relay.inject(forged.encode() + bytes(16))  # a frame with a made-up tag
+        time.sleep(0.5)
+        assert [r.request_id for r in seen if r.op is TcOp.END] == [], \
+            "an injected frame was handled"
+        assert lst.connections() == 0, "the worker closed the tampered connection"
+    finally:
+        relay.close()
+
+
+def test_a_frame_tag_rejects_replay_reorder_and_alteration():
+    from txnstream.coordinator.transport import FrameKey
+    sn, cn, who = bytes(range(16)), bytes(range(16, 32)), b"alice"
+    sender = FrameKey(SECRET, sn, cn, who, client_side=True)
+    receiver = FrameKey(SECRET, sn, cn, who, client_side=False)
+    a, b = sender.seal(b"first"), sender.seal(b"second")
+    with pytest.raises(ValueError, match="authentication tag"):
+        FrameKey(SECRET, sn, cn, who, client_side=False).open(b)  # reordered
+    assert receiver.open(a) == b"first"
+    with pytest.raises(ValueError, match="authentication tag"):
+        receiver.open(a)  # replayed
+    with pytest.raises(ValueError, match="authentication tag"):
+        FrameKey(SECRET, sn, cn, who, client_side=False).open(b"x" + a[1:])  # altered
+    with pytest.raises(ValueError, match="authentication tag"):
+        FrameKey("other", sn, cn, who, client_side=False).open(a)  # another key
+    with pytest.raises(ValueError, match="authentication tag"):
+        FrameKey(SECRET, sn, cn, who, client_side=True).open(a)  # its own direction
+
+
+def test_a_client_with_a_secret_refuses_a_worker_that_cannot_prove_it(listeners,
+                                                                      make_client):
+    """A forged endpoint record may point clients at any process: one that does not know
+    the secret (here, a worker with no authentication) is never sent a request."""
+    seen: list[TcRequest] = []
+
+    def record(req: TcRequest, conn: ServerConnection) -> None:
+        seen.append(req)
+        answer(req, conn)
+
+    impostor = listeners(record)
+    client, d = make_client(secret=SECRET)
+    d.set(0, impostor.address, epoch=10)
+    with pytest.raises(CoordinatorAuthError, match="does not authenticate clients"):
+        client.request(TcOp.GET, 0)
+    assert seen == []
+
+
+def test_the_connection_cap_refuses_one_more_and_idle_connections_are_closed(listeners):
+    lst = listeners(limits=LineLimits(max_connections=2, idle_timeout_s=0.5))
+    io = IoLoop("test-cap")
+    try:
+        def connect() -> ClientConnection:
+            return ClientConnection.open(io, lst.address, None, None, lambda _r: None,
+                                         lambda _c: None, 2)
+        first, second = connect(), connect()
+        with pytest.raises(ConnectionError, match="max_connections"):
+            connect()
+        assert not first.closed.is_set() and not second.closed.is_set()
+        assert first.closed.wait(3) and second.closed.wait(3), "idle connections closed"
+        deadline = time.monotonic() + 3
+        while lst.connections() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        connect().close()  # room again once they are gone
+    finally:
+        io.close()
