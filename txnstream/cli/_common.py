@@ -19,6 +19,20 @@ def add_topic_flags(p: argparse.ArgumentParser) -> None:
                    help="internal topic prefix (default: $TXNSTREAM_TOPIC_PREFIX or __txn)")
 
 
+class _SecretNotOnCommandLine(argparse.Action):
+    """``--tc-secret VALUE``: refused with a message that does not repeat the value.
+
+    Without it argparse would take ``--tc-secret`` for ``--tc-secret-file`` (prefix
+    matching) and report the secret as a file it cannot read.
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not taken: a command line is visible to every user "
+                     "of the host (ps). Put the secret in a file (mode 0600) and give "
+                     "--tc-secret-file FILE, or set $TXNSTREAM_TC_SECRET_FILE")
+
+
 def add_line_flags(p: argparse.ArgumentParser) -> None:
     """Global flags of the coordinator line's client side (every command takes them).
 
@@ -48,6 +62,7 @@ def add_line_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tc-tls-key", default=None, metavar="FILE",
                    help="private key of --tc-tls-cert, unless that file holds it "
                    "(default: $TXNSTREAM_TC_TLS_KEYFILE)")
+    g.add_argument("--tc-secret", action=_SecretNotOnCommandLine, help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace, **overrides: object) -> Config:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -53,21 +54,120 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="address the metrics endpoints bind (default 127.0.0.1; 0.0.0.0 in a "
                    "container, so Prometheus can scrape them)")
+    _add_auth_flags(p)
+    _add_limit_flags(p)
     p.set_defaults(handler=_run)
+
+
+def _add_auth_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "authentication of clients",
+        "who may use this worker's line (docs/security.md); the worker's own principal, "
+        "secret and TLS files are the global --tc-* flags, given before 'worker'. Each "
+        "flag overrides its environment variable.")
+    g.add_argument("--tc-users-file", default=None, metavar="FILE",
+                   help="more principals this worker accepts, one principal=secret line "
+                   "each (keep it mode 0600); the worker's own --tc-principal is always "
+                   "one (default: $TXNSTREAM_TC_USERS_FILE)")
+    g.add_argument("--tc-admin", action="append", default=None, metavar="PRINCIPAL",
+                   dest="tc_admins",
+                   help="a principal that may list, inspect and abort every txn; repeat for "
+                   "more (default: $TXNSTREAM_TC_ADMINS, comma-separated, else the "
+                   "worker's own principal)")
+    g.add_argument("--tls-client-auth", action=argparse.BooleanOptionalAction, default=None,
+                   help="require a client certificate signed by --tc-tls-ca (mutual TLS; "
+                   "needs --tc-tls-cert/--tc-tls-key for the worker's own); its common "
+                   "name is the client's principal (default: $TXNSTREAM_TC_TLS_CLIENT_AUTH)")
+    g.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve the line beyond loopback with no secret, users file or "
+                   "mutual TLS; anyone who reaches the port can then act as anyone, so "
+                   "the worker refuses to start that way without this flag")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    d = WorkerSettings()
+    g = p.add_argument_group(
+        "limits", "caps on what clients may hold on this worker, so that no client, or crowd of "
+        "them, can exhaust it")
+    g.add_argument("--max-connections", type=_positive_int, default=d.max_connections,
+                   metavar="N", help="open client connections; one more is refused "
+                   "(default %(default)s)")
+    g.add_argument("--max-open-txns-per-principal", type=_positive_int,
+                   default=d.max_open_txns_per_principal, metavar="N",
+                   help="open txns one principal may hold on one coordinator, reserved "
+                   "TxnIDs included; a new txn past it is refused (default %(default)s)")
+    g.add_argument("--idle-timeout-s", type=_positive_seconds, default=d.idle_timeout_s,
+                   metavar="S", help="a connection silent this long is closed; clients "
+                   "reconnect on demand (default %(default)s)")
+    g.add_argument("--max-request-bytes", type=_positive_int, default=d.max_request_bytes,
+                   metavar="N", help="a request frame larger than this closes its "
+                   "connection; honest requests are a few KB (default %(default)s)")
+    g.add_argument("--max-inflight-per-connection", type=_positive_int,
+                   default=d.max_inflight_per_connection, metavar="N",
+                   help="requests of one connection awaiting their reply; past it further "
+                   "requests are refused until replies drain (default %(default)s)")
+
+
+def worker_config_from_args(args: argparse.Namespace) -> Config:
+    """The worker's Config: the global flags, its client-authentication flags, the env."""
+    overrides: dict[str, object] = {}
+    if args.tc_users_file:
+        overrides["tc_users_file"] = args.tc_users_file
+    if args.tc_admins:
+        overrides["tc_admins"] = tuple(args.tc_admins)
+    if args.tls_client_auth is not None:
+        overrides["tc_tls_client_auth"] = args.tls_client_auth
+    return config_from_args(args, **overrides)
+
+
+def worker_settings_from_args(args: argparse.Namespace) -> WorkerSettings:
+    """The WorkerSettings the ``worker`` command's flags ask for."""
+    return WorkerSettings(
+        session_timeout_ms=args.session_timeout_ms,
+        buffer_role=not args.no_buffer_role and args.buffer_in_process,
+        buffer_topics=_buffer_topics(args),
+        listen=args.listen, advertise=args.advertise,
+        allow_unauthenticated=args.allow_unauthenticated,
+        max_connections=args.max_connections,
+        max_inflight_per_connection=args.max_inflight_per_connection,
+        max_request_bytes=args.max_request_bytes,
+        idle_timeout_s=args.idle_timeout_s,
+        max_open_txns_per_principal=args.max_open_txns_per_principal)
+
+
+def _buffer_topics(args: argparse.Namespace) -> tuple[str, ...] | None:
+    return (tuple(t for t in args.buffer_topics.split(",") if t)
+            if args.buffer_topics else None)
 
 
 def _run(args: argparse.Namespace) -> int:
     logging.getLogger("txnstream").setLevel(logging.INFO)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
-    config = config_from_args(args)
-    topics = (tuple(t for t in args.buffer_topics.split(",") if t)
-              if args.buffer_topics else None)
+    config = worker_config_from_args(args)
+    topics = _buffer_topics(args)
     child = not args.no_buffer_role and not args.buffer_in_process
-    settings = WorkerSettings(
-        session_timeout_ms=args.session_timeout_ms,
-        buffer_role=not args.no_buffer_role and not child, buffer_topics=topics,
-        listen=args.listen, advertise=args.advertise)
+    settings = worker_settings_from_args(args)
     worker = CoordinatorWorker(config, args.id, settings)
     if args.metrics_port:
         from txnstream import metrics
