@@ -9,6 +9,11 @@ pick up from the checkpoint. Each window's count is written exactly once per bat
 ``--with-worker`` runs a coordinator worker in-process for the run (the demo does);
 otherwise ``txnstream worker`` must be running. ``--check`` reads the output back,
 committed-only, and prints what was written (``make demo`` uses both, windowed).
+
+The coordinator line's credentials come from the environment as everywhere
+(``TXNSTREAM_TC_PRINCIPAL``, ``TXNSTREAM_TC_SECRET`` or ``_SECRET_FILE``,
+``TXNSTREAM_TC_TLS_*``; ``Config.from_env``) or ``--tc-secret-file``; they reach the source
+and sink as their ``tc.*`` options (a secret file as ``tc.secretFile``, read by the driver).
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ def main(argv: list[str]) -> int:
                     help="how late a record may come (windowed; default: --window)")
     ap.add_argument("--kafka-config", default=os.environ.get("TXNSTREAM_KAFKA_CONFIG"),
                     help="librdkafka settings file (SASL/TLS), passed as kafka.* options")
+    ap.add_argument("--tc-secret-file", default=None,
+                    help="the coordinator line's secret, in a file (default: "
+                         "$TXNSTREAM_TC_SECRET or $TXNSTREAM_TC_SECRET_FILE)")
     ap.add_argument("--max-records-per-trigger", type=int, default=None,
                     help="cap each micro-batch (the source's maxRecordsPerTrigger)")
     ap.add_argument("--master", default=None,
@@ -76,14 +84,22 @@ def main(argv: list[str]) -> int:
                    .config("spark.driver.host", "127.0.0.1"))
     spark = builder.getOrCreate()
     spark.dataSource.register(TxnStreamDataSource)
-    from txnstream.config import load_kafka_properties
+    from txnstream.config import Config, TopicNames, load_kafka_properties, read_secret_file
 
     kafka = load_kafka_properties(args.kafka_config) if args.kafka_config else {}
-    common = {"kafka.bootstrap.servers": args.bootstrap,
-              **{f"kafka.{k}": v for k, v in kafka.items()}}
-    _ensure_topic(args.bootstrap, args.output, kafka)
+    overrides: dict = {"kafka": kafka}
     if args.prefix:
-        common["txnstream.prefix"] = args.prefix
+        overrides["topics"] = TopicNames(args.prefix)
+    # As Config.from_env: TXNSTREAM_TC_SECRET wins over TXNSTREAM_TC_SECRET_FILE.
+    secret_file = args.tc_secret_file or (None if os.environ.get("TXNSTREAM_TC_SECRET")
+                                          else os.environ.get("TXNSTREAM_TC_SECRET_FILE"))
+    if args.tc_secret_file:
+        overrides["tc_secret"] = read_secret_file(args.tc_secret_file, "--tc-secret-file")
+    config = Config.from_env(args.bootstrap, **overrides)
+    common = {"kafka.bootstrap.servers": args.bootstrap,
+              **{f"kafka.{k}": v for k, v in kafka.items()},
+              "txnstream.prefix": config.topics.prefix, **_line_options(config, secret_file)}
+    _ensure_topic(args.bootstrap, args.output, kafka)
     reader = spark.readStream.format("txnstream").options(**common, subscribe=args.input)
     if args.max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(args.max_records_per_trigger))
@@ -98,10 +114,6 @@ def main(argv: list[str]) -> int:
                                                         F.col("count"))).alias("value")))
     else:
         out = source.select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
-    from txnstream.config import Config, TopicNames
-
-    config = Config(bootstrap_servers=args.bootstrap, kafka=kafka,
-                    topics=TopicNames(args.prefix) if args.prefix else TopicNames())
     worker = _start_worker(config) if args.with_worker else None
     try:
         writer = (out.writeStream.format("txnstream").options(**common, topic=args.output)
@@ -119,6 +131,26 @@ def main(argv: list[str]) -> int:
         if worker is not None:
             worker.stop()
     return 0 if ok else 1
+
+
+def _line_options(config, secret_file: str | None) -> dict[str, str]:
+    """The source's and sink's ``tc.*`` options for ``config``'s coordinator line.
+
+    A secret that came from a file is passed as that file (``tc.secretFile``, read by
+    the driver), so it is in no option; one from ``TXNSTREAM_TC_SECRET`` as ``tc.secret``
+    (Spark redacts options named ``*secret*`` in its UI and plans).
+    """
+    line = {"tc.principal": config.tc_principal}
+    if secret_file:
+        line["tc.secretFile"] = secret_file
+    elif config.tc_secret:
+        line["tc.secret"] = config.tc_secret
+    for option, value in (("tc.tls.cafile", config.tc_tls_cafile),
+                          ("tc.tls.certfile", config.tc_tls_certfile),
+                          ("tc.tls.keyfile", config.tc_tls_keyfile)):
+        if value:
+            line[option] = value
+    return line
 
 
 def _run_until_idle(query, idle_s: float = 6.0) -> None:

@@ -1,4 +1,12 @@
-"""Options of the ``txnstream`` Spark data source, parsed once, with errors that name them."""
+"""Options of the ``txnstream`` Spark data source, parsed once, with errors that name them.
+
+Every option is checked here, on the driver, before a query takes anything: numbers are
+whole or finite and in range, offsets JSON holds partitions and offsets. The coordinator
+line's credentials (``tc.*``, see :data:`TC_OPTIONS`) go into the :class:`Config` the
+driver ships to the executors; a secret never shows in a repr (``Config`` hides it) or in
+an error (they name the option, never its value). Spark itself redacts the values of
+options whose name holds ``secret`` (``spark.redaction.regex``) in its UI and plans.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from txnstream.config import Config, TopicNames
+from txnstream.config import Config, TopicNames, check_principal, read_secret_file
 from txnstream.errors import ConfigError
+from txnstream.validate import (
+    MAX_LONG,
+    MAX_PARTITION,
+    seconds_text,
+    whole_number,
+    whole_number_text,
+)
 
-__all__ = ["SourceOptions", "SinkOptions", "parse_offsets"]
+__all__ = ["SourceOptions", "SinkOptions", "parse_offsets", "TC_OPTIONS"]
 
 BOOTSTRAP = "kafka.bootstrap.servers"
+TXN_TIMEOUT = "txnstream.txnTimeoutSeconds"
+DEFAULT_TXN_TIMEOUT = "120"
+TC_OPTIONS = {
+    "tc.principal": "tc_principal",
+    "tc.secret": "tc_secret",
+    "tc.secretFile": "tc_secret",
+    "tc.tls.cafile": "tc_tls_cafile",
+    "tc.tls.certfile": "tc_tls_certfile",
+    "tc.tls.keyfile": "tc_tls_keyfile",
+}
+"""The coordinator line's options (both sides) -> the :class:`Config` field each sets.
+
+``tc.secretFile`` is read on the driver (:func:`read_secret_file`), so only the driver
+needs the file; the TLS files are opened where a client connects, so every executor
+needs them at the same path."""
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -30,21 +60,66 @@ def _config(options: Mapping[str, str]) -> Config:
              if k.startswith("kafka.") and k != BOOTSTRAP}
     prefix = options.get("txnstream.prefix")
     return Config(bootstrap_servers=boot, topics=TopicNames(prefix) if prefix else TopicNames(),
-                  kafka=kafka)
+                  kafka=kafka, **_line(options))
+
+
+def _line(options: Mapping[str, str]) -> dict[str, Any]:
+    """Config fields of the coordinator line from the ``tc.*`` options (lower-cased keys).
+
+    Errors name the option and never show a secret.
+    """
+    known = {k.lower(): k for k in TC_OPTIONS}
+    for key in options:
+        if key.startswith("tc.") and key not in known:
+            raise ConfigError(f"unknown option {key!r}: the coordinator line's options are "
+                              f"{', '.join(TC_OPTIONS)}")
+    if "tc.secret" in options and "tc.secretfile" in options:
+        raise ConfigError("give one of the options 'tc.secret' and 'tc.secretFile', not both")
+    fields: dict[str, Any] = {}
+    for key, name in known.items():
+        value = options.get(key)
+        if value is None:
+            continue
+        if not value.strip():
+            raise ConfigError(f"option '{name}' is empty")
+        if name == "tc.principal":
+            value = check_principal(value, f"option '{name}'")
+        elif name == "tc.secretFile":
+            value = read_secret_file(value, f"option '{name}'")
+        fields[TC_OPTIONS[name]] = value
+    return fields
 
 
 def parse_offsets(name: str, text: str | None) -> str | dict[str, dict[str, int]]:
-    """``earliest`` | ``latest`` | JSON ``{"topic": {"0": 12}}``; errors name the option."""
+    """``earliest`` | ``latest`` | JSON ``{"topic": {"0": 12}}``; errors name the option.
+
+    In the JSON, a partition is a whole number ``0 .. 2**31 - 1`` (written canonically in
+    the result: ``"01"`` is ``"1"``) and an offset a JSON integer ``>= 0``.
+    """
     if text is None or text in ("earliest", "latest"):
         return text or "earliest"
+    what = (f"option '{name}' must be 'earliest', 'latest' or JSON like "
+            f"'{{\"topic\": {{\"0\": 12}}}}'")
     try:
         value = json.loads(text)
-        if not isinstance(value, dict):
-            raise ValueError("not an object")
-        return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in value.items()}
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise ConfigError(f"option '{name}' must be 'earliest', 'latest' or JSON like "
-                          f"'{{\"topic\": {{\"0\": 12}}}}'; got {text!r} ({exc})") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{what}; got {text!r:.80} ({exc})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{what}; got {text!r:.80} (not an object)")
+    out: dict[str, dict[str, int]] = {}
+    for topic, parts in value.items():
+        if not isinstance(parts, dict):
+            raise ConfigError(f"{what}; topic {topic!r} has {parts!r:.40}, not an object of "
+                              "partition: offset")
+        offsets = out.setdefault(topic, {})
+        for part, offset in parts.items():
+            p = whole_number_text(part, f"option '{name}': a partition of {topic!r}",
+                                  minimum=0, maximum=MAX_PARTITION)
+            if str(p) in offsets:
+                raise ConfigError(f"option '{name}': partition {p} of {topic!r} is given twice")
+            offsets[str(p)] = whole_number(offset, f"option '{name}': the offset of "
+                                           f"{topic}-{p}", minimum=0, maximum=MAX_LONG)
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,11 +143,8 @@ class SourceOptions:
         if not topics:
             raise ConfigError("option 'subscribe' is required: comma-separated topic names")
         mrt = options.get("maxrecordspertrigger")
-        try:
-            limit = int(mrt) if mrt else None
-        except ValueError as exc:
-            raise ConfigError(f"option 'maxRecordsPerTrigger' must be a number, got {mrt!r}") \
-                from exc
+        limit = None if mrt is None else whole_number_text(
+            mrt, "option 'maxRecordsPerTrigger'", minimum=1, maximum=MAX_LONG)
         value_schema = options.get("valueschema")
         if value_schema is not None:
             from txnstream_spark.avro import load_value_schema
@@ -96,8 +168,7 @@ class SinkOptions:
         """Validate the options; ``ConfigError`` names the one at fault."""
         config = _config(options)
         options = _lower(options)
-        try:
-            timeout = float(options.get("txnstream.txntimeoutseconds", "120"))
-        except ValueError as exc:
-            raise ConfigError("option 'txnstream.txnTimeoutSeconds' must be a number") from exc
+        timeout = seconds_text(options.get(TXN_TIMEOUT.lower(), DEFAULT_TXN_TIMEOUT),
+                               f"option '{TXN_TIMEOUT}'", maximum=config.max_txn_timeout_s,
+                               cap="max_txn_timeout_s, where coordinators cap a txn's timeout")
         return cls(config, options.get("topic"), timeout)

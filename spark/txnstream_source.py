@@ -17,6 +17,8 @@ committed; the coordinator aborts the replay's transactions: exactly once.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
 import logging
 import os
@@ -608,17 +610,29 @@ later tasks (and batches), so they skip the connection set-up and the producer's
 handshake, as Spark's own Kafka sink caches its producers. Dropped after any failure."""
 
 
+def _client_key(config: Config) -> str:
+    """A digest of every setting of ``config``, secrets included.
+
+    Not ``repr(config)``: it hides the secrets, and two sinks differing only in
+    ``tc.secret`` or ``kafka.sasl.password`` must not share a client. A digest, so the
+    cache holds no secret in clear.
+    """
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    values["kafka"] = sorted((k, repr(v)) for k, v in config.kafka.items())
+    return hashlib.sha256(repr(sorted(values.items())).encode()).hexdigest()
+
+
 def _client_for(config: Config) -> tuple[Any, dict[str, Any]]:
     from txnstream.client import Client
 
-    key = repr(config)
+    key = _client_key(config)
     if key not in _CLIENTS:
         _CLIENTS[key] = (Client(config=config), {})
     return _CLIENTS[key]
 
 
 def _drop_client(config: Config) -> None:
-    client, _ = _CLIENTS.pop(repr(config), (None, None))
+    client, _ = _CLIENTS.pop(_client_key(config), (None, None))
     if client is not None:
         try:
             client.close()

@@ -37,10 +37,23 @@ class Admin:
         self._client = client
 
     def list_transactions(self, min_age_s: float = 0.0) -> list[TxnInfo]:
-        """Every transaction every coordinator still knows, oldest first."""
-        replies = self._client.tc.broadcast(TcOp.LIST, min_age_ms=int(min_age_s * 1000),
-                                            timeout_s=ADMIN_TIMEOUT_S)
-        txns = [t for r in replies for t in r.txns]
+        """Every transaction every coordinator still knows, oldest first.
+
+        Only this principal's own unless it is an admin (DESIGN.md section 10). Each
+        coordinator answers in pages; a coordinator that does not answer raises (a list
+        is never silently short).
+        """
+        tc = self._client.tc
+        txns: list[TxnInfo] = []
+        for tc_id in range(tc.num_coordinators):
+            after = -1
+            while True:
+                reply = tc.request(TcOp.LIST, tc_id, min_age_ms=int(min_age_s * 1000),
+                                   after_seq=after, timeout_s=ADMIN_TIMEOUT_S)
+                txns.extend(reply.txns)
+                if not reply.more or not reply.txns:
+                    break
+                after = reply.txns[-1].txn_id.least_bits
         return sorted(txns, key=lambda t: (t.open_time_ms, t.txn_id))
 
     def get_transaction(self, txn_id: TxnID | str) -> TxnInfo:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from txnstream import validate
 from txnstream.admin import Admin
 from txnstream.config import Config
 from txnstream.coordinator.client import TransactionCoordinatorClient
@@ -27,6 +28,15 @@ ATTACH_CLOCK_SKEW_S = 2.0
 """An attached handle's deadline counts from the coordinator's wall-clock open time;
 hosts' clocks may differ (NTP keeps them within milliseconds, this covers a poorly synced
 one). Added, never subtracted: the client must not refuse what the coordinator accepts."""
+
+
+def _request_timeout(timeout_s: object) -> float | None:
+    """A request's deadline as given (None: ``Config.request_timeout_s``), checked."""
+    if timeout_s is None:
+        return None
+    return validate.timeout_seconds(timeout_s, "timeout_s",
+                                    maximum=validate.MAX_REQUEST_TIMEOUT_S,
+                                    cap="a request's deadline")
 
 
 class Client:
@@ -62,10 +72,15 @@ class Client:
 
         ``group_key`` names the group commit (``END_GROUP``) it is meant for: when that
         group ends, the coordinator aborts every txn of the key left OPEN outside it.
+        ``timeout_s`` (default ``Config.default_txn_timeout_s``) is a number of seconds
+        from 0.001 (the coordinator counts whole ms) to ``Config.max_txn_timeout_s``;
+        ``ConfigError`` naming the argument otherwise, before anything is taken.
         """
-        timeout = timeout_s if timeout_s is not None else self.config.default_txn_timeout_s
-        if timeout <= 0:
-            raise ConfigError(f"timeout_s must be positive, got {timeout}")
+        timeout = self._txn_timeout(timeout_s)
+        if tc_id is not None:
+            tc_id = validate.whole_number(tc_id, "tc_id")  # its range: request() checks
+        if group_key is not None:
+            validate.nonempty_text(group_key, "group_key")
         if tc_id is None and group_key is None:
             # A TxnID from a reserved block, activated in the background (commit waits):
             # no round trip of its own. Its deadline counts from now on both sides.
@@ -86,6 +101,14 @@ class Client:
         return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout,
                            pipeline=self._registrations)
 
+    def _txn_timeout(self, timeout_s: object) -> float:
+        """A transaction's timeout in seconds: ``timeout_s`` checked, or the default."""
+        if timeout_s is None:
+            return self.config.default_txn_timeout_s
+        return validate.timeout_seconds(timeout_s, "timeout_s",
+                                        maximum=self.config.max_txn_timeout_s,
+                                        cap="Config.max_txn_timeout_s")
+
     def attach_transaction(self, txn_id: TxnID | str) -> Transaction:
         """A handle on an OPEN transaction another process opened, by its id.
 
@@ -99,10 +122,11 @@ class Client:
         reader). ``txn.status`` reads TIMED_OUT once the transaction's deadline (its
         coordinator open time plus its timeout) has passed.
 
-        Raises ``InvalidTxnStatusError`` if the transaction is not OPEN,
+        Raises ``ConfigError`` (a ``ValueError``) for text that is not a TxnID,
+        ``InvalidTxnStatusError`` if the transaction is not OPEN,
         ``TransactionNotFoundError`` if the coordinator does not know it.
         """
-        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
+        tid = validate.txn_id(txn_id, "txn_id")
         info = self.tc.request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits).txns[0]
         if info.status is not TxnStatus.OPEN:
             raise InvalidTxnStatusError(tid, TxnStatus.OPEN, info.status,
@@ -125,9 +149,15 @@ class Client:
         ``InvalidTxnStatusError``: the group was aborted), or ``RequestTimeoutError`` if
         no reply came in time (the outcome is unknown: ask again under the same key).
         """
-        reply = self.tc.request(TcOp.END_GROUP, tc_id, timeout_s=timeout_s,
-                                group_key=group_key, group_seqs=tuple(txn_seqs),
-                                commit=commit)
+        tc_id = validate.whole_number(tc_id, "tc_id")
+        validate.nonempty_text(group_key, "group_key")
+        if isinstance(txn_seqs, (str, bytes)):
+            raise ConfigError(f"txn_seqs must be a sequence of ints, got {txn_seqs!r:.80}")
+        seqs = tuple(validate.whole_number(s, f"txn_seqs[{i}]", maximum=validate.MAX_LONG)
+                     for i, s in enumerate(txn_seqs))
+        validate.flag(commit, "commit")
+        reply = self.tc.request(TcOp.END_GROUP, tc_id, timeout_s=_request_timeout(timeout_s),
+                                group_key=group_key, group_seqs=seqs, commit=commit)
         return reply.already
 
     def abort_transaction(self, txn_id: TxnID | str, timeout_s: float | None = None) -> None:
@@ -136,9 +166,9 @@ class Client:
         For a txn another process opened and passed the TxnID of. Aborting one already
         aborted is a no-op; one that committed raises ``InvalidTxnStatusError``.
         """
-        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
-        self.tc.request(TcOp.END, tid.tc_id, timeout_s=timeout_s, txn_seq=tid.least_bits,
-                        commit=False)
+        tid = validate.txn_id(txn_id, "txn_id")
+        self.tc.request(TcOp.END, tid.tc_id, timeout_s=_request_timeout(timeout_s),
+                        txn_seq=tid.least_bits, commit=False)
 
     @contextmanager
     def transaction(self, timeout_s: float | None = None) -> Iterator[Transaction]:

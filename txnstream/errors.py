@@ -30,6 +30,9 @@ __all__ = [
     "CorruptRecordError",
     "NotCoordinatorError",
     "CoordinatorAuthError",
+    "NotAuthorizedError",
+    "InvalidRequestError",
+    "TooManyRequestsError",
     "KafkaErrorKind",
     "classify_kafka_error",
     "is_retriable_kafka_error",
@@ -87,6 +90,21 @@ class CoordinatorAuthError(TxnStreamError):
     """A coordinator refused this client's credentials (shared secret or TLS certificate)."""
 
 
+class NotAuthorizedError(TxnStreamError):
+    """The principal may not do this to the txn: another principal opened it (Pulsar's
+    ``NotAllowedException`` for a txn of another owner); admins excepted."""
+
+
+class InvalidRequestError(TxnStreamError):
+    """A coordinator refused a request as malformed (a value out of range, too large);
+    the message names the field. Resending it cannot succeed."""
+
+
+class TooManyRequestsError(TxnStreamError):
+    """A per-principal or per-connection limit of the worker was reached (open txns,
+    requests in flight); the message names the limit. Retry once some have ended."""
+
+
 class RequestTimeoutError(TxnStreamError):
     """A coordinator request got no reply inside its deadline (its outcome is unknown)."""
 
@@ -112,8 +130,12 @@ class ClusterError(TxnStreamError):
     """The local broker could not be set up, started, or reached."""
 
 
-class ConfigError(TxnStreamError):
-    """A setting is missing or invalid; the message names it."""
+class ConfigError(TxnStreamError, ValueError):
+    """A setting, argument or option is missing or invalid; the message names it.
+
+    Also a ``ValueError``, as Python's own bad-value errors are: ``except ValueError``
+    keeps catching what used to surface as one (a malformed TxnID text, a NaN timeout).
+    """
 
 
 class CorruptRecordError(TxnStreamError):

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, Message
 from confluent_kafka import Producer as KafkaProducer
 
+from txnstream import validate
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 from txnstream.types import TopicPartition, TxnID
@@ -116,13 +117,17 @@ class Producer:
 
     def _partition_for(self, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
-            if not 0 <= partition < self.num_partitions:
-                raise ConfigError(f"partition {partition} does not exist: {self.topic} has "
-                                  f"{self.num_partitions} (0..{self.num_partitions - 1})")
+            partition = validate.partition_index(partition, "partition")
+            if partition >= self.num_partitions:
+                raise self._no_partition(partition)
             return partition
         if key is not None:
             return murmur2_partition(key, self.num_partitions)
         return next(self._rr) % self.num_partitions
+
+    def _no_partition(self, partition: int) -> ConfigError:
+        return ConfigError(f"partition {partition} does not exist: {self.topic} has "
+                           f"{self.num_partitions} (0..{self.num_partitions - 1})")
 
     def send(self, value: bytes | None, key: bytes | str | None = None,
              txn: Transaction | None = None, partition: int | None = None,
@@ -190,14 +195,29 @@ class Producer:
                              f"{'no' if keys is None else len(keys)} keys")
         if not n:
             return
+        partitions = self._checked_partitions(partitions)
         used = sorted(set(partitions))
-        if used[0] < 0 or used[-1] >= self.num_partitions:
-            bad = used[0] if used[0] < 0 else used[-1]
-            raise ConfigError(f"partition {bad} does not exist: {self.topic} has "
-                              f"{self.num_partitions} (0..{self.num_partitions - 1})")
+        if used[-1] >= self.num_partitions:
+            raise self._no_partition(used[-1])
         txn.register_partitions([TopicPartition(self.topic, p) for p in used])
         with txn.sending(n):
             self._send_batch(values, partitions, txn, keys, n)
+
+    @staticmethod
+    def _checked_partitions(partitions: Sequence[int]) -> Sequence[int]:
+        """``partitions`` if every one is an int partition index, else a checked copy.
+
+        Checked before anything is registered or sent. The common case (plain ints, as
+        ``murmur2_partition`` or a ``tolist()`` gives) costs one pass in C; anything
+        else (a bool, a float, numpy ints) is checked one by one, naming its index.
+        """
+        if isinstance(partitions, (str, bytes)):
+            raise ConfigError(f"partitions must be a sequence of ints, got {partitions!r:.80}")
+        if set(map(type, partitions)) == {int} \
+                and 0 <= min(partitions) and max(partitions) <= validate.MAX_PARTITION:
+            return partitions
+        return [validate.partition_index(p, f"partitions[{i}]")
+                for i, p in enumerate(partitions)]
 
     def _send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
                     txn: Transaction, keys: Sequence[bytes | None] | None, n: int) -> None:

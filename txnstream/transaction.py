@@ -57,7 +57,9 @@ from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.protocol import TcOp, TxnInfo
 from txnstream.errors import (
     InvalidTxnStatusError,
+    NotAuthorizedError,
     RequestTimeoutError,
+    TransactionNotFoundError,
     TransactionOutcomeUnknownError,
     TransactionTimeoutError,
     TxnStreamError,
@@ -71,6 +73,9 @@ __all__ = ["Transaction", "RegistrationPipeline"]
 
 log = logging.getLogger(__name__)
 
+_ENDED_ERRORS = (TransactionTimeoutError, InvalidTxnStatusError, NotAuthorizedError,
+                 TransactionNotFoundError)
+"""A registration refused with one of these: the txn is not (any more) open to its writer."""
 ABORT_FLUSH_TIMEOUT_S = 10.0
 """How long ``abort()`` waits for the txn's outstanding sends (Pulsar's abort waits for
 them too); their records are dropped by readers either way, so it need not wait long."""
@@ -184,6 +189,12 @@ class Transaction:
         self._abort_only: BaseException | None = None
         self._flushers: dict[object, Callable[[], None]] = {}
         self._end_listeners: dict[object, Callable[[bool], None]] = {}
+        self._remote_end: TxnStreamError | None = None
+        """The coordinator ended the txn without this handle's END (timeout, admin, a
+        registration refused): every later send raises this at once."""
+        live = getattr(tc, "live_txns", None)
+        if live is not None:
+            live[txn_id] = self  # the coordinator's "ended" notice finds it there
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.status.value})"
@@ -225,6 +236,12 @@ class Transaction:
         """
         with self._state_lock:
             self._check_open("produce")
+            if self._remote_end is not None:
+                raise self._remote_end
+            if self._expired():
+                raise TransactionTimeoutError(
+                    f"transaction {self.id} timed out after {int(self.timeout_s * 1000)} ms "
+                    "(its coordinator aborts it): the record was not sent", self.id)
             self._sending += n
         try:
             yield
@@ -294,6 +311,8 @@ class Transaction:
                     if self._registration_error is None:
                         self._registration_error = exc
                 self.mark_abort_only(exc)
+                if isinstance(exc, _ENDED_ERRORS):
+                    self.ended_remotely(exc)
                 raise
 
         future = pipeline.submit(run)
@@ -352,6 +371,20 @@ class Transaction:
         with self._state_lock:
             self._end_listeners[key] = listener
 
+    def ended_remotely(self, error: TxnStreamError) -> None:
+        """The coordinator ended the txn without this handle's END.
+
+        Told by its notice, or by a refused registration: later sends raise ``error``
+        and write nothing; a commit raises it.
+        """
+        with self._state_lock:
+            if self._remote_end is None:
+                self._remote_end = error
+            if self._registration_error is None:
+                self._registration_error = error
+            if self._abort_only is None:
+                self._abort_only = error
+
     def mark_abort_only(self, cause: BaseException) -> None:
         """A send or ack failed: the transaction can only abort now."""
         with self._state_lock:
@@ -378,6 +411,8 @@ class Transaction:
         """
         self._await_registrations()
         self._run_flushers()
+        if self._remote_end is not None:
+            raise self._remote_end
         cause = self._abort_only
         if cause is not None:
             raise TxnStreamError(f"transaction {self.id} can only abort: {cause}",

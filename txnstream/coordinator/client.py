@@ -24,6 +24,7 @@ import random
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,13 @@ from tenacity import (
 
 from txnstream.codec import codec
 from txnstream.config import Config
-from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, error_from_reply
+from txnstream.coordinator.protocol import (
+    ENDED_NOTICE,
+    TcOp,
+    TcReply,
+    TcRequest,
+    error_from_reply,
+)
 from txnstream.coordinator.transport import (
     ClientConnection,
     Endpoint,
@@ -55,6 +62,7 @@ from txnstream.errors import (
     message_error,
 )
 from txnstream.fetch import drain
+from txnstream.types import TxnID
 
 __all__ = ["TransactionCoordinatorClient", "EndpointDirectory", "TcEndpoint", "TxnIdPool"]
 
@@ -330,6 +338,9 @@ class TransactionCoordinatorClient:
         self._conn_lock = threading.Lock()
         self.directory = EndpointDirectory(config, self.num_coordinators,
                                            self._on_owner_change)
+        self.live_txns: weakref.WeakValueDictionary[TxnID, Any] = \
+            weakref.WeakValueDictionary()
+        """This client's transaction handles, told when the coordinator ends one."""
         self.txn_ids = TxnIdPool(self)
         """TxnIDs reserved in blocks: ``new_transaction`` takes one without a round trip."""
 
@@ -360,12 +371,25 @@ class TransactionCoordinatorClient:
         except CorruptRecordError as exc:
             log.error("client %s: skipping a bad reply: %s", self.client_id, exc)
             return
+        if reply.request_id.startswith(ENDED_NOTICE):
+            self._txn_ended(reply)
+            return
         with self._lock:
             pending = self._pending.get(reply.request_id)
         if pending is None or pending.reply is not None:
             return  # a reply to an attempt given up on, or a duplicate
         pending.reply = reply
         pending.event.set()
+
+    def _txn_ended(self, notice: TcReply) -> None:
+        """A coordinator ended one of this client's txns without its END.
+
+        Its handle fails every later send at once (Kafka fences the producer the same way).
+        """
+        txn = self.live_txns.get(TxnID(notice.tc_id, notice.txn_seq))
+        err = error_from_reply(notice)
+        if txn is not None and err is not None:
+            txn.ended_remotely(err)
 
     def _on_owner_change(self, ep: TcEndpoint) -> None:
         """A TC has a newer owner: attempts waiting on the old one resend now.

@@ -33,7 +33,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from txnstream import metrics
 from txnstream.coordinator.meta import TxnMeta
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership
-from txnstream.coordinator.protocol import TcReply, TcRequest
+from txnstream.coordinator.protocol import ENDED_NOTICE, TcReply, TcRequest
 from txnstream.coordinator.txn_log import KafkaClients
 from txnstream.errors import TxnStreamError
 from txnstream.markers import MarkerKind, TxnMarker
@@ -72,6 +72,8 @@ class TxnFinalizer:
             if not serving(tc):
                 continue
             lwm = tc.store.low_watermark
+            if tc.late_aborts:
+                self._write_late_aborts(tc, lwm)
             for meta in tc.store.ending():
                 seq = meta.txn_id.least_bits
                 if tc.retry_at.get(seq, (0.0, 0))[0] > mono:
@@ -120,10 +122,39 @@ class TxnFinalizer:
             if serving(tc):
                 self.ownership.append_async(tc, tc.store.unlogged())
 
+    def _write_late_aborts(self, tc: TcIncarnation, lwm: int) -> None:
+        """ABORT markers where an owner registered partitions after its txn ended.
+
+        Best effort, once: a marker that cannot be written (the partition does not
+        exist) leaves the records to the buffer role's low-watermark rule.
+        """
+        late, tc.late_aborts = tc.late_aborts, []
+        for txn_id, partitions in late:
+            marker = TxnMarker(txn_id, MarkerKind.ABORT, lwm)
+            for tp in partitions:
+                try:
+                    self.clients.producer.produce(tp.topic, marker.encode(),
+                                                  partition=tp.partition,
+                                                  headers=marker.headers())
+                except (KafkaException, BufferError) as exc:
+                    log.warning("tc %d: no ABORT marker for late partition %s of txn %s: "
+                                "%s", tc.tc_id, tp, txn_id, exc)
+
     def _ended(self, tc: TcIncarnation, seq: int, now_ms: int) -> None:
-        """The markers of txn ``seq`` are written: mark it final and answer who waits."""
+        """The markers of txn ``seq`` are written: mark it final and answer who waits.
+
+        The connection that last wrote into the txn is told it ended (unless its own END
+        is answered now), so that writer's next send fails at once.
+        """
         entry = tc.store.finalize(seq, now_ms)
         meta = tc.store.txns[seq]
+        watcher = tc.watchers.pop(seq, None)
+        if watcher is not None and not tc.end_waiters.get(seq) \
+                and meta.status is TxnStatus.ABORTED:
+            watcher.send(TcReply(f"{ENDED_NOTICE}{seq}", "", tc.tc_id,
+                                 error_kind=type(_ended_other_way(meta)).__name__,
+                                 error_message=str(_ended_other_way(meta)), txn_seq=seq,
+                                 owner_id=self.worker_id).encode())
         if entry is not None and entry.status is not None:
             metrics.TXN_ENDED.labels(str(tc.tc_id), entry.status.value).inc()
             metrics.TXN_DURATION_SECONDS.labels(entry.status.value).observe(
@@ -158,5 +189,6 @@ def _ended_other_way(meta: TxnMeta) -> TxnStreamError:
         return TransactionTimeoutError(
             f"transaction {meta.txn_id} was aborted at its timeout of {meta.timeout_ms} ms",
             meta.txn_id)
+    why = f" ({meta.abort_reason})" if meta.abort_reason else ""
     return InvalidTxnStatusError(meta.txn_id, None, meta.status,
-                                 f"transaction {meta.txn_id} ended {meta.status.value}")
+                                 f"transaction {meta.txn_id} ended {meta.status.value}{why}")

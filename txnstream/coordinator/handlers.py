@@ -13,7 +13,17 @@ sends a reply only after the entries read back, the finalizer answers the waiter
   deadline from its hand-out.
 * **ADD_PARTITIONS**, **ADD_SUBSCRIPTIONS** register what a txn wrote to or acked.
 * **END** decides one txn, **END_GROUP** every txn of a group under one key.
-* **GET**, **LIST**, **STATS** read.
+* **GET**, **LIST**, **STATS** read; LIST answers in pages of :data:`LIST_PAGE`.
+
+Before any of them, :func:`~txnstream.coordinator.request_checks.check_request` checks
+every field, and the caller's principal (proved by the line's handshake) is checked
+against the txn's owner (DESIGN.md section 10, Pulsar's ``verifyTxnOwnership``): only
+the principal that opened a txn may activate, add to, end or read it; an admin may read
+and abort any txn, but never commit another principal's (its records are not the
+admin's to vouch for). LIST shows a non-admin its own txns only. Group keys are scoped
+to the principal that uses them, so another principal naming a Spark sink's key ends a
+group of its own and touches nothing of the sink's. A principal holds at most
+``max_open_txns`` OPEN txns per TC.
 
 A store error (:class:`~txnstream.errors.TxnStreamError`) becomes a failure reply.
 """
@@ -21,27 +31,57 @@ A store error (:class:`~txnstream.errors.TxnStreamError`) becomes a failure repl
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from txnstream.config import Config
-from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT
+from txnstream.coordinator.meta import TxnMeta
+from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, ANONYMOUS
 from txnstream.coordinator.ownership import TcIncarnation
-from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest, TxnInfo
-from txnstream.errors import TxnStreamError
-from txnstream.types import TxnStatus
+from txnstream.coordinator.protocol import (
+    TcOp,
+    TcReply,
+    TcRequest,
+    TxnInfo,
+    scoped_group_key,
+)
+from txnstream.coordinator.request_checks import check_request
+from txnstream.errors import NotAuthorizedError, TooManyRequestsError, TxnStreamError
+from txnstream.types import TxnID, TxnStatus
 
-__all__ = ["MAX_RESERVE", "TcRequestHandler"]
+__all__ = ["MAX_RESERVE", "LIST_PAGE", "Caller", "TcRequestHandler"]
 
 MAX_RESERVE = 256
 """TxnIDs one RESERVE may open (a client's block); bounds one request's log append."""
+LIST_PAGE = 1_000
+"""Txns one LIST reply carries (about 200 KB at most); the client asks for the next page
+with ``after_seq``, so no reply nears the frame bound and no LIST holds the loop long."""
+MAX_LATE_ABORTS = 10_000
+"""Late registrations awaiting their ABORT marker per TC; past it they are left to the
+buffer role's low-watermark rule (a bound on a hostile owner's memory)."""
+MAX_OPEN_TXNS = 10_000
+"""Default of OPEN txns per principal per TC (``WorkerSettings.max_open_txns_per_principal``)."""
 
-Handler = Callable[[TcIncarnation, TcRequest, int], "TcReply | None"]
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request, as the line's handshake proved it."""
+
+    principal: str = ANONYMOUS
+    admin: bool = True
+    """May read and abort every txn (a worker that authenticates nobody treats everyone
+    so: there is nobody to tell apart)."""
+
+
+Handler = Callable[[TcIncarnation, TcRequest, int, Caller], "TcReply | None"]
 
 
 class TcRequestHandler:
     """The per-op logic of a coordinator, over one TC incarnation's store."""
 
-    def __init__(self, config: Config, worker_id: str, restarts: Mapping[int, int]) -> None:
+    def __init__(self, config: Config, worker_id: str, restarts: Mapping[int, int],
+                 max_open_txns: int = MAX_OPEN_TXNS) -> None:
         self.config = config
+        self.max_open_txns = max_open_txns
         self.worker_id = worker_id
         self.restarts = restarts
         """Replays after a failure per TC id (reported by STATS)."""
@@ -58,24 +98,50 @@ class TcRequestHandler:
             TcOp.STATS: self._stats,
         }
 
-    def handle(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply | None:
+    def handle(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+               caller: Caller = Caller()) -> TcReply | None:
         """Apply one request to the store; its reply, or None if it waits (END).
 
         The entries it planned are taken from ``store.unlogged()`` by the caller, also
         when it failed; the reply is sent only after they read back.
         """
-        op = self._ops.get(req.op)
-        if op is None:
-            raise AssertionError(req.op)
+        op = self._ops[req.op]
         try:
-            return op(tc, req, now_ms)
+            check_request(req, self._max_timeout_ms, MAX_RESERVE)
+            return op(tc, req, now_ms, caller)
         except TxnStreamError as exc:
             return TcReply.failure(req, exc, self.worker_id)
 
+    @property
+    def _max_timeout_ms(self) -> int:
+        return int(self.config.max_txn_timeout_s * 1000)
+
     def _timeout_ms(self, req: TcRequest) -> int:
-        """The txn timeout (or lease) asked for, else the default; at most the maximum."""
-        return min(req.timeout_ms or int(self.config.default_txn_timeout_s * 1000),
-                   int(self.config.max_txn_timeout_s * 1000))
+        """The txn timeout (or lease) asked for (checked against the maximum), or the default."""
+        return req.timeout_ms or int(self.config.default_txn_timeout_s * 1000)
+
+    def _owned(self, tc: TcIncarnation, seq: int, caller: Caller, what: str,
+               admin_may: bool = True) -> TxnMeta:
+        """The txn, if ``caller`` may ``what`` it; ``NotAuthorizedError`` otherwise.
+
+        An unknown txn is ``TransactionNotFoundError`` to anyone (TxnIDs are sequential:
+        that one exists tells nothing).
+        """
+        meta = tc.store.get(seq)
+        if meta.owner == caller.principal or (caller.admin and admin_may):
+            return meta
+        txn_id = TxnID(tc.tc_id, seq)
+        raise NotAuthorizedError(
+            f"principal {caller.principal!r} may not {what} transaction {txn_id}: it is "
+            "not a transaction this principal opened", txn_id)
+
+    def _room(self, tc: TcIncarnation, caller: Caller, count: int) -> None:
+        held = tc.store.open_by_owner.get(caller.principal, 0)
+        if held + count > self.max_open_txns:
+            raise TooManyRequestsError(
+                f"principal {caller.principal!r} holds {held} open transactions on "
+                f"coordinator {tc.tc_id}; {count} more would pass its limit of "
+                f"{self.max_open_txns} (max_open_txns_per_principal): end some first")
 
     def _ok(self, tc: TcIncarnation, req: TcRequest) -> TcReply:
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
@@ -83,47 +149,75 @@ class TcRequestHandler:
 
     # ------------------------------------------------------------ opening
 
-    def _new(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
-        meta, _ = tc.store.new_txn(req.request_id, self._timeout_ms(req), now_ms,
-                                   req.group_key)
+    def _new(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
+        if req.request_id not in tc.store.seen_requests:
+            self._room(tc, caller, 1)
+        key = scoped_group_key(caller.principal, req.group_key) if req.group_key else None
+        meta, _ = tc.store.new_txn(req.request_id, self._timeout_ms(req), now_ms, key,
+                                   caller.principal)
         return TcReply(req.request_id, req.client_id, tc.tc_id,
                        txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id)
 
-    def _reserve(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
-        count = max(1, min(req.count, MAX_RESERVE))
-        seqs = tc.store.reserve(req.request_id, count, self._timeout_ms(req), now_ms)
+    def _reserve(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+                 caller: Caller) -> TcReply:
+        count = req.count
+        if req.request_id not in tc.store.seen_requests:
+            self._room(tc, caller, count)
+        seqs = tc.store.reserve(req.request_id, count, self._timeout_ms(req), now_ms,
+                                caller.principal)
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=seqs[0],
                        group_seqs=tuple(seqs), owner_id=self.worker_id)
 
-    def _activate(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
+    def _activate(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+                  caller: Caller) -> TcReply:
+        self._owned(tc, req.txn_seq, caller, "activate", admin_may=False)
         tc.store.activate(req.txn_seq, self._timeout_ms(req), req.open_time_ms, now_ms,
                           req.request_id)
         return self._ok(tc, req)
 
     # ------------------------------------------------------------ registering
 
-    def _add_partitions(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
-        tc.store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
+    def _add_partitions(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+                        caller: Caller) -> TcReply:
+        meta = self._owned(tc, req.txn_seq, caller, "add partitions to", admin_may=False)
+        try:
+            tc.store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
+        except TxnStreamError:
+            # The txn has ended (or is past its deadline): its writer may already have
+            # sent records there, which no marker of the txn covers. An ABORT marker
+            # makes them stragglers of an ended txn, never a block for readers.
+            late = tuple(sorted(set(req.partitions) - meta.partitions))
+            if late and len(tc.late_aborts) < MAX_LATE_ABORTS:
+                tc.late_aborts.append((meta.txn_id, late))
+            raise
         return self._ok(tc, req)
 
-    def _add_subscriptions(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
+    def _add_subscriptions(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+                           caller: Caller) -> TcReply:
+        self._owned(tc, req.txn_seq, caller, "add subscriptions to", admin_may=False)
         tc.store.add_subscriptions(req.txn_seq, req.subscriptions, now_ms, req.request_id)
         return self._ok(tc, req)
 
     # ------------------------------------------------------------ ending
 
-    def _end(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply | None:
-        reason = req.reason if req.reason in (ABORT_ADMIN,) else ABORT_CLIENT
+    def _end(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+             caller: Caller) -> TcReply | None:
+        self._owned(tc, req.txn_seq, caller, "commit" if req.commit else "abort",
+                    admin_may=not req.commit)
+        reason = ABORT_ADMIN if req.reason == ABORT_ADMIN and caller.admin else ABORT_CLIENT
         res = tc.store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
         if res.meta.status.is_final:
             return self._ok(tc, req)
         tc.end_waiters[req.txn_seq].append(req)
         return None
 
-    def _end_group(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply | None:
+    def _end_group(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+                   caller: Caller) -> TcReply | None:
         store = tc.store
-        g = store.end_group(req.group_key or "", req.group_seqs, req.commit, now_ms,
-                            req.request_id)
+        for seq in req.group_seqs:
+            self._owned(tc, seq, caller, "end (in a group)", admin_may=False)
+        g = store.end_group(scoped_group_key(caller.principal, req.group_key or ""),
+                            req.group_seqs, req.commit, now_ms, req.request_id)
         reply = TcReply(req.request_id, req.client_id, tc.tc_id, already=g.already,
                         group_seqs=g.seqs, owner_id=self.worker_id,
                         error_kind=None if not g.error else (
@@ -139,19 +233,37 @@ class TcRequestHandler:
 
     # ------------------------------------------------------------ reading
 
-    def _get(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
-        meta = tc.store.get(req.txn_seq)
+    def _get(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
+        meta = self._owned(tc, req.txn_seq, caller, "read")
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
                        txns=(TxnInfo.of(meta),), owner_id=self.worker_id)
 
-    def _list(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
-        metas = [m for m in tc.store.txns.values()
-                 if req.min_age_ms <= 0 or (m.status is TxnStatus.OPEN and
-                                            now_ms - m.open_time_ms >= req.min_age_ms)]
-        return TcReply(req.request_id, req.client_id, tc.tc_id,
-                       txns=tuple(TxnInfo.of(m) for m in metas), owner_id=self.worker_id)
+    def _list(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
+        """One page of txns above ``after_seq``, in sequence order.
 
-    def _stats(self, tc: TcIncarnation, req: TcRequest, now_ms: int) -> TcReply:
+        Reserved ones (no writer holds them yet) are not listed.
+        """
+        page: list[TxnMeta] = []
+        more = False
+        for seq in sorted(s for s in tc.store.txns if s > req.after_seq):
+            m = tc.store.txns[seq]
+            if m.reserved and m.status is TxnStatus.OPEN:
+                continue
+            if not caller.admin and m.owner != caller.principal:
+                continue
+            if req.min_age_ms > 0 and not (m.status is TxnStatus.OPEN and
+                                           now_ms - m.open_time_ms >= req.min_age_ms):
+                continue
+            if len(page) == LIST_PAGE:
+                more = True
+                break
+            page.append(m)
+        return TcReply(req.request_id, req.client_id, tc.tc_id,
+                       txns=tuple(TxnInfo.of(m) for m in page), owner_id=self.worker_id,
+                       more=more)
+
+    def _stats(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+               caller: Caller) -> TcReply:
         st = tc.store.stats(now_ms)
         stats = {f"status.{k}": v for k, v in st.by_status.items()}
         stats.update({f"ended.{k}": v for k, v in tc.store.ended.items()})

@@ -96,6 +96,8 @@ class TransactionLogEntry:
     group_seqs: tuple[int, ...] = ()
     next_sequence: int = 0
     group_keys: tuple[GroupOutcome, ...] = field(default=())
+    principal: str | None = None
+    """TXN OPEN: who opened the txn (its owner)."""
 
     def to_avro(self) -> dict[str, Any]:
         """The dict fastavro writes."""
@@ -121,6 +123,7 @@ class TransactionLogEntry:
                 {"key": g.key, "status": g.status.value, "seqs": list(g.seqs)}
                 for g in self.group_keys
             ],
+            "principal": self.principal,
         }
 
     @classmethod
@@ -148,6 +151,7 @@ class TransactionLogEntry:
                 GroupOutcome(g["key"], TxnStatus(g["status"]), tuple(g["seqs"]))
                 for g in rec["group_keys"]
             ),
+            principal=rec["principal"],
         )
 
     def encode(self) -> bytes:

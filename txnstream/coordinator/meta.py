@@ -32,6 +32,11 @@ class TxnMeta:
     first_offset: int | None = None
     """Offset of this txn's first log record (bookkeeping for truncation)."""
     last_offset: int | None = None
+    owner: str = "anonymous"
+    """The principal that opened it; only it (or an admin) may add to or end it."""
+    reserved: bool = False
+    """Opened by RESERVE and not handed out yet: no writer holds it (not an open txn to
+    stats, LIST or ``top``)."""
 
     @property
     def deadline_ms(self) -> int:

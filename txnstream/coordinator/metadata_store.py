@@ -40,8 +40,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import logging
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from txnstream.coordinator.log_entry import (
@@ -84,6 +84,11 @@ ABORT_TIMEOUT = "timeout"
 ABORT_CLIENT = "client"
 ABORT_ADMIN = "admin"
 ABORT_GROUP = "group"
+RESERVED = "reserved"
+"""The ``reason`` of the OPEN records of a RESERVE: not handed out to a writer yet."""
+ANONYMOUS = "anonymous"
+"""The owner of txns opened without authentication (and of records from before owners
+were logged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +139,8 @@ class TransactionMetadataStore:
         self.epoch_owner: str | None = None
         self._own_epoch: int | None = None
         self._own_epochs: set[int] = set()
+        self.open_by_owner: Counter[str] = Counter()
+        """OPEN txns (reserved ones included) per owning principal: a principal's limit."""
         self.fenced = False
         self.diverged = False
         """One of this owner's own records read back invalid: its memory holds what the
@@ -262,8 +269,11 @@ class TransactionMetadataStore:
         if meta is None:
             if entry.status is TxnStatus.OPEN and entry.timeout_ms > 0:
                 meta = TxnMeta(TxnID(self.tc_id, seq), TxnStatus.OPEN, entry.open_time_ms,
-                               entry.timeout_ms, group_key=entry.group_key)
+                               entry.timeout_ms, group_key=entry.group_key,
+                               owner=entry.principal or ANONYMOUS,
+                               reserved=entry.reason == RESERVED)
                 self.txns[seq] = meta
+                self.open_by_owner[meta.owner] += 1
                 self._track(meta)
                 self.timeouts.track(seq, meta.deadline_ms)
                 if entry.group_key is not None:
@@ -284,6 +294,7 @@ class TransactionMetadataStore:
         if entry.status is None and entry.timeout_ms > 0 and meta.status is TxnStatus.OPEN:
             # a reserved txn handed out (ACTIVATE): its deadline runs from then
             meta.open_time_ms, meta.timeout_ms = entry.open_time_ms, entry.timeout_ms
+            meta.reserved = False
             self.timeouts.track(seq, meta.deadline_ms)
         if entry.partitions:
             meta.partitions |= set(entry.partitions)
@@ -298,6 +309,12 @@ class TransactionMetadataStore:
             log.warning("tc %d: txn %s cannot go %s -> %s; record ignored",
                         self.tc_id, meta.txn_id, meta.status.value, status.value)
             return
+        if meta.status is TxnStatus.OPEN and status is not TxnStatus.OPEN:
+            left = self.open_by_owner[meta.owner] - 1
+            if left > 0:
+                self.open_by_owner[meta.owner] = left
+            else:
+                self.open_by_owner.pop(meta.owner, None)
         if meta.status is TxnStatus.OPEN and status is not TxnStatus.OPEN \
                 and meta.group_key is not None:
             opened = self._open_by_group.get(meta.group_key)
@@ -413,6 +430,11 @@ class TransactionMetadataStore:
         return TransactionLogEntry(kind=LogEntryKind.EPOCH, epoch_offset=self.epoch_offset,
                                    owner_id=self.owner_id, next_sequence=self.next_sequence)
 
+    @property
+    def seen_requests(self) -> Mapping[str, int]:
+        """NEW/RESERVE request ids remembered (a resend returns what the first opened)."""
+        return self._requests
+
     def get(self, seq: int) -> TxnMeta:
         """The txn with sequence ``seq``, or ``TransactionNotFoundError``."""
         meta = self.txns.get(seq)
@@ -423,7 +445,8 @@ class TransactionMetadataStore:
         return meta
 
     def new_txn(self, request_id: str, timeout_ms: int, now_ms: int,
-                group_key: str | None = None) -> tuple[TxnMeta, TransactionLogEntry | None]:
+                group_key: str | None = None, principal: str = ANONYMOUS
+                ) -> tuple[TxnMeta, TransactionLogEntry | None]:
         """Open a txn; a repeated request id returns the txn it opened before.
 
         ``group_key``: the group commit this txn is meant for (a Spark sink task's
@@ -437,11 +460,12 @@ class TransactionMetadataStore:
         seq = self.next_sequence
         entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
                             status=TxnStatus.OPEN, open_time_ms=now_ms, timeout_ms=timeout_ms,
-                            group_key=group_key)
+                            group_key=group_key, principal=principal)
         self._apply_new(entry, now_ms)
         return self.txns[seq], entry
 
-    def reserve(self, request_id: str, count: int, lease_ms: int, now_ms: int) -> list[int]:
+    def reserve(self, request_id: str, count: int, lease_ms: int, now_ms: int,
+                principal: str = ANONYMOUS) -> list[int]:
         """Open ``count`` txns at once, each alive for ``lease_ms`` until activated.
 
         A client takes TxnIDs from such a block without a round trip per txn and
@@ -458,7 +482,7 @@ class TransactionMetadataStore:
             self._apply_new(self._entry(
                 kind=LogEntryKind.TXN, request_id=request_id if i == 0 else None,
                 txn_seq=first + i, status=TxnStatus.OPEN, open_time_ms=now_ms,
-                timeout_ms=lease_ms), now_ms)
+                timeout_ms=lease_ms, reason=RESERVED, principal=principal), now_ms)
         return list(range(first, first + count))
 
     def activate(self, seq: int, timeout_ms: int, open_time_ms: int, now_ms: int,
@@ -698,8 +722,12 @@ class TransactionMetadataStore:
     def stats(self, now_ms: int) -> StoreStats:
         """Counts by status, LWM, sequence counter, oldest open txn age."""
         by: dict[str, int] = {s.value: 0 for s in COORDINATOR_STATUSES}
+        by[RESERVED] = 0
         oldest: int | None = None
         for m in self.txns.values():
+            if m.reserved and m.status is TxnStatus.OPEN:
+                by[RESERVED] += 1  # no writer holds it: not an open txn
+                continue
             by[m.status.value] += 1
             if m.status is TxnStatus.OPEN:
                 age = now_ms - m.open_time_ms

@@ -90,6 +90,14 @@ class TcIncarnation:
     truncate_pending: bool = False
     last_error: Any = None
     """Why its last failed append failed (KafkaError, exception or "timeout")."""
+    watchers: dict[int, Any] = field(default_factory=dict)
+    """Txn sequence -> the connection that last sent a request for it (NEW, ACTIVATE,
+    ADD): told at once when the txn ends without its own END (timeout, admin), so its
+    writer stops sending. Bounded by the live txns (dropped when a txn ends)."""
+    late_aborts: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
+    """(TxnID, partitions) an owner tried to register after its txn had ended: they get
+    an ABORT marker, so records sent there never wait for one
+    (:data:`~txnstream.coordinator.finalizer.MAX_LATE_ABORTS` at most)."""
 
 
 class TcOwnership:

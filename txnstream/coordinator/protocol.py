@@ -19,7 +19,28 @@ from txnstream.coordinator.meta import TxnMeta
 from txnstream.errors import CorruptRecordError, TxnStreamError
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
-__all__ = ["TcOp", "TcRequest", "TcReply", "TxnInfo", "error_from_reply"]
+__all__ = ["TcOp", "TcRequest", "TcReply", "TxnInfo", "error_from_reply", "scoped_group_key",
+           "ENDED_NOTICE",
+           "unscoped_group_key"]
+
+ENDED_NOTICE = "ended:"
+"""Request id prefix of a reply nobody asked for: the txn whose sequence follows ended
+without its writer's END (timeout, admin); the client fails that txn's next send."""
+GROUP_SCOPE = "\x1f"
+"""Between a group key's principal and the key itself (a character no principal has)."""
+
+
+def scoped_group_key(principal: str, key: str) -> str:
+    """A group key as the coordinator keeps it: scoped to the principal that ends it.
+
+    Another principal naming the same key can neither end nor poison that group.
+    """
+    return f"{principal}{GROUP_SCOPE}{key}"
+
+
+def unscoped_group_key(key: str | None) -> str | None:
+    """The key as its client named it."""
+    return None if key is None else key.rpartition(GROUP_SCOPE)[2]
 
 
 class TcOp(enum.Enum):
@@ -60,6 +81,7 @@ class TcRequest:
     min_age_ms: int = 0
     count: int = 0
     open_time_ms: int = 0
+    after_seq: int = -1
 
     def encode(self) -> bytes:
         """Version byte + Avro."""
@@ -73,7 +95,7 @@ class TcRequest:
                                "subscription": s.subscription} for s in self.subscriptions],
             "group_key": self.group_key, "group_seqs": list(self.group_seqs),
             "min_age_ms": self.min_age_ms, "count": self.count,
-            "open_time_ms": self.open_time_ms,
+            "open_time_ms": self.open_time_ms, "after_seq": self.after_seq,
         })
 
     @classmethod
@@ -88,7 +110,7 @@ class TcRequest:
                 tuple(SubscriptionRef(s["topic"], s["partition"], s["subscription"])
                       for s in r["subscriptions"]),
                 r["group_key"], tuple(r["group_seqs"]), r["min_age_ms"], r["count"],
-                r["open_time_ms"],
+                r["open_time_ms"], r["after_seq"],
             )
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"tc_request: {exc!r}") from exc
@@ -106,6 +128,8 @@ class TxnInfo:
     subscriptions: tuple[str, ...]
     abort_reason: str | None = None
     group_key: str | None = None
+    owner: str | None = None
+    """The principal that opened it."""
 
     @classmethod
     def of(cls, meta: TxnMeta) -> TxnInfo:
@@ -113,7 +137,7 @@ class TxnInfo:
         return cls(meta.txn_id, meta.status, meta.open_time_ms, meta.timeout_ms,
                    tuple(sorted(str(p) for p in meta.partitions)),
                    tuple(sorted(str(s) for s in meta.subscriptions)),
-                   meta.abort_reason, meta.group_key)
+                   meta.abort_reason, unscoped_group_key(meta.group_key), meta.owner)
 
     def to_avro(self) -> dict[str, Any]:
         """Avro dict."""
@@ -121,14 +145,14 @@ class TxnInfo:
                 "status": self.status.value, "open_time_ms": self.open_time_ms,
                 "timeout_ms": self.timeout_ms, "partitions": list(self.partitions),
                 "subscriptions": list(self.subscriptions), "abort_reason": self.abort_reason,
-                "group_key": self.group_key}
+                "group_key": self.group_key, "owner": self.owner}
 
     @classmethod
     def from_avro(cls, r: dict[str, Any]) -> TxnInfo:
         """Inverse of :meth:`to_avro`."""
         return cls(TxnID(r["tc_id"], r["seq"]), TxnStatus(r["status"]), r["open_time_ms"],
                    r["timeout_ms"], tuple(r["partitions"]), tuple(r["subscriptions"]),
-                   r["abort_reason"], r["group_key"])
+                   r["abort_reason"], r["group_key"], r["owner"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +170,8 @@ class TcReply:
     txns: tuple[TxnInfo, ...] = ()
     stats: dict[str, int] = field(default_factory=dict)
     owner_id: str | None = None
+    more: bool = False
+    """LIST: this is one page; the next starts after the last txn of ``txns``."""
 
     @classmethod
     def failure(cls, req: TcRequest, exc: TxnStreamError, owner_id: str) -> TcReply:
@@ -161,7 +187,7 @@ class TcReply:
             "error_kind": self.error_kind, "error_message": self.error_message,
             "txn_seq": self.txn_seq, "already": self.already,
             "group_seqs": list(self.group_seqs), "txns": [t.to_avro() for t in self.txns],
-            "stats": dict(self.stats), "owner_id": self.owner_id,
+            "stats": dict(self.stats), "owner_id": self.owner_id, "more": self.more,
         })
 
     @classmethod
@@ -172,7 +198,7 @@ class TcReply:
             return cls(r["request_id"], r["client_id"], r["tc_id"], r["error_kind"],
                        r["error_message"], r["txn_seq"], r["already"], tuple(r["group_seqs"]),
                        tuple(TxnInfo.from_avro(t) for t in r["txns"]), dict(r["stats"]),
-                       r["owner_id"])
+                       r["owner_id"], r["more"])
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"tc_reply: {exc!r}") from exc
 

@@ -37,7 +37,6 @@ handed to the loop (``call_soon_threadsafe``) and returns.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import os

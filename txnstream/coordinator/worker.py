@@ -81,7 +81,7 @@ from txnstream.buffer.worker import BufferWorker
 from txnstream.config import Config, load_tc_users
 from txnstream.coordinator.client import TcEndpoint
 from txnstream.coordinator.finalizer import TxnFinalizer
-from txnstream.coordinator.handlers import TcRequestHandler
+from txnstream.coordinator.handlers import Caller, TcRequestHandler
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.transport import (
@@ -95,8 +95,10 @@ from txnstream.coordinator.txn_log import KafkaClients, KafkaTransactionLog, Tra
 from txnstream.errors import (
     ConfigError,
     CorruptRecordError,
+    InvalidRequestError,
     KafkaClientError,
     NotCoordinatorError,
+    TooManyRequestsError,
 )
 from txnstream.types import TopicPartition
 
@@ -108,6 +110,8 @@ log = logging.getLogger(__name__)
 _Phase = TcPhase
 _Tc = TcIncarnation
 
+_WATCHED = frozenset({TcOp.NEW, TcOp.ACTIVATE, TcOp.ADD_PARTITIONS, TcOp.ADD_SUBSCRIPTIONS})
+"""Requests whose connection is told when their txn ends without its own END."""
 METRICS_EXPORT_S = 1.0
 """How often the per-TC gauges are recomputed (each is a pass over live txns)."""
 ORIGINS_SWEEP_AT = 10_000
@@ -208,7 +212,8 @@ class CoordinatorWorker:
             self._txn_log, t.log, self.worker_id, readback_timeout_s=s.readback_timeout_s,
             checkpoint_interval_s=s.checkpoint_interval_s, on_serving=self._serving_started,
             on_dropped=self._unpublished.discard)
-        self._handler = TcRequestHandler(config, self.worker_id, self._ownership.restarts)
+        self._handler = TcRequestHandler(config, self.worker_id, self._ownership.restarts,
+                                         s.max_open_txns_per_principal)
         self._finalizer = TxnFinalizer(
             self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
             flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s)
@@ -431,10 +436,34 @@ class CoordinatorWorker:
                     f"worker {self.worker_id} does not serve coordinator {req.tc_id}"),
                     self.worker_id).encode())
                 continue
+            earlier = self._origins.get(req.request_id)
+            if earlier is not None:  # a resend: it takes the earlier attempt's place
+                earlier[0].inflight -= 1
+            elif conn.inflight >= self.settings.max_inflight_per_connection:
+                conn.send(TcReply.failure(req, TooManyRequestsError(
+                    f"this connection has {conn.inflight} requests awaiting replies from "
+                    f"worker {self.worker_id}, its limit (max_inflight_per_connection)"),
+                    self.worker_id).encode())
+                continue
+            conn.inflight += 1
             self._origins[req.request_id] = (conn, req.deadline_ms, time.perf_counter(),
                                              req.op.value)
             handled[tc.tc_id] = tc
-            reply = self._handler.handle(tc, req, now_ms)
+            caller = Caller(conn.principal, admin=conn.principal in self.config.admins
+                            or not self._listener.authenticates)
+            try:
+                reply = self._handler.handle(tc, req, now_ms, caller)
+            except Exception as exc:  # a bug, not the request's fault: this TC only
+                log.exception("worker %s: tc %d failed on a %s request from %s; replaying "
+                              "it", self.worker_id, tc.tc_id, req.op.value, conn.peer)
+                self._ownership.restart(tc, f"request handling failed: {exc!r}")
+                self._reply(req, TcReply.failure(req, InvalidRequestError(
+                    f"coordinator {tc.tc_id} could not handle this {req.op.value} request "
+                    f"({type(exc).__name__}); it was not applied"), self.worker_id))
+                continue
+            if reply is not None and reply.error_kind is None and req.op in _WATCHED:
+                seq = reply.txn_seq if req.op is TcOp.NEW else req.txn_seq
+                tc.watchers[seq] = conn
             metrics.REQUESTS.labels(req.op.value,
                                     reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:
@@ -477,7 +506,11 @@ class CoordinatorWorker:
         self._finalizer.finalize(now_ms)
         self._truncate(now_ms)
         if len(self._origins) > self._sweep_origins_at:
-            self._origins = {k: v for k, v in self._origins.items() if v[1] >= now_ms}
+            kept = {k: v for k, v in self._origins.items() if v[1] >= now_ms}
+            for k, v in self._origins.items():
+                if k not in kept:
+                    v[0].inflight -= 1
+            self._origins = kept
             # many still waiting (END waiters): sweep again only once as many came in
             self._sweep_origins_at = max(ORIGINS_SWEEP_AT, 2 * len(self._origins))
 
@@ -568,6 +601,7 @@ class CoordinatorWorker:
         """
         origin = self._origins.pop(req.request_id, None)
         if origin is not None:
+            origin[0].inflight -= 1
             origin[0].send(reply.encode())
             metrics.REQUEST_SECONDS.labels(origin[3]).observe(time.perf_counter() - origin[2])
 
