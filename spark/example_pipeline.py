@@ -138,7 +138,7 @@ def _line_options(config, secret_file: str | None) -> dict[str, str]:
 
     A secret that came from a file is passed as that file (``tc.secretFile``, read by
     the driver), so it is in no option; one from ``TXNSTREAM_TC_SECRET`` as ``tc.secret``
-    (Spark redacts options named ``*secret*`` in its UI and plans).
+    (masked where Spark shows options: ``spark.redaction.regex`` matches ``secret``).
     """
     line = {"tc.principal": config.tc_principal}
     if secret_file:

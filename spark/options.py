@@ -4,8 +4,9 @@ Every option is checked here, on the driver, before a query takes anything: numb
 whole or finite and in range, offsets JSON holds partitions and offsets. The coordinator
 line's credentials (``tc.*``, see :data:`TC_OPTIONS`) go into the :class:`Config` the
 driver ships to the executors; a secret never shows in a repr (``Config`` hides it) or in
-an error (they name the option, never its value). Spark itself redacts the values of
-options whose name holds ``secret`` (``spark.redaction.regex``) in its UI and plans.
+an error (they name the option, never its value). Where Spark shows a source's options,
+it masks those whose name matches ``spark.redaction.regex`` (by default any holding
+``secret``); ``tc.secretFile`` keeps the secret out of the options altogether.
 """
 
 from __future__ import annotations
