@@ -258,7 +258,7 @@ class Config:
             overrides["kafka"] = load_kafka_properties(props)
         env = os.environ
         secret = env.get("TXNSTREAM_TC_SECRET")
-        if not secret and env.get("TXNSTREAM_TC_SECRET_FILE"):
+        if not secret and env.get("TXNSTREAM_TC_SECRET_FILE") and "tc_secret" not in overrides:
             secret = read_secret_file(env["TXNSTREAM_TC_SECRET_FILE"],
                                       "TXNSTREAM_TC_SECRET_FILE")
         if secret and "tc_secret" not in overrides:

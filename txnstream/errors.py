@@ -91,18 +91,25 @@ class CoordinatorAuthError(TxnStreamError):
 
 
 class NotAuthorizedError(TxnStreamError):
-    """The principal may not do this to the txn: another principal opened it (Pulsar's
-    ``NotAllowedException`` for a txn of another owner); admins excepted."""
+    """The principal may not do this to the txn: another principal opened it.
+
+    Pulsar's ``NotAllowedException`` for a txn of another owner; admins excepted.
+    """
 
 
 class InvalidRequestError(TxnStreamError):
-    """A coordinator refused a request as malformed (a value out of range, too large);
-    the message names the field. Resending it cannot succeed."""
+    """A coordinator refused a request as malformed (a value out of range, too large).
+
+    The message names the field. Resending it cannot succeed.
+    """
 
 
 class TooManyRequestsError(TxnStreamError):
-    """A per-principal or per-connection limit of the worker was reached (open txns,
-    requests in flight); the message names the limit. Retry once some have ended."""
+    """A per-principal or per-connection limit of the worker was reached.
+
+    Open txns or requests in flight; the message names the limit. Retry once some have
+    ended.
+    """
 
 
 class RequestTimeoutError(TxnStreamError):

@@ -56,6 +56,7 @@ from txnstream.coordinator.transport import (
 from txnstream.errors import (
     CoordinatorNotFoundError,
     CorruptRecordError,
+    InvalidRequestError,
     KafkaClientError,
     NotCoordinatorError,
     RequestTimeoutError,
@@ -83,6 +84,10 @@ DIRECTORY_FETCH_WAIT_MS = 100
 """The directory's fetch wait: an idle client sends ten fetches a second, and learns a
 new owner within about this long."""
 
+
+MAX_REQUEST_BYTES = 1 << 20
+"""A worker closes a connection that sends a larger request (its ``max_request_bytes``
+default): refused here first, with an error that says so."""
 
 RESERVE_LEASE_S = 30.0
 """How long a reserved TxnID stays usable before it is handed out (the coordinator
@@ -443,6 +448,10 @@ class TransactionCoordinatorClient:
     def _send_until_answered(self, req: TcRequest, pending: _Pending,
                              deadline_s: float) -> TcReply:
         payload = req.encode()
+        if len(payload) > MAX_REQUEST_BYTES:
+            raise InvalidRequestError(
+                f"{req.op.value} request of {len(payload)} bytes is over the line's "
+                f"{MAX_REQUEST_BYTES}-byte bound (a group key or partition list too long)")
         stale: list[int] = []  # EPOCH offset of an owner that said it no longer serves
 
         def attempt() -> TcReply:

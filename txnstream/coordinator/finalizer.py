@@ -143,14 +143,13 @@ class TxnFinalizer:
     def _ended(self, tc: TcIncarnation, seq: int, now_ms: int) -> None:
         """The markers of txn ``seq`` are written: mark it final and answer who waits.
 
-        The connection that last wrote into the txn is told it ended (unless its own END
-        is answered now), so that writer's next send fails at once.
+        If it aborted, the connection that last wrote into it is told, so that writer's
+        next send fails at once (a writer that aborted it itself ignores the notice).
         """
         entry = tc.store.finalize(seq, now_ms)
         meta = tc.store.txns[seq]
         watcher = tc.watchers.pop(seq, None)
-        if watcher is not None and not tc.end_waiters.get(seq) \
-                and meta.status is TxnStatus.ABORTED:
+        if watcher is not None and meta.status is TxnStatus.ABORTED:
             watcher.send(TcReply(f"{ENDED_NOTICE}{seq}", "", tc.tc_id,
                                  error_kind=type(_ended_other_way(meta)).__name__,
                                  error_message=str(_ended_other_way(meta)), txn_seq=seq,

@@ -228,6 +228,8 @@ class TcRequestHandler:
         if g.error or g.already:
             return reply
         pending = {s for s in g.seqs if not store.txns[s].status.is_final}
+        if not pending:  # an empty group: nothing to wait for
+            return reply
         tc.group_waiters.append((req, pending, reply))
         return None
 

@@ -93,9 +93,11 @@ class FakeConn:
     """The connection a request came in on: what the worker answers."""
 
     peer = "127.0.0.1:9"
+    principal = "anonymous"
 
     def __init__(self) -> None:
         self.sent: list[bytes] = []
+        self.inflight = 0
 
     def send(self, data: bytes) -> None:
         self.sent.append(data)
