@@ -27,6 +27,7 @@ from tests.integration.coordinator.conftest import make_topic
 from txnstream import Client, Config, TopicNames
 from txnstream.admin_topics import ensure_topics
 from txnstream.cluster import LocalCluster, ScramUser
+from txnstream.errors import CoordinatorAuthError
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +47,9 @@ def scram_cluster() -> Iterator[LocalCluster]:
         shutil.rmtree(state, ignore_errors=True)
 
 
+TC_SECRET = "line-secret-of-the-sasl-test"
+
+
 def assert_no_password(text: str, where: str) -> None:
     assert PASSWORD not in text, f"the SCRAM password appears in {where}"
 
@@ -55,14 +59,20 @@ def test_transactional_round_trip_on_scram(scram_cluster: LocalCluster,
                                            tmp_path: Path) -> None:
     props = scram_cluster.client_properties
     assert props is not None and props.stat().st_mode & 0o077 == 0, "client.properties is 0600"
+    secret_file = tmp_path / "tc-secret"
+    secret_file.write_text(TC_SECRET)
+    secret_file.chmod(0o600)
     config = Config(bootstrap_servers=scram_cluster.bootstrap,
                     topics=TopicNames(f"__s{uuid.uuid4().hex[:6]}"),
-                    kafka=scram_cluster.client_settings)
+                    kafka=scram_cluster.client_settings, tc_secret=TC_SECRET)
     ensure_topics(config)
     topic = make_topic(config, 2, "sasl")
 
+    # the coordinator line authenticated too: the worker reads its secret from a file
     env = dict(os.environ, TXNSTREAM_KAFKA_CONFIG=str(props),
-               TXNSTREAM_TOPIC_PREFIX=config.topics.prefix)
+               TXNSTREAM_TOPIC_PREFIX=config.topics.prefix,
+               TXNSTREAM_TC_SECRET_FILE=str(secret_file))
+    env.pop("TXNSTREAM_TC_SECRET", None)
     out = tmp_path / "worker.out"
     with out.open("wb") as fh:
         worker = subprocess.Popen(
@@ -103,6 +113,12 @@ def test_transactional_round_trip_on_scram(scram_cluster: LocalCluster,
                         consumer.acknowledge(msg)
                 extra = consumer.receive(timeout_s=2)
                 consumer.close()
+            stranger = Client(config=config.with_(tc_secret="not-the-secret"))
+            try:
+                with pytest.raises(CoordinatorAuthError, match="refused this client"):
+                    stranger.new_transaction(timeout_s=10, tc_id=0)
+            finally:
+                stranger.close()
         assert sorted(got) == sorted(committed), "every committed record once, nothing else"
         assert extra is None, f"an aborted or duplicate record was delivered: {extra}"
         assert_no_password(caplog.text, "this process's log")

@@ -150,7 +150,8 @@ def test_a_client_with_the_wrong_secret_is_refused_with_a_clear_error(listeners,
     with pytest.raises(CoordinatorAuthError) as err:
         client.request(TcOp.GET, 0)
     assert time.monotonic() - t0 < 2.0, "a refusal is not retried until the deadline"
-    assert str(lst.address) in str(err.value) and "wrong secret for principal 'txnstream'" in str(err.value)
+    assert str(lst.address) in str(err.value)
+    assert "wrong secret for principal 'txnstream'" in str(err.value)
     assert "not-the-secret" not in str(err.value) and SECRET not in str(err.value)
     # no secret at all is refused the same way; the right one is let in
     nobody, d2 = make_client(secret=None)
