@@ -378,6 +378,8 @@ class Transaction:
         and write nothing; a commit raises it.
         """
         with self._state_lock:
+            if self._status is not TxnStatus.OPEN:
+                return  # this handle is ending it itself (its own abort's notice)
             if self._remote_end is None:
                 self._remote_end = error
             if self._registration_error is None:

@@ -33,8 +33,12 @@ GROUP_SCOPE = "\x1f"
 def scoped_group_key(principal: str, key: str) -> str:
     """A group key as the coordinator keeps it: scoped to the principal that ends it.
 
-    Another principal naming the same key can neither end nor poison that group.
+    Another principal naming the same key can neither end nor poison that group. The
+    ``anonymous`` principal (a worker that authenticates nobody) keeps keys as they are,
+    as before owners existed, so groups committed before an upgrade are still recognised.
     """
+    if principal == "anonymous":
+        return key
     return f"{principal}{GROUP_SCOPE}{key}"
 
 

@@ -18,9 +18,10 @@ __all__ = ["check_request", "MAX_GROUP_KEY_BYTES", "MAX_PARTITIONS_PER_REQUEST",
 
 MAX_ID_CHARS = 64
 """Request and client ids: a uuid's hex is 32."""
-MAX_GROUP_KEY_BYTES = 512
-"""A group key (the Spark sink's is ``<query id>:<batch id>``, under 60 bytes); group
-outcomes are carried in checkpoints, so a key's size is state on every replay."""
+MAX_GROUP_KEY_BYTES = 16 * 1024
+"""A group key (the Spark sink's is ``<query id>:<batch id>``, under 60 bytes). Group
+outcomes are carried in checkpoints, which bound their bytes, so this only keeps one
+request from carrying megabytes (a 1.5 MB key used to restart a coordinator)."""
 MAX_PARTITIONS_PER_REQUEST = 10_000
 """Partitions or subscriptions one ADD may register (Kafka caps a topic near 10k too)."""
 MAX_GROUP_SEQS = 10_000

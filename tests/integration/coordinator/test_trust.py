@@ -202,7 +202,7 @@ def test_bad_and_big_requests_get_clear_errors_and_restart_no_coordinator(client
     with pytest.raises(InvalidRequestError, match="timeout_ms"):
         alice.tc.request(TcOp.NEW, 0, timeout_ms=7_200_000)
     with pytest.raises(InvalidRequestError, match="group_key"):
-        alice.tc.request(TcOp.NEW, 0, group_key="k" * 100_000)
+        alice.tc.request(TcOp.NEW, 0, group_key="k" * 100_000)  # over 16 KiB
     with pytest.raises(InvalidRequestError, match="bytes is over the line's"):
         alice.tc.request(TcOp.NEW, 0, group_key="k" * 1_500_000)
     with pytest.raises(InvalidRequestError, match="count"):
