@@ -12,7 +12,11 @@ import struct
 from dataclasses import dataclass
 
 __all__ = ["TxnID", "TxnStatus", "COORDINATOR_STATUSES", "TopicPartition", "TC_ID_BITS",
-           "MAX_TC_ID"]
+           "MAX_TC_ID", "ANONYMOUS"]
+
+ANONYMOUS = "anonymous"
+"""The principal of a client on a worker that authenticates nobody (loopback only), and
+the owner of txns logged before owners were (docs/security.md)."""
 
 TC_ID_BITS = 16
 """``most_bits`` carries the TC id; Pulsar reserves 16 bits for it."""

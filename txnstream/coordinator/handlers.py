@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from txnstream.config import Config
 from txnstream.coordinator.meta import TxnMeta
-from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT, ANONYMOUS
+from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT
 from txnstream.coordinator.ownership import TcIncarnation
 from txnstream.coordinator.protocol import (
     TcOp,
@@ -46,7 +46,7 @@ from txnstream.coordinator.protocol import (
 )
 from txnstream.coordinator.request_checks import check_request
 from txnstream.errors import NotAuthorizedError, TooManyRequestsError, TxnStreamError
-from txnstream.types import TxnID, TxnStatus
+from txnstream.types import ANONYMOUS, TxnID, TxnStatus
 
 __all__ = ["MAX_RESERVE", "LIST_PAGE", "Caller", "TcRequestHandler"]
 

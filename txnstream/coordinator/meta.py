@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.errors import InvalidTxnStatusError
-from txnstream.types import TopicPartition, TxnID, TxnStatus
+from txnstream.types import ANONYMOUS, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["TxnMeta"]
 
@@ -32,7 +32,7 @@ class TxnMeta:
     first_offset: int | None = None
     """Offset of this txn's first log record (bookkeeping for truncation)."""
     last_offset: int | None = None
-    owner: str = "anonymous"
+    owner: str = ANONYMOUS
     """The principal that opened it; only it (or an admin) may add to or end it."""
     reserved: bool = False
     """Opened by RESERVE and not handed out yet: no writer holds it (not an open txn to

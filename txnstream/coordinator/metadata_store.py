@@ -57,7 +57,7 @@ from txnstream.errors import (
     TransactionNotFoundError,
     TransactionTimeoutError,
 )
-from txnstream.types import COORDINATOR_STATUSES, TopicPartition, TxnID, TxnStatus
+from txnstream.types import ANONYMOUS, COORDINATOR_STATUSES, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["TransactionMetadataStore", "EndResult", "GroupEndResult", "StoreStats"]
 
@@ -86,9 +86,6 @@ ABORT_ADMIN = "admin"
 ABORT_GROUP = "group"
 RESERVED = "reserved"
 """The ``reason`` of the OPEN records of a RESERVE: not handed out to a writer yet."""
-ANONYMOUS = "anonymous"
-"""The owner of txns opened without authentication (and of records from before owners
-were logged)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from txnstream.codec import codec
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.meta import TxnMeta
 from txnstream.errors import CorruptRecordError, TxnStreamError
-from txnstream.types import TopicPartition, TxnID, TxnStatus
+from txnstream.types import ANONYMOUS, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["TcOp", "TcRequest", "TcReply", "TxnInfo", "error_from_reply", "scoped_group_key",
            "ENDED_NOTICE",
@@ -37,7 +37,7 @@ def scoped_group_key(principal: str, key: str) -> str:
     ``anonymous`` principal (a worker that authenticates nobody) keeps keys as they are,
     as before owners existed, so groups committed before an upgrade are still recognised.
     """
-    if principal == "anonymous":
+    if principal == ANONYMOUS:
         return key
     return f"{principal}{GROUP_SCOPE}{key}"
 

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 from txnstream.config import Config
 from txnstream.errors import ConfigError, CoordinatorAuthError
+from txnstream.types import ANONYMOUS
 
 __all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "ClientConnection",
            "IoLoop", "FrameKey", "server_ssl_context", "client_ssl_context", "MAX_FRAME_BYTES",
@@ -65,8 +66,6 @@ MAX_FRAME_BYTES = 8 << 20
 txns, is far smaller); the bound keeps a garbage length from allocating gigabytes."""
 TAG_BYTES = 16
 """Per-frame HMAC-SHA256 tag, truncated (128 bits, as TLS's GCM tags)."""
-ANONYMOUS = "anonymous"
-"""The principal of a client on a worker that authenticates nobody (loopback only)."""
 MAX_PRINCIPAL_BYTES = 128
 HANDSHAKE_TIMEOUT_S = 5.0
 """A peer that does not finish the handshake in this time is dropped."""
