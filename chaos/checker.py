@@ -19,6 +19,9 @@ which defect of issue 11 a kind most likely points at. The checks:
    txn's outcome (``split_outcome``) and no txn record is left without a marker
    (``txn_without_marker``); the client and the admin never both got a success for
    opposite outcomes (``contradictory_outcomes``).
+7. (hostile profile) no line request about a txn its sender did not open was accepted,
+   no LIST showed another principal's txns, no worker kept a raw connection that never
+   handshook (``line_intrusion``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ MAPS_TO = {
     "txn_open_past_timeout": "items 5/6 (timeouts not enforced, finalization stuck)",
     "process_died": "item 3 (a paused consumer dies on resume: UNKNOWN_MEMBER_ID) or 11",
     "bound_exceeded": "item 6 (unbounded state)",
+    "line_intrusion": "issue 19 (the line: a stranger's or an unauthenticated request "
+                      "was accepted, or a worker kept a connection that never handshook)",
     "subscription_cursor_behind": "item 10 (acks not kept: a restart redelivers what was "
                                   "acked) or a liveness hole in the cursor commit",
 }
@@ -106,6 +111,9 @@ class Truth:
     received: Counter[str] = field(default_factory=Counter)
     received_txn: dict[str, str | None] = field(default_factory=dict)
     late_rejected: int = 0
+    intrusions: list[dict[str, Any]] = field(default_factory=list)
+    intruder_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The last ``intruder_stats`` of each intruder incarnation: ``who op outcome`` -> n."""
     regressions: int = 0
     dup_in_batch: int = 0
 
@@ -146,6 +154,10 @@ def load_truth(truth_dir: Path) -> Truth:
             t.admin[txn] = ev
         elif e == "late_rejected":
             t.late_rejected += 1
+        elif e == "intrusion":
+            t.intrusions.append(ev)
+        elif e == "intruder_stats":
+            t.intruder_counts[stem] = ev.get("counts", {})
         elif e == "regress":
             t.regressions += 1
         elif e == "dup_in_batch":
@@ -343,7 +355,14 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
             an.add("split_outcome", {"txn": txn, "markers": parts,
                                      "belief": truth.expected(txn)})
 
+    # ---- 7: the line
+    for ev in truth.intrusions:
+        an.add("line_intrusion", ev, sub=f"{ev.get('who')} {ev.get('op')}")
+
     visible = Counter(d.topic for d in delivered)
+    intruder: Counter[str] = Counter()
+    for counts in truth.intruder_counts.values():
+        intruder.update(counts)
     notes = {"late_sends_rejected": truth.late_rejected,
              "late_sends_accepted": sum(1 for recs in truth.sent.values()
                                         for _, late in recs if late),
@@ -351,5 +370,7 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
              "processor_duplicate_deliveries_in_a_batch": truth.dup_in_batch,
              "consumer_records_received": sum(truth.received.values()),
              "processor_outputs_logged": len(truth.pairs)}
+    if intruder:
+        notes["intruder_requests"] = dict(sorted(intruder.items()))
     return CheckResult(an, txns, records_checked, visible,
                        sum(len(rp.records) for rp in raw.values()), notes)

@@ -91,12 +91,20 @@ class Profile:
     """The chaos consumers hold this little behind an open txn, so the re-read path
     (the consumer's bounded hold, item 1) runs all the time."""
     bounds: Bounds = Bounds()
+    hostile: bool = False
+    """Add the hostile actors (issues 19/20): an intruder process on the line."""
+    intruder_rate: float = 4.0
+    """Requests a second from each intruder thread (the stranger; half that anonymous)."""
 
 
+_SHORT = Profile("short", workload_s=110.0)
+_SOAK = Profile("soak", workload_s=30 * 60.0, producers=2, processors=3, consumers=2,
+                workers=3, drain_s=180.0)
 PROFILES = {
-    "short": Profile("short", workload_s=110.0),
-    "soak": Profile("soak", workload_s=30 * 60.0, producers=2, processors=3, consumers=2,
-                    workers=3, drain_s=180.0),
+    "short": _SHORT,
+    "soak": _SOAK,
+    "hostile": replace(_SHORT, name="hostile", hostile=True),
+    "hostile-soak": replace(_SOAK, name="hostile-soak", hostile=True),
 }
 
 

@@ -36,6 +36,7 @@ from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
+from chaos.credentials import HARNESS, STRANGER, Credentials
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
@@ -67,6 +68,7 @@ class ChaosRun:
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.cluster = ChaosCluster(workdir / "cluster", coordinators=profile.coordinators,
                                     kafka_logger=_file_logger(workdir / "logs" / "harness.log"))
+        self.creds = Credentials.create(workdir / "secrets")
         self.phases: dict[str, float] = {}
         self.nemesis: Nemesis | None = None
         self.monitor: Monitor | None = None
@@ -86,8 +88,8 @@ class ChaosRun:
 
     @property
     def config(self) -> Config:
-        """The harness's client settings."""
-        return self.cluster.config()
+        """The harness's client settings (an admin principal on the line)."""
+        return self.creds.config(self.cluster.config(), HARNESS)
 
     def _role_argv(self, role: str, name: str, spec: dict[str, Any]) -> Any:
         boot, prefix = self.cluster.bootstrap, self.cluster.topics.prefix
@@ -129,7 +131,8 @@ class ChaosRun:
         t0 = time.monotonic()
         p = self.p
         for i in range(p.workers):
-            self.sup.add(f"worker-{i}", "worker", self._worker_argv(f"worker-{i}"))
+            self.sup.add(f"worker-{i}", "worker", self._worker_argv(f"worker-{i}"),
+                         env=self.creds.worker_env())
             self.sup.start(f"worker-{i}")
         self.client = Client(config=self.config)
         self._wait_served()
@@ -139,14 +142,15 @@ class ChaosRun:
             self.sup.add(f"consumer-{i}", "consumer", self._role_argv("consumer", f"consumer-{i}", {
                 "topics": [IN_TOPIC, OUT_TOPIC], "subscription": READ_SUBSCRIPTION,
                 "ack_mode": ("individual", "cumulative")[i % 2],
-                "max_buffered_bytes": p.consumer_max_buffered_bytes, "session_timeout_ms": st}))
+                "max_buffered_bytes": p.consumer_max_buffered_bytes, "session_timeout_ms": st}),
+                env=self.creds.env("chaos-consumer"))
         for i in range(p.processors):
             self.sup.add(f"processor-{i}", "processor", self._role_argv(
                 "processor", f"processor-{i}", {
                     "input": IN_TOPIC, "output": OUT_TOPIC, "subscription": EO_SUBSCRIPTION,
                     "ack_mode": ("cumulative", "individual")[i % 2],
                     "txn_timeout_s": p.processor_txn_timeout_s, "session_timeout_ms": st,
-                    "process_s": list(p.process_s)}))
+                    "process_s": list(p.process_s)}), env=self.creds.env("chaos-processor"))
         ports = [free_port() for _ in range(p.producers)]
         for i in range(p.producers):
             self.sup.add(f"producer-{i}", "producer", self._role_argv("producer", f"producer-{i}", {
@@ -156,8 +160,13 @@ class ChaosRun:
                 "slow_ratio": p.slow_ratio, "slow_timeout_s": p.slow_timeout_s,
                 "slow_overrun_s": list(p.slow_overrun_s),
                 "abandon_ratio": p.abandon_ratio, "abandon_timeout_s": p.abandon_timeout_s,
-                "late_ratio": p.late_ratio, "hold_s": list(p.hold_s)}))
-        for role in ("consumer", "processor", "producer"):
+                "late_ratio": p.late_ratio, "hold_s": list(p.hold_s)}),
+                env=self.creds.env("chaos-producer"))
+        if p.hostile:
+            self.sup.add("intruder-0", "intruder", self._role_argv("intruder", "intruder-0", {
+                "topics": [IN_TOPIC, OUT_TOPIC], "rate": p.intruder_rate}),
+                env=self.creds.env(STRANGER))
+        for role in ("consumer", "processor", "producer", "intruder"):
             for name in self.sup.names(role):
                 self.sup.start(name)
         self._phase("roles", t0)
@@ -216,8 +225,8 @@ class ChaosRun:
         self.sup.reap_unexpected()  # record (and restart) what died on its own first
         self.sup.ensure_running()
         self.monitor.stop_aborting()
-        self.log("stopping the producers (they end their current txns)")
-        self.sup.stop(self.sup.names("producer"))
+        self.log("stopping the producers (they end their current txns) and intruders")
+        self.sup.stop(self.sup.names("producer") + self.sup.names("intruder"))
         deadline = time.monotonic() + self.p.drain_s
         state: dict[str, Any] = {}
         stable = 0

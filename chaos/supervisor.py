@@ -63,6 +63,8 @@ class RoleProc:
     started_at: float = 0.0
     history: list[int] = field(default_factory=list)
     """Pids of every incarnation."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the harness's environment (the role's line credentials)."""
 
     @property
     def pid(self) -> int | None:
@@ -85,9 +87,10 @@ class Supervisor:
         self._all: list[subprocess.Popen[bytes]] = []
         self._lock = threading.RLock()
 
-    def add(self, name: str, role: str, argv: Callable[[int], list[str]]) -> RoleProc:
-        """Declare a role process (not started)."""
-        p = RoleProc(name, role, argv, self.log_dir / f"{name}.log")
+    def add(self, name: str, role: str, argv: Callable[[int], list[str]],
+            env: dict[str, str] | None = None) -> RoleProc:
+        """Declare a role process (not started); ``env`` is added to its environment."""
+        p = RoleProc(name, role, argv, self.log_dir / f"{name}.log", env=dict(env or {}))
         self.procs[name] = p
         return p
 
@@ -106,7 +109,7 @@ class Supervisor:
                 out.write(f"\n===== chaos: {name} incarnation {p.incarnation} at "
                           f"{time.strftime('%H:%M:%S')} =====\n".encode())
                 out.flush()
-                env = dict(os.environ)
+                env = dict(os.environ) | p.env
                 env["PYTHONPATH"] = os.pathsep.join(
                     [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
                 p.popen = subprocess.Popen(p.argv(p.incarnation), stdout=out,

@@ -14,6 +14,8 @@ def main(argv: list[str]) -> int:
         from chaos.roles.producer import run
     elif args.role == "processor":
         from chaos.roles.processor import run
+    elif args.role == "intruder":
+        from chaos.roles.intruder import run
     else:
         from chaos.roles.consumer import run
     return run(args)

@@ -41,7 +41,7 @@ class RoleArgs:
 def parse_args(argv: list[str]) -> RoleArgs:
     """Parse ``ROLE --bootstrap ... --spec JSON``."""
     ap = argparse.ArgumentParser(prog="python -m chaos.roles")
-    ap.add_argument("role", choices=("producer", "processor", "consumer"))
+    ap.add_argument("role", choices=("producer", "processor", "consumer", "intruder"))
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--prefix", default="__txn")
     ap.add_argument("--name", required=True)
@@ -75,11 +75,11 @@ def install_stop() -> threading.Event:
 
 
 def make_client(args: RoleArgs) -> Client:
-    """A txnstream client of the chaos cluster."""
+    """A txnstream client of the chaos cluster, as the principal the environment names."""
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s %(levelname)s {args.writer} %(name)s: %(message)s")
-    return Client(config=Config(bootstrap_servers=args.bootstrap, topics=TopicNames(args.prefix),
-                                replication_factor=3))
+    return Client(config=Config.from_env(args.bootstrap, topics=TopicNames(args.prefix),
+                                         replication_factor=3))
 
 
 def commit_outcome(txn: Any, exc: BaseException | None) -> str:

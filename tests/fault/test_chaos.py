@@ -1,9 +1,11 @@
-"""The nemesis harness's short profile (``make chaos``) must find nothing.
+"""The nemesis harness's hostile profile, short length, must find nothing.
 
-Runs ``python -m chaos --profile short`` as a real process (its own 3-broker cluster,
-coordinator workers, producers, processors and consumers, kill -9 / SIGSTOP / broker
-kill at random) and asserts on its JSON summary: every fault kind was injected, work was
-done and checked, and the checker counted 0 anomalies.
+Runs ``python -m chaos --profile hostile`` as a real process (its own 3-broker cluster,
+coordinator workers, producers, processors and consumers on an authenticated line, kill
+-9 / SIGSTOP / broker kill at random, and an intruder: a stranger principal sending
+requests about the honest txns, clients without valid credentials, raw connections)
+and asserts on its JSON summary: every fault kind was injected, every intruder kind
+was refused, work was done and checked, and the checker counted 0 anomalies.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ RUN_TIMEOUT_S = 840
 """The short profile takes 3-4 minutes on a 2-core machine; this is well past it."""
 
 
-def run_harness(workdir: Path, summary_path: Path, seed: str) -> tuple[int, str]:
-    """Run the short profile; on a timeout or an interrupt, let it tear down (SIGTERM)."""
+def run_harness(workdir: Path, summary_path: Path, seed: str,
+                profile: str = "hostile") -> tuple[int, str]:
+    """Run ``profile``; on a timeout or an interrupt, let it tear down (SIGTERM)."""
     out_path = workdir.parent / "chaos.out"
     with out_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "chaos", "--profile", "short", "--seed", seed,
+            [sys.executable, "-m", "chaos", "--profile", profile, "--seed", seed,
              "--workdir", str(workdir), "--json", str(summary_path)],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -48,7 +51,7 @@ def run_harness(workdir: Path, summary_path: Path, seed: str) -> tuple[int, str]
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 300)
-def test_short_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
+def test_hostile_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
     summary_path = tmp_path / "summary.json"
     seed = os.environ.get("CHAOS_SEED", "11")
     code, output = run_harness(tmp_path / "run", summary_path, seed)
@@ -61,6 +64,11 @@ def test_short_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
         for kind in ("kill9", "pause"):
             assert s["faults"]["by_role"].get(kind, {}).get(role, 0) > 0, \
                 f"no {kind} of a {role}: {s['faults']['by_role']}"
+    asked = s["notes"].get("intruder_requests", {})
+    for who, outcome in (("stranger", "not_authorized"), ("anonymous", "credentials_refused"),
+                         ("wrong_secret", "credentials_refused"), ("raw", "closed")):
+        assert any(k.startswith(f"{who} ") and k.endswith(f" {outcome}") for k in asked), \
+            f"no {who} request ended {outcome}: {asked}"
     assert s["txns"]["committed"] > 0, s["txns"]
     assert s["txns"]["aborted"] > 0, s["txns"]
     assert s["records"]["checked"] > 0, s["records"]

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 from txnstream.config import Config
 from txnstream.errors import ConfigError, CoordinatorAuthError
+from txnstream.ratelog import RateLimitedLog
 from txnstream.types import ANONYMOUS
 
 __all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "ClientConnection",
@@ -309,6 +310,8 @@ class Listener:
         self._users = dict(users or {})
         self._tls = tls
         self._require_cert = tls is not None and tls.verify_mode is not ssl.CERT_NONE
+        self._warn = RateLimitedLog(log)
+        """Refusals and drops: a hostile peer can cause them without bound."""
         self.limits = limits or LineLimits()
         self._io = IoLoop(name)
         self._conns: set[ServerConnection] = set()
@@ -365,7 +368,8 @@ class Listener:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away (or never finished the handshake)
         except (ValueError, ssl.SSLError, OSError) as exc:
-            log.warning("dropping the connection from %s: %s", peer, exc)
+            self._warn.warning(f"drop {type(exc).__name__}",
+                               "dropping the connection from %s: %s", peer, exc)
         finally:
             if conn is not None:
                 self._conns.discard(conn)
@@ -374,7 +378,7 @@ class Listener:
 
     async def _refuse(self, writer: asyncio.StreamWriter, peer: str, verdict: bytes,
                       why: str) -> None:
-        log.warning("refused a connection from %s: %s", peer, why)
+        self._warn.warning(f"refuse {why[:60]}", "refused a connection from %s: %s", peer, why)
         writer.write(verdict + why.encode()[:200])
         await writer.drain()
 
@@ -384,8 +388,8 @@ class Listener:
         writer.write(MAGIC + sn)
         head = await reader.readexactly(len(MAGIC) + NONCE_BYTES + 1)
         if head[:len(MAGIC)] != MAGIC:
-            log.warning("refused a connection from %s: not a txnstream client (or an older "
-                        "one)", peer)
+            self._warn.warning("refuse magic", "refused a connection from %s: not a "
+                               "txnstream client (or an older one)", peer)
             return None
         cn = head[len(MAGIC):len(MAGIC) + NONCE_BYTES]
         claimed = await reader.readexactly(head[-1])

@@ -1,0 +1,311 @@
+"""The hostile profile's line intruders: nothing they send may change an honest txn.
+
+One process, three threads, each sending a few requests a second at random:
+
+- **stranger**: a principal with valid credentials that owns none of the honest txns.
+  It learns honest TxnIDs as any reader of the data topics can (their ``txn.id``
+  headers) and asks to end, extend, register, read and group-end them, lists
+  transactions, and sends fields no client would (negative timeouts, long reasons,
+  TxnIDs that were never issued). It also opens and abandons txns of its own.
+- **anonymous**: clients with no secret, or with an honest principal's name and a wrong
+  secret, sending the same requests.
+- **raw**: TCP connections to the workers' ports that send garbage, a handshake with a
+  false proof or an oversized principal, or nothing at all (a worker must close them).
+
+Every answer is counted by (who, op, outcome) in an ``intruder_stats`` truth event. A
+request about a txn the stranger did not open that a worker answers with success is an
+``intrusion`` event (the checker's ``line_intrusion`` anomaly), as is a LIST reply that
+shows another principal's txn, and a raw connection a worker keeps open past its
+handshake timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from collections import Counter, deque
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from chaos.roles.common import RoleArgs, run_role
+from chaos.truth import TruthLog
+from txnstream import Client, TxnID
+from txnstream.coordinator.log_entry import SubscriptionRef
+from txnstream.coordinator.protocol import TcOp
+from txnstream.coordinator.transport import HANDSHAKE_TIMEOUT_S, MAGIC
+from txnstream.errors import (
+    CoordinatorAuthError,
+    InvalidRequestError,
+    NotAuthorizedError,
+    RequestTimeoutError,
+    TransactionNotFoundError,
+    TxnStreamError,
+)
+from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+from txnstream.types import TopicPartition
+
+__all__ = ["run"]
+
+LEARNED = 2_000
+"""Honest TxnIDs remembered (the newest): the ones still open are the ones to attack."""
+STATS_EVERY_S = 5.0
+FOREIGN_OPS = ("end_commit", "end_abort", "add_partitions", "add_subscriptions", "get",
+               "activate", "end_group")
+"""Requests about a txn: each must be refused for a txn the stranger did not open."""
+
+
+class Intruder:
+    """The three intruder threads of one process."""
+
+    def __init__(self, args: RoleArgs, client: Client, stop: threading.Event) -> None:
+        sp = args.spec
+        self.args = args
+        self.stop = stop
+        self.client = client
+        self.rate: float = sp.get("rate", 4.0)
+        self.topics: list[str] = sp["topics"]
+        self.rng = random.Random(args.seed * 7919 + args.incarnation)
+        self.truth = TruthLog(args.truth)
+        self.learned: deque[TxnID] = deque(maxlen=LEARNED)
+        self.own: set[TxnID] = set()
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        base = client.config
+        self.anonymous = [
+            Client(config=base.with_(tc_principal="anonymous", tc_secret=None)),
+            Client(config=base.with_(tc_principal="chaos-producer",
+                                     tc_secret="not-the-producers-secret")),
+        ]
+        self.partitions = self._partitions()
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _count(self, who: str, op: str, outcome: str) -> None:
+        with self._lock:
+            self.counts[f"{who} {op} {outcome}"] += 1
+
+    def _intrusion(self, who: str, op: str, txn: TxnID | None, detail: str) -> None:
+        self.truth.write({"e": "intrusion", "who": who, "op": op,
+                          "txn": None if txn is None else str(txn), "detail": detail[:500],
+                          "by": self.args.writer})
+
+    def _write_stats(self) -> None:
+        with self._lock:
+            counts = dict(self.counts)
+        self.truth.write({"e": "intruder_stats", "by": self.args.writer, "counts": counts},
+                         sync=False)
+
+    def _partitions(self) -> list[TopicPartition]:
+        c = Consumer(self.client.config.consumer("chaos-intruder-probe"))
+        try:
+            meta = c.list_topics(timeout=10).topics
+            return [TopicPartition(t, p) for t in self.topics for p in meta[t].partitions]
+        finally:
+            c.close()
+
+    # ------------------------------------------------------------------ learning TxnIDs
+
+    def _learn(self) -> None:
+        """Tail the data topics' headers, as any reader of them could."""
+        c = Consumer(self.client.config.consumer(
+            f"chaos-intruder-{self.args.writer}", **{"enable.auto.commit": False}))
+        try:
+            c.assign([KafkaTP(tp.topic, tp.partition, OFFSET_END) for tp in self.partitions])
+            while not self.stop.is_set():
+                for m in c.consume(200, timeout=0.5):
+                    if m.error() is not None:
+                        continue
+                    hdrs = dict(m.headers() or ())
+                    raw = hdrs.get(TXN_ID_HEADER)
+                    if raw is None or TXN_MARKER_HEADER in hdrs:
+                        continue
+                    try:
+                        txn = TxnID.from_bytes(raw)
+                    except ValueError:
+                        continue
+                    if txn not in self.own and (not self.learned or self.learned[-1] != txn):
+                        self.learned.append(txn)
+        finally:
+            c.close()
+
+    # ------------------------------------------------------------------ line requests
+
+    def _target(self) -> TxnID | None:
+        if not self.learned:
+            return None
+        txn = self.learned[-1 - min(len(self.learned) - 1, int(self.rng.expovariate(0.05)))]
+        if self.rng.random() < 0.1:  # a neighbour: issued, maybe never seen on a topic
+            txn = TxnID(txn.tc_id, max(0, txn.sequence + self.rng.randint(-3, 3)))
+        return None if txn in self.own else txn
+
+    def _fields(self, op: str, txn: TxnID) -> tuple[TcOp, dict[str, Any]]:
+        rng = self.rng
+        weird = rng.random() < 0.3
+        timeout = rng.choice((-1, 0, 1, 2**31 - 1, 10**12)) if weird else 60_000
+        tp = rng.choice(self.partitions)
+        if op in ("end_commit", "end_abort"):
+            return TcOp.END, {"txn_seq": txn.sequence, "commit": op == "end_commit",
+                              "reason": "x" * rng.choice((0, 10, 5000)) if weird else None}
+        if op == "add_partitions":
+            return TcOp.ADD_PARTITIONS, {"txn_seq": txn.sequence, "partitions": (tp,)}
+        if op == "add_subscriptions":
+            return TcOp.ADD_SUBSCRIPTIONS, {"txn_seq": txn.sequence, "subscriptions": (
+                SubscriptionRef(tp.topic, tp.partition, "chaos-eo"),)}
+        if op == "get":
+            return TcOp.GET, {"txn_seq": txn.sequence}
+        if op == "activate":
+            return TcOp.ACTIVATE, {"txn_seq": txn.sequence, "timeout_ms": timeout,
+                                   "open_time_ms": int(time.time() * 1000)}
+        return TcOp.END_GROUP, {"group_key": rng.choice(("", "chaos", "g" * 100)),
+                                "group_seqs": (txn.sequence,), "commit": rng.random() < 0.5}
+
+    def _ask(self, who: str, client: Client, op: str, tc_op: TcOp, tc_id: int,
+             txn: TxnID | None, **fields: Any) -> Any:
+        """Send one request; count its outcome; an accepted foreign request is an intrusion."""
+        try:
+            reply = client.tc.request(tc_op, tc_id, timeout_s=5.0, **fields)
+        except NotAuthorizedError:
+            self._count(who, op, "not_authorized")
+        except CoordinatorAuthError:
+            self._count(who, op, "credentials_refused")
+        except TransactionNotFoundError:
+            self._count(who, op, "not_found")
+        except InvalidRequestError:
+            self._count(who, op, "invalid")
+        except RequestTimeoutError:
+            self._count(who, op, "timeout")
+        except TxnStreamError as exc:
+            self._count(who, op, type(exc).__name__)
+        except (OSError, ConnectionError) as exc:
+            self._count(who, op, type(exc).__name__)
+        else:
+            self._count(who, op, "accepted")
+            return reply
+        return None
+
+    def _foreign(self, who: str, client: Client) -> None:
+        txn = self._target()
+        if txn is None:
+            return
+        op = self.rng.choice(FOREIGN_OPS)
+        tc_op, fields = self._fields(op, txn)
+        reply = self._ask(who, client, op, tc_op, txn.tc_id, txn, **fields)
+        if reply is not None:
+            self._intrusion(who, op, txn, f"accepted: {reply}")
+
+    def _list(self, who: str, client: Client) -> None:
+        tc_id = self.rng.randrange(client.tc.num_coordinators)
+        reply = self._ask(who, client, "list", TcOp.LIST, tc_id, None,
+                          after_seq=self.rng.choice((-1, 0)))
+        if reply is None:
+            return
+        foreign = [t for t in reply.txns if t.txn_id not in self.own]
+        if foreign:
+            self._intrusion(who, "list", foreign[0].txn_id,
+                            f"LIST showed {len(foreign)} txn(s) of others, e.g. owner "
+                            f"{foreign[0].owner!r}")
+
+    def _own_txn(self) -> None:
+        """Open a txn of its own; end about half (the rest time out)."""
+        try:
+            txn = self.client.new_transaction(timeout_s=5.0)
+        except TxnStreamError as exc:
+            self._count("stranger", "new", type(exc).__name__)
+            return
+        self._count("stranger", "new", "accepted")
+        self.own.add(txn.id)
+        if self.rng.random() < 0.5:
+            try:
+                txn.abort()
+            except TxnStreamError:
+                pass
+
+    def _stranger(self) -> None:
+        while not self.stop.wait(self.rng.expovariate(self.rate)):
+            r = self.rng.random()
+            if r < 0.1:
+                self._own_txn()
+            elif r < 0.2:
+                self._list("stranger", self.client)
+            else:
+                self._foreign("stranger", self.client)
+
+    def _anonymous(self) -> None:
+        while not self.stop.wait(self.rng.expovariate(self.rate / 2)):
+            client = self.rng.choice(self.anonymous)
+            who = "anonymous" if client.config.tc_secret is None else "wrong_secret"
+            if self.rng.random() < 0.2:
+                self._list(who, client)
+            else:
+                self._foreign(who, client)
+
+    # ------------------------------------------------------------------ raw sockets
+
+    def _raw(self) -> None:
+        while not self.stop.wait(self.rng.expovariate(self.rate / 4)):
+            eps = [e.endpoint for e in self.client.tc.directory.known().values()]
+            if not eps:
+                continue
+            ep = self.rng.choice(eps)
+            kind = self.rng.choice(("garbage", "false_proof", "long_principal", "silent"))
+            try:
+                outcome = self._raw_once(ep.host, ep.port, kind)
+            except OSError as exc:
+                outcome = type(exc).__name__
+            self._count("raw", kind, outcome)
+            if outcome == "kept_open":
+                self._intrusion("raw", kind, None, f"{ep} kept a {kind} connection open "
+                                f"past its {HANDSHAKE_TIMEOUT_S:g} s handshake timeout")
+
+    def _raw_once(self, host: str, port: int, kind: str) -> str:
+        with socket.create_connection((host, port), timeout=5.0) as s:
+            if kind == "garbage":
+                s.sendall(os.urandom(self.rng.randrange(1, 4096)))
+            elif kind == "false_proof":
+                s.recv(len(MAGIC) + 16)
+                name = b"chaos-processor"
+                s.sendall(MAGIC + os.urandom(16) + bytes([len(name)]) + name + os.urandom(32))
+            elif kind == "long_principal":
+                s.recv(len(MAGIC) + 16)
+                s.sendall(MAGIC + os.urandom(16) + b"\xff" + os.urandom(255))
+            s.settimeout(HANDSHAKE_TIMEOUT_S + 5.0)
+            t0 = time.monotonic()
+            try:
+                while s.recv(4096):  # the greeting, then a refusal; then it must close
+                    if time.monotonic() - t0 > HANDSHAKE_TIMEOUT_S + 5.0:
+                        return "kept_open"
+            except TimeoutError:
+                return "kept_open"
+            except ConnectionResetError:
+                return "reset"
+            return "closed"
+
+    # ------------------------------------------------------------------ the process
+
+    def loop(self) -> None:
+        """Run the threads until stopped; counts every few seconds."""
+        threads = [threading.Thread(target=fn, daemon=True, name=fn.__name__)
+                   for fn in (self._learn, self._stranger, self._anonymous, self._raw)]
+        for th in threads:
+            th.start()
+        while not self.stop.wait(STATS_EVERY_S):
+            self._write_stats()
+        for th in threads:
+            th.join(15)
+        self._write_stats()
+
+    def close(self) -> None:
+        """Close the extra clients and the truth file."""
+        for c in self.anonymous:
+            c.close()
+        self.truth.close()
+
+
+def run(args: RoleArgs) -> int:
+    """The intruder process, until SIGTERM."""
+    return run_role(Intruder, args)
