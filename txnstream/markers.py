@@ -4,11 +4,23 @@ A marker is a Kafka record with headers ``txn.marker`` (``COMMIT``/``ABORT``) an
 ``txn.id`` (16 bytes), no key, and an Avro :class:`TxnMarker` value that also carries
 the coordinator's low watermark. Transactional data records carry only ``txn.id``.
 Markers are written by the coordinator and never delivered to users.
+
+Data topics are writable by ordinary producers, so a marker counts only if a worker
+wrote it (DESIGN.md section 10): with a worker secret, every marker also carries
+``txn.mac``, an HMAC over the Kafka cluster id, its topic, partition and value, keyed
+from the workers' secret (:class:`MarkerSigner`). The buffer owner folds a marker whose
+tag does not verify as it folds a straggler: hidden, changing nothing. Binding the tag
+to the cluster and the partition means a marker copied elsewhere (MirrorMaker into
+another txnstream cluster, even one with the same secret, or into another partition)
+never counts there.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,7 +31,10 @@ from txnstream.types import TxnID
 __all__ = [
     "TXN_ID_HEADER",
     "TXN_MARKER_HEADER",
+    "TXN_MAC_HEADER",
+    "RESERVED_HEADERS",
     "MarkerKind",
+    "MarkerSigner",
     "TxnMarker",
     "RecordKind",
     "classify_headers",
@@ -27,6 +42,11 @@ __all__ = [
 
 TXN_ID_HEADER = "txn.id"
 TXN_MARKER_HEADER = "txn.marker"
+TXN_MAC_HEADER = "txn.mac"
+RESERVED_HEADERS = frozenset((TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_MAC_HEADER))
+"""Header names a user's record may not carry."""
+MAC_BYTES = 16
+"""HMAC-SHA256 truncated to 128 bits, as the line's frame tags."""
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 
@@ -69,6 +89,46 @@ class TxnMarker:
             return cls(txn_id, MarkerKind(rec["kind"]), rec["lwm"])
         except ValueError as exc:
             raise CorruptRecordError(f"txn_marker: {exc}") from exc
+
+
+class MarkerSigner:
+    """Signs the markers a worker writes and checks the ones a buffer owner folds.
+
+    Every worker of a cluster derives the same key from the workers' secret
+    (``tc_secret`` of the workers' principal), so any worker's marker verifies at any
+    buffer owner; nobody without that secret can make one that does.
+    """
+
+    def __init__(self, key: bytes, cluster_id: str) -> None:
+        if len(key) < 16:
+            raise ValueError("a marker key must be at least 16 bytes")
+        self._key = key
+        self._cluster = cluster_id.encode()
+
+    @classmethod
+    def from_secret(cls, secret: str, cluster_id: str) -> MarkerSigner:
+        """The signer of the workers holding ``secret`` on Kafka cluster ``cluster_id``."""
+        key = hmac.new(secret.encode(), b"txnstream marker key v1", hashlib.sha256).digest()
+        return cls(key, cluster_id)
+
+    def tag(self, topic: str, partition: int, value: bytes) -> bytes:
+        """The ``txn.mac`` of a marker with ``value`` in ``topic``-``partition``."""
+        t = topic.encode()
+        msg = b"".join((struct.pack(">H", len(self._cluster)), self._cluster,
+                        struct.pack(">H", len(t)), t, struct.pack(">i", partition), value))
+        return hmac.new(self._key, msg, hashlib.sha256).digest()[:MAC_BYTES]
+
+    def headers(self, marker: TxnMarker, topic: str, partition: int,
+                value: bytes) -> list[tuple[str, str | bytes | None]]:
+        """The headers of ``marker`` (encoded as ``value``) written to that partition."""
+        return [*marker.headers(), (TXN_MAC_HEADER, self.tag(topic, partition, value))]
+
+    def verify(self, topic: str, partition: int, value: bytes | None, headers: Headers) -> bool:
+        """Whether a marker record's ``txn.mac`` header is this cluster's tag for it."""
+        if value is None:
+            return False
+        mac = next((v for k, v in headers or () if k == TXN_MAC_HEADER), None)
+        return mac is not None and hmac.compare_digest(mac, self.tag(topic, partition, value))
 
 
 class RecordKind(enum.Enum):

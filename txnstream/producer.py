@@ -28,7 +28,7 @@ from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import validate
 from txnstream.errors import ConfigError, TxnStreamError
-from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+from txnstream.markers import RESERVED_HEADERS, TXN_ID_HEADER
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class Producer:
         part = self._partition_for(kbytes, partition)
         hdrs: KafkaHeaders = list(headers or [])
         for name, _ in hdrs:
-            if name in (TXN_ID_HEADER, TXN_MARKER_HEADER):
+            if name in RESERVED_HEADERS:
                 raise ConfigError(f"header {name!r} is reserved for txnstream")
         if txn is None:
             self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs or None)

@@ -16,6 +16,11 @@ Pulsar's ``TopicTransactionBuffer``). Rules:
   beyond ``max_read_position`` is delivered.
 * A record whose txn headers do not parse is logged with its position and dropped; it
   changes nothing else.
+* With a :class:`~txnstream.markers.MarkerSigner` (:attr:`TransactionBuffer.signer`: the
+  owner's, when the workers hold a secret), a marker whose ``txn.mac`` does not verify
+  was not written by a worker of this cluster (a producer with write access to the
+  topic, or a copy from elsewhere): it is **forged**, hidden like a straggler, and
+  changes nothing else (no txn ends, no LWM moves).
 
 ``max_read_position`` is one before the first offset of the earliest ongoing txn, else
 the last folded offset. An open txn therefore blocks the partition until it ends or
@@ -52,15 +57,18 @@ from txnstream.markers import (
     TXN_ID_HEADER,
     TXN_MARKER_HEADER,
     MarkerKind,
+    MarkerSigner,
     RecordKind,
     TxnMarker,
     classify_headers,
 )
+from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["TransactionBuffer", "Verdict", "BufferStats", "OngoingTxn", "Journal"]
 
 log = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(log)
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 
@@ -81,6 +89,7 @@ class Verdict(enum.Enum):
     TXN_PENDING = "txn-pending"
     STRAGGLER = "straggler"
     MARKER = "marker"
+    FORGED = "forged"
     CORRUPT = "corrupt"
 
 
@@ -157,6 +166,10 @@ class TransactionBuffer:
     _aborted_order: list[tuple[int, TxnID]] = field(default_factory=list, repr=False,
                                                     compare=False)
     """Min-heap of (last offset, txn) of :attr:`aborted`, for the same reason."""
+    signer: MarkerSigner | None = field(default=None, repr=False, compare=False)
+    """If set, only markers it verifies count; others are forged (hidden, nothing else)."""
+    forged: int = 0
+    """Forged markers folded (not kept in snapshots: a count for stats and metrics)."""
     journal: Journal | None = field(default=None, repr=False, compare=False)
     """If set, what the fold decides is also noted here, for the owner to publish
     (:mod:`txnstream.buffer.served`): hidden offsets and aborted spans."""
@@ -186,6 +199,15 @@ class TransactionBuffer:
             return Verdict.PLAIN
         assert txn_id is not None
         if kind is RecordKind.MARKER:
+            if self.signer is not None and not self.signer.verify(
+                    self.tp.topic, self.tp.partition, value, headers):
+                self._hide(offset)
+                self.forged += 1
+                _rate_limited.warning(
+                    f"forged {self.tp}", "%s: hiding the marker of %s at offset %d: it was not "
+                    "written by a worker of this cluster (its txn.mac does not verify)",
+                    self.tp, txn_id, offset)
+                return Verdict.FORGED
             marker = TxnMarker.decode(value)
             if marker.txn_id != txn_id:
                 raise CorruptRecordError(
