@@ -24,14 +24,19 @@ Serving a partition, every turn: fold the new records; publish a DELTA (what was
 or aborted since the last one, and the new max read position) at once, so readers see
 a commit within a fetch round trip; every ``snapshot_interval_s`` trim below the log
 start and publish a snapshot that names the state offset of its last delta (readers
-start from it). Every ``lwm_check_interval_s``: a txn still ongoing here whose sequence
-is below its TC's LWM ended at the TC without a marker here; write an ABORT marker for
-it, so every reader converges and the partition is unblocked.
+start from it). Every ``lwm_check_interval_s``: ask the coordinator of each txn still
+ongoing here about it and write the marker its answer calls for
+(:mod:`txnstream.buffer.vouch`): a txn that ended without a marker here, or that no
+coordinator issued or registered here (a forged or copied ``txn.id``), stops holding
+the partition back.
 
-Why writing ABORT there is safe: a TC's LWM passes a txn only after that txn's markers
-were written to every registered partition. If the txn *did* commit here, its COMMIT
+Why writing ABORT there is safe: a coordinator's txn that registered here gets its
+markers here before it is COMMITTED or ABORTED; if it *did* commit here, its COMMIT
 marker is at a lower offset than the ABORT this worker appends, and the fold keeps the
 first marker.
+
+With the workers' secret, every marker this worker writes is signed and only signed
+markers count in its folds (:class:`~txnstream.markers.MarkerSigner`).
 
 The worker thread outlives every Kafka error: each step fails alone, is logged, and
 runs again at its next turn. A delta that is not delivered leaves readers a gap: they
@@ -62,15 +67,25 @@ from txnstream.buffer.served import BufferStateKind, BufferStateRecord, take_del
 from txnstream.buffer.snapshot import restore, take_snapshot
 from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapshotStore
 from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
+from txnstream.buffer.vouch import Action, TxnAnswer, judge
 from txnstream.config import Config
-from txnstream.errors import KafkaClientError, message_error
+from txnstream.coordinator.client import TransactionCoordinatorClient
+from txnstream.coordinator.protocol import TcOp
+from txnstream.errors import (
+    KafkaClientError,
+    TransactionNotFoundError,
+    TxnStreamError,
+    message_error,
+)
 from txnstream.fetch import KafkaRecord, consume, delivered_offset, drain
-from txnstream.markers import MarkerKind, TxnMarker
+from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
+from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["BufferWorker"]
 
 log = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(log)
 
 ERROR_BACKOFF_S = 1.0
 """Pause after a failed fold step: no busy loop on a broker that is down, and short next
@@ -78,6 +93,10 @@ to the session timeout, so the group keeps the member."""
 FOLD_WAIT_S = 0.005
 """How long one turn waits for data records: the latency a commit's marker sees."""
 METRICS_EXPORT_S = 1.0
+MAX_TXNS_ASKED = 2_000
+"""Ongoing txns one check asks coordinators about (one GET each); the rest wait for the
+next check. Bounds a check's time when many txns are open."""
+ASK_TIMEOUT_S = 5.0
 """How often the per-partition gauges are recomputed."""
 CLAIM_TIMEOUT_S = 10.0
 """How long the OWNER record of a claim may take to be written."""
@@ -139,6 +158,10 @@ class BufferWorker:
         self._producer = Producer(config.producer(**{"linger.ms": 0,
                                                      "client.id": f"tb-{self.member}"}))
         self._retry_claim: dict[int, float] = {}
+        self._signer: MarkerSigner | None = None
+        """Signs this worker's markers and checks folded ones (the workers' secret)."""
+        self._tc: TransactionCoordinatorClient | None = None
+        """Asks coordinators about txns that stay ongoing (made at the first check)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.markers_written = 0
@@ -182,6 +205,10 @@ class BufferWorker:
 
     def run(self) -> None:
         """The loop: each step fails alone and runs again at its next turn."""
+        if self.config.tc_secret:
+            # No fold before the signer: an unchecked fold would honour forged markers.
+            while not self._stop.is_set() and not self._step("marker key", self._make_signer):
+                self._stop.wait(ERROR_BACKOFF_S)
         self._subscribe()
         next_snap = time.monotonic() + self.snapshot_interval_s
         next_lwm = time.monotonic() + self.lwm_check_interval_s
@@ -201,7 +228,7 @@ class BufferWorker:
                     if due:
                         next_snap = now + self.snapshot_interval_s
                 if now >= next_lwm:
-                    self._step("LWM check", self._abort_below_lwm)
+                    self._step("ongoing txns check", self._check_ongoing)
                     next_lwm = now + self.lwm_check_interval_s
         finally:
             self._step("final deltas", self._publish_deltas)
@@ -210,8 +237,21 @@ class BufferWorker:
                                 ("producer flush", lambda: self._producer.flush(5)),
                                 ("group close", self._group.close),
                                 ("data close", self._data.close),
-                                ("registry close", self._registry.close)):
+                                ("registry close", self._registry.close),
+                                ("coordinator client close", self._close_tc)):
                 self._step(what, close)
+
+    def _make_signer(self) -> None:
+        assert self.config.tc_secret
+        cluster = self._producer.list_topics(timeout=self.config.admin_timeout_s).cluster_id
+        if not cluster:
+            raise RuntimeError("the broker reported no cluster id: markers cannot be signed")
+        self._signer = MarkerSigner.from_secret(self.config.tc_secret, cluster)
+
+    def _close_tc(self) -> None:
+        if self._tc is not None:
+            self._tc.close()
+            self._tc = None
 
     def _step(self, what: str, fn: Callable[[], object]) -> bool:
         """Run one step; a failure is logged, never raised. Whether it succeeded."""
@@ -348,6 +388,7 @@ class BufferWorker:
             buf.max_read_position = low - 1
         buf.trim(low)
         buf.journal = Journal()
+        buf.signer = self._signer
         # A partition with a usable snapshot needs none now (readers start from it and
         # follow the deltas); one without gets its first at once, so readers can start.
         self.served[tp] = _Served(buf, slot, next_from=buf.last_offset + 1,
@@ -413,17 +454,23 @@ class BufferWorker:
     def _mark_ended(self, tp: TopicPartition, txns: dict[TxnID, int]) -> None:
         """ABORT markers for txns the fold ended here without one.
 
-        The module docstring's argument for the LWM duty makes them safe.
+        The module docstring's argument for the ongoing-txn check makes them safe.
         """
         for txn_id, lwm in txns.items():
-            marker = TxnMarker(txn_id, MarkerKind.ABORT, lwm)
-            try:
-                self._producer.produce(tp.topic, marker.encode(), partition=tp.partition,
-                                       headers=marker.headers())
-                self.markers_written += 1
-            except (KafkaException, BufferError) as exc:  # readers need none: LWM ended it
-                log.warning("%s: ABORT marker of %s not written: %s", tp, txn_id, exc)
+            self._write_marker(tp, TxnMarker(txn_id, MarkerKind.ABORT, lwm))
         self._producer.poll(0)
+
+    def _write_marker(self, tp: TopicPartition, marker: TxnMarker) -> None:
+        """Produce ``marker`` at ``tp`` (signed with the workers' key, if any)."""
+        value = marker.encode()
+        headers = (marker.headers() if self._signer is None
+                   else self._signer.headers(marker, tp.topic, tp.partition, value))
+        try:
+            self._producer.produce(tp.topic, value, partition=tp.partition, headers=headers)
+            self.markers_written += 1
+        except (KafkaException, BufferError) as exc:  # the next check writes it again
+            _rate_limited.warning(f"marker {tp}", "%s: %s marker of %s not written: %s", tp,
+                                  marker.kind.value, marker.txn_id, exc)
 
     def _publish_deltas(self) -> None:
         """One DELTA per partition that folded something since the last one."""
@@ -555,34 +602,70 @@ class BufferWorker:
 
     # ------------------------------------------------------------ LWM duty
 
-    def _abort_below_lwm(self) -> None:
+    def _check_ongoing(self) -> None:
+        """Ask each ongoing txn's coordinator about it; write the marker the answer needs.
+
+        Only partitions whose fold reached the end read after the answers are judged: a
+        marker the coordinator wrote before answering is then already folded.
+        """
         stuck = {tp: s.buf.ongoing_txns() for tp, s in self.served.items() if s.buf.ongoing}
         if not stuck:
             return
-        from txnstream.client import Client
-
-        try:
-            with Client(config=self.config) as client:
-                lwms = {st.tc_id: st.stats.get("low_watermark", 0)
-                        for st in client.admin.coordinator_stats()}
-        except Exception as exc:
-            log.warning("buffer worker: cannot read coordinator LWMs: %s", exc)
-            return
+        if self._tc is None:
+            self._tc = TransactionCoordinatorClient(self.config)
+        answers: dict[TxnID, TxnAnswer] = {}
+        next_seq: dict[int, int | None] = {}
+        asked = 0
+        for txns in stuck.values():
+            for txn_id in txns:
+                if txn_id in answers or asked >= MAX_TXNS_ASKED:
+                    continue
+                asked += 1
+                answer = self._ask(txn_id, next_seq)
+                if answer is not None:
+                    answers[txn_id] = answer
         for tp, txns in stuck.items():
-            # The LWM passed a txn only after its markers were written: a fold that has
-            # not reached the end (read after the LWMs) may just not have read its marker.
             high = self._data.get_watermark_offsets(
                 KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)[1]
             s = self.served.get(tp)
             if s is None or s.buf.last_offset < high - 1:
                 continue
             for txn_id in txns:
-                if txn_id.least_bits < lwms.get(txn_id.tc_id, 0):
-                    marker = TxnMarker(txn_id, MarkerKind.ABORT, lwms[txn_id.tc_id])
-                    self._producer.produce(tp.topic, marker.encode(), partition=tp.partition,
-                                           headers=marker.headers())
-                    self.markers_written += 1
-                    log.warning("%s: txn %s ended at its coordinator (LWM %d) but is still "
-                                "ongoing here: wrote an ABORT marker", tp, txn_id,
-                                lwms[txn_id.tc_id])
+                answer = answers.get(txn_id)
+                if answer is None or txn_id not in s.buf.ongoing:
+                    continue
+                action, why = judge(tp, txn_id, answer)
+                if action is Action.KEEP:
+                    continue
+                kind = MarkerKind.COMMIT if action is Action.COMMIT else MarkerKind.ABORT
+                self._write_marker(tp, TxnMarker(txn_id, kind, 0))
+                _rate_limited.warning(f"ended {tp}", "%s: txn %s is ongoing here but %s: "
+                                      "wrote its %s marker", tp, txn_id, why, kind.value)
         self._producer.flush(10)
+
+    def _ask(self, txn_id: TxnID, next_seq: dict[int, int | None]) -> TxnAnswer | None:
+        """The coordinator's answer about ``txn_id``; None if it cannot be had now."""
+        assert self._tc is not None
+        tc_id = txn_id.tc_id
+        try:
+            reply = self._tc.request(TcOp.GET, tc_id, txn_seq=txn_id.least_bits,
+                                     timeout_s=ASK_TIMEOUT_S)
+            info = reply.txns[0]
+            return TxnAnswer(info.status,
+                             frozenset(TopicPartition.parse(p) for p in info.partitions))
+        except TransactionNotFoundError:
+            if tc_id not in next_seq:
+                try:
+                    stats = self._tc.request(TcOp.STATS, tc_id, timeout_s=ASK_TIMEOUT_S).stats
+                    next_seq[tc_id] = int(stats["next_sequence"])
+                except (TxnStreamError, KeyError, ValueError) as exc:
+                    _rate_limited.warning(f"stats {tc_id}", "coordinator %d: no STATS for the "
+                                          "ongoing-txn check: %s", tc_id, exc)
+                    next_seq[tc_id] = None
+            if next_seq[tc_id] is None:
+                return None
+            return TxnAnswer(None, next_sequence=next_seq[tc_id])
+        except TxnStreamError as exc:  # not served now, not an admin, ...: next check
+            _rate_limited.warning(f"ask {tc_id} {type(exc).__name__}", "coordinator %d: "
+                                  "cannot ask about ongoing txn %s: %s", tc_id, txn_id, exc)
+            return None

@@ -36,7 +36,7 @@ from txnstream.coordinator.ownership import TcIncarnation, TcOwnership
 from txnstream.coordinator.protocol import ENDED_NOTICE, TcReply, TcRequest
 from txnstream.coordinator.txn_log import KafkaClients
 from txnstream.errors import TxnStreamError
-from txnstream.markers import MarkerKind, TxnMarker
+from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
 from txnstream.types import TxnStatus
 
 __all__ = ["TxnFinalizer"]
@@ -60,6 +60,14 @@ class TxnFinalizer:
         self._reply = reply
         self.flush_timeout_s = flush_timeout_s
         self.backoff_max_s = backoff_max_s
+        self.signer: MarkerSigner | None = None
+        """Signs every marker (set by the worker when it holds the workers' secret)."""
+
+    def _headers(self, marker: TxnMarker, topic: str, partition: int,
+                 value: bytes) -> list[tuple[str, str | bytes | None]]:
+        if self.signer is None:
+            return marker.headers()
+        return self.signer.headers(marker, topic, partition, value)
 
     def finalize(self, now_ms: int) -> None:
         """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED."""
@@ -89,11 +97,12 @@ class TxnFinalizer:
                 marker = TxnMarker(meta.txn_id, MarkerKind.COMMIT if commit else MarkerKind.ABORT,
                                    lwm)
                 value = marker.encode()
-                headers = marker.headers()
                 try:
                     for tp in sorted(meta.partitions):
                         producer.produce(tp.topic, value, partition=tp.partition,
-                                         headers=headers, on_delivery=on_delivery)
+                                         headers=self._headers(marker, tp.topic, tp.partition,
+                                                               value),
+                                         on_delivery=on_delivery)
                     for sub in sorted(meta.subscriptions):
                         mark = _pending_ack_mark(commit, sub, meta.txn_id)
                         producer.produce(self.pending_ack_topic, mark.encode(),
@@ -131,11 +140,12 @@ class TxnFinalizer:
         late, tc.late_aborts = tc.late_aborts, []
         for txn_id, partitions in late:
             marker = TxnMarker(txn_id, MarkerKind.ABORT, lwm)
+            value = marker.encode()
             for tp in partitions:
                 try:
-                    self.clients.producer.produce(tp.topic, marker.encode(),
-                                                  partition=tp.partition,
-                                                  headers=marker.headers())
+                    self.clients.producer.produce(
+                        tp.topic, value, partition=tp.partition,
+                        headers=self._headers(marker, tp.topic, tp.partition, value))
                 except (KafkaException, BufferError) as exc:
                     log.warning("tc %d: no ABORT marker for late partition %s of txn %s: "
                                 "%s", tc.tc_id, tp, txn_id, exc)

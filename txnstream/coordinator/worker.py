@@ -100,6 +100,7 @@ from txnstream.errors import (
     NotCoordinatorError,
     TooManyRequestsError,
 )
+from txnstream.markers import MarkerSigner
 from txnstream.types import TopicPartition
 
 __all__ = ["CoordinatorWorker", "WorkerSettings"]
@@ -301,11 +302,15 @@ class CoordinatorWorker:
 
     def run(self) -> None:
         """The loop; returns when :meth:`stop` is called."""
-        self._ownership.subscribe()
-        log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
-        if self.buffers is not None:
-            self.buffers.start()
         try:
+            if self.config.tc_secret:
+                self._finalizer.signer = self._marker_signer()
+                if self._finalizer.signer is None:
+                    return  # stopped before the broker answered
+            self._ownership.subscribe()
+            log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
+            if self.buffers is not None:
+                self.buffers.start()
             while not self._stop.is_set():
                 try:
                     self._turn()
@@ -331,6 +336,24 @@ class CoordinatorWorker:
             self._kafka.producer.flush(5)
             self._txn_log.close()
             self._listener.close()
+
+    def _marker_signer(self) -> MarkerSigner | None:
+        """The workers' marker signer; waits for the broker's cluster id (None: stopped).
+
+        No TC is served before it: an unsigned marker would not count at buffer owners.
+        """
+        while not self._stop.is_set():
+            try:
+                md = self._kafka.producer.list_topics(timeout=self.config.admin_timeout_s)
+                if md.cluster_id:
+                    assert self.config.tc_secret
+                    return MarkerSigner.from_secret(self.config.tc_secret, md.cluster_id)
+                log.warning("worker %s: the broker reported no cluster id yet", self.worker_id)
+            except KafkaException as exc:
+                log.warning("worker %s: no cluster id for the marker key yet: %s",
+                            self.worker_id, exc)
+            self._stop.wait(1.0)
+        return None
 
     # ------------------------------------------------------------ endpoints
 
@@ -394,16 +417,17 @@ class CoordinatorWorker:
             if not self._ownership.serving(tc):
                 continue
             served.add(tc.tc_id)
-            live = tc.store.live()
+            live = tc.store.handed_out()  # reserved TxnIDs are no writer's txns yet
             label = str(tc.tc_id)
             metrics.OPEN_TXNS.labels(label).set(len(live))
+            metrics.RESERVED_TXNS.labels(label).set(tc.store.reserved_count())
             oldest = min((m.open_time_ms for m in live), default=None)
             metrics.OLDEST_OPEN_TXN_SECONDS.labels(label).set(
                 0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000))
             metrics.PENDING_ACK_SUBSCRIPTIONS.labels(label).set(
                 sum(len(m.subscriptions) for m in live))
         gone = [(str(tc_id),) for tc_id in self._exported_tcs - served]
-        for gauge in (metrics.OPEN_TXNS, metrics.OLDEST_OPEN_TXN_SECONDS,
+        for gauge in (metrics.OPEN_TXNS, metrics.RESERVED_TXNS, metrics.OLDEST_OPEN_TXN_SECONDS,
                       metrics.PENDING_ACK_SUBSCRIPTIONS):
             metrics.remove_series(gauge, gone)
         self._exported_tcs = served
