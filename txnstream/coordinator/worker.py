@@ -307,6 +307,10 @@ class CoordinatorWorker:
                 self._finalizer.signer = self._marker_signer()
                 if self._finalizer.signer is None:
                     return  # stopped before the broker answered
+            else:
+                log.warning("worker %s: no workers' secret (tc_secret): markers are not "
+                            "signed, so any producer that may write a data topic can forge "
+                            "one (docs/security.md)", self.worker_id)
             self._ownership.subscribe()
             log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
             if self.buffers is not None:
