@@ -6,16 +6,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from txnstream.buffer.transaction_buffer import BufferStats
 from txnstream.coordinator.protocol import TcOp, TxnInfo
-from txnstream.errors import TxnStreamError
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
-    from txnstream.buffer.transaction_buffer import BufferStats
     from txnstream.client import Client
     from txnstream.pendingack.handle import PendingAckStats
 
-__all__ = ["Admin", "CoordinatorStats"]
+__all__ = ["Admin", "CoordinatorStats", "PartitionBufferStats"]
 
 ADMIN_TIMEOUT_S = 10.0
 """Admin calls fail fast: a coordinator with no owner right now is reported, not waited on."""
@@ -28,6 +27,23 @@ class CoordinatorStats:
     tc_id: int
     owner_id: str | None
     stats: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBufferStats(BufferStats):
+    """:class:`BufferStats` of a partition, with the state its buffer is in.
+
+    ``state`` (Pulsar's ``TransactionBufferStats.state``) is one of
+
+    * ``"served"``: a buffer owner serves it; the numbers are its served state;
+    * ``"plain"``: no txn ever registered it; every record is readable;
+    * ``"waiting"``: a txn registered it but no buffer owner serves it yet (none runs,
+      or one is starting). Committed readers deliver nothing of it until one does:
+      ``max_read_position`` is the log start - 1, and what is ongoing is not known yet
+      (``ongoing`` 0, no ``blocking_txn``).
+    """
+
+    state: str = "served"
 
 
 class Admin:
@@ -75,32 +91,35 @@ class Admin:
         replies = self._client.tc.broadcast(TcOp.STATS, timeout_s=ADMIN_TIMEOUT_S)
         return [CoordinatorStats(r.tc_id, r.owner_id, dict(r.stats)) for r in replies]
 
-    def buffer_stats(self, tp: TopicPartition | str) -> BufferStats:
-        """How far committed readers of ``tp`` may go, and what blocks them.
+    def buffer_stats(self, tp: TopicPartition | str) -> PartitionBufferStats:
+        """How far committed readers of ``tp`` may go, what blocks them, and its state.
 
         Read from the state its buffer owner serves (its latest snapshot and the deltas
-        since), never by folding the partition. A partition no txn ever registered has
-        every record visible; one registered but not served yet raises
-        ``TxnStreamError`` saying so (readers wait for it).
+        since), never by folding the partition. A partition no txn ever registered is
+        ``"plain"`` (every record visible); one registered but not served yet is
+        ``"waiting"`` (readers wait for a buffer owner: is a ``txnstream worker`` with
+        the buffer role running?). See :class:`PartitionBufferStats`.
         """
         from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
-        from txnstream.buffer.transaction_buffer import BufferStats
 
         tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
         config = self._client.config
         follower = BufferStateFollower(config, name="admin")
         try:
-            _, high = follower.watermarks(tpp)
+            low, high = follower.watermarks(tpp)
             follower.catch_up([tpp], timeout_s=ADMIN_TIMEOUT_S)
             status = follower.status.get(tpp)
             if status is ServeStatus.PLAIN:
-                return BufferStats(tpp, high - 1, high - 1, 0, 0, None, None, None)
+                return PartitionBufferStats(tpp, high - 1, high - 1, 0, 0, None, None, None,
+                                            state=ServeStatus.PLAIN.value)
             view = follower.views.get(tpp)
             if view is None:
-                raise TxnStreamError(
-                    f"{tpp} is transactional but no buffer owner serves it yet (is a "
-                    "`txnstream worker` with the buffer role running?)")
-            return view.stats(int(time.time() * 1000))
+                return PartitionBufferStats(tpp, high - 1, low - 1, 0, 0, None, None, None,
+                                            state=ServeStatus.WAITING.value)
+            s = view.stats(int(time.time() * 1000))
+            return PartitionBufferStats(s.tp, s.last_offset, s.max_read_position, s.ongoing,
+                                        s.aborted, s.blocking_txn, s.blocking_offset,
+                                        s.blocked_for_s, state=ServeStatus.SERVED.value)
         finally:
             follower.close()
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 __all__ = ["TXN_ENDED", "TXN_DURATION_SECONDS", "REQUESTS", "REQUEST_SECONDS", "TURN_SECONDS",
-           "TCS_SERVED", "INVALID_RECORDS", "OPEN_TXNS", "OLDEST_OPEN_TXN_SECONDS",
+           "TCS_SERVED", "INVALID_RECORDS", "OPEN_TXNS", "RESERVED_TXNS", "OLDEST_OPEN_TXN_SECONDS",
            "PENDING_ACK_SUBSCRIPTIONS", "TC_OWNERSHIP_CHANGES", "BUFFER_SLOTS",
            "BUFFER_PARTITIONS", "BUFFER_DELTAS", "BUFFER_RECORDS_FOLDED", "BUFFER_BLOCKED",
            "BUFFER_BLOCKED_SECONDS", "BUFFER_LAG", "BUFFER_READ_LAG", "BUFFER_FOLD_LAG",
@@ -41,9 +41,16 @@ TURN_SECONDS = Histogram("txnstream_worker_turn_seconds", "One batch turn of the
 TCS_SERVED = Gauge("txnstream_tcs_served", "Coordinators this worker serves")
 INVALID_RECORDS = Counter("txnstream_log_invalid_records_total",
                           "Log records ignored by the fencing rule or undecodable", ["tc"])
-OPEN_TXNS = Gauge("txnstream_open_txns", "Transactions not yet final (open or ending)", ["tc"])
+OPEN_TXNS = Gauge("txnstream_open_txns",
+                  "Transactions not yet final (open or ending); reserved TxnIDs not handed "
+                  "out yet are not counted", ["tc"])
+RESERVED_TXNS = Gauge("txnstream_reserved_txns",
+                      "TxnIDs clients reserved and have not handed out yet: no writer holds "
+                      "them, but the low watermark waits for them until their lease ends",
+                      ["tc"])
 OLDEST_OPEN_TXN_SECONDS = Gauge("txnstream_oldest_open_txn_age_seconds",
-                                "Age of the oldest transaction not yet final (0: none)",
+                                "Age of the oldest transaction not yet final, from its hand-out "
+                                "(0: none; reserved TxnIDs not handed out are not counted)",
                                 ["tc"])
 PENDING_ACK_SUBSCRIPTIONS = Gauge("txnstream_pending_ack_subscriptions",
                                   "Subscription partitions with acks pending in transactions "

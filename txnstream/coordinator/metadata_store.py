@@ -673,6 +673,14 @@ class TransactionMetadataStore:
         """Txns not yet final (OPEN, reserved, COMMITTING, ABORTING)."""
         return [self.txns[s] for s in self._live if s in self.txns]
 
+    def handed_out(self) -> list[TxnMeta]:
+        """:meth:`live` without the reserved txns no writer holds yet (what gauges count)."""
+        return [m for m in self.live() if not (m.reserved and m.status is TxnStatus.OPEN)]
+
+    def reserved_count(self) -> int:
+        """Reserved txns not handed out yet: not open txns, but the LWM waits for them."""
+        return sum(1 for m in self.live() if m.reserved and m.status is TxnStatus.OPEN)
+
     def ending(self) -> list[TxnMeta]:
         """Txns whose outcome is decided but not yet finalized (COMMITTING/ABORTING)."""
         return [self.txns[s] for s in sorted(self._ending_seqs)]
