@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -87,9 +86,7 @@ class Client:
             tc_id, seq = self.tc.txn_ids.take()
             txn = Transaction(self.tc, TxnID(tc_id, seq), timeout,
                               pipeline=self._registrations)
-            activate = functools.partial(
-                self.tc.request, TcOp.ACTIVATE, tc_id, txn_seq=seq,
-                timeout_ms=int(timeout * 1000), open_time_ms=int(time.time() * 1000))
+            activate = self.tc.txn_ids.activation(tc_id, seq, int(timeout * 1000))
             if not txn.in_background(activate):
                 activate()
             return txn

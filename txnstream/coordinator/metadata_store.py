@@ -503,7 +503,16 @@ class TransactionMetadataStore:
         return entry
 
     def _check_alive(self, meta: TxnMeta, now_ms: int) -> None:
-        if meta.status is TxnStatus.OPEN and now_ms >= meta.deadline_ms:
+        expired = meta.status is TxnStatus.OPEN and now_ms >= meta.deadline_ms
+        if meta.reserved and (expired or meta.abort_reason == ABORT_TIMEOUT):
+            # Never handed out as far as this TC knows: the lease ran out, not a timeout
+            # the user chose (see TxnIdPool for why an activation is never that late).
+            raise TransactionTimeoutError(
+                f"transaction {meta.txn_id} was reserved with a lease of {meta.timeout_ms} "
+                "ms that ended before its activation arrived (its coordinator was out of "
+                "reach for longer than the client's request deadline); it was aborted",
+                meta.txn_id)
+        if expired:
             raise TransactionTimeoutError(
                 f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms", meta.txn_id)
         if meta.abort_reason == ABORT_TIMEOUT:
