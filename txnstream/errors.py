@@ -90,6 +90,14 @@ class CoordinatorAuthError(TxnStreamError):
     """A coordinator refused this client's credentials (shared secret or TLS certificate)."""
 
 
+class WorkerIdentityError(CoordinatorAuthError):
+    """An endpoint did not prove it is a worker of this cluster.
+
+    It could not prove the client's secret, or does not authenticate while the client
+    holds a secret: a forged endpoint record or a relay. The client does not talk to it.
+    """
+
+
 class NotAuthorizedError(TxnStreamError):
     """The principal may not do this to the txn: another principal opened it.
 

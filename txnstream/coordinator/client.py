@@ -54,6 +54,7 @@ from txnstream.coordinator.transport import (
     client_ssl_context,
 )
 from txnstream.errors import (
+    CoordinatorAuthError,
     CoordinatorNotFoundError,
     CorruptRecordError,
     InvalidRequestError,
@@ -63,11 +64,14 @@ from txnstream.errors import (
     message_error,
 )
 from txnstream.fetch import drain
+from txnstream.markers import MarkerSigner
+from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TxnID
 
 __all__ = ["TransactionCoordinatorClient", "EndpointDirectory", "TcEndpoint", "TxnIdPool"]
 
 log = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(log)
 
 ATTEMPT_TIMEOUT_S = 3.0
 """Wait for one attempt's reply; a healthy round trip takes well under a millisecond
@@ -81,6 +85,10 @@ yet replaced in the directory)."""
 RESEND_BACKOFF_MAX_S = 1.0
 """Cap of that doubling wait, well inside the default 30 s request deadline."""
 DIRECTORY_FETCH_WAIT_MS = 100
+CANDIDATES_PER_TC = 8
+"""Endpoint records kept per TC (newest first): the fallbacks past forged ones."""
+MAX_DISTRUSTED = 4096
+"""Endpoint records remembered as impostors (forgotten all at once past this)."""
 """The directory's fetch wait: an idle client sends ten fetches a second, and learns a
 new owner within about this long."""
 
@@ -154,15 +162,28 @@ class EndpointDirectory:
     """Where each TC is served: a tail of ``<prefix>_tc_endpoints`` in a daemon thread.
 
     The newest owner of a TC is the one with the highest EPOCH offset (a zombie's late
-    record never displaces it).
+    record never displaces it). The topic is internal, but a record there steers every
+    client, so none is taken on its word (DESIGN.md section 10):
+
+    * a directory given the workers' ``signer`` (the workers' own clients) keeps only
+      records whose ``txn.mac`` tag verifies: only a worker wrote them;
+    * any client drops an endpoint whose worker fails to prove itself in the handshake
+      (:meth:`distrust`, on :class:`~txnstream.errors.WorkerIdentityError`) and goes
+      back to the newest other record of that TC, so a forged record with a huge epoch
+      costs one refused connection, not the TC. It keeps the newest
+      :data:`CANDIDATES_PER_TC` records per TC for that.
     """
 
     def __init__(self, config: Config, num_coordinators: int,
-                 on_change: Callable[[TcEndpoint], None] | None = None) -> None:
+                 on_change: Callable[[TcEndpoint], None] | None = None,
+                 signer: MarkerSigner | None = None) -> None:
         self.config = config
         self._on_change = on_change
         """Called (on the tail thread) with each TC's new owner."""
-        self._known: dict[int, TcEndpoint] = {}
+        self._signer = signer
+        self._candidates: dict[int, list[TcEndpoint]] = {}
+        """Per TC, the newest records (highest EPOCH offset first), distrusted ones out."""
+        self._distrusted: set[tuple[int, int, Endpoint]] = set()
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._caught_up = threading.Event()
@@ -177,6 +198,52 @@ class EndpointDirectory:
         self._thread = threading.Thread(target=self._tail, name="txnstream-tc-endpoints",
                                         daemon=True)
         self._thread.start()
+
+    @property
+    def _known(self) -> dict[int, TcEndpoint]:
+        return {tc: eps[0] for tc, eps in self._candidates.items() if eps}
+
+    def _verified(self, m: Any) -> bool:
+        if self._signer is None:
+            return True
+        if self._signer.verify(m.topic(), m.partition(), m.value(), m.headers()):
+            return True
+        _rate_limited.warning(f"endpoint tag {m.partition()}", "ignoring the endpoint record "
+                              "at %s[%d]@%d: its txn.mac does not verify (not written by a "
+                              "worker of this cluster)", m.topic(), m.partition(), m.offset())
+        return False
+
+    def _take(self, ep: TcEndpoint) -> None:
+        """Add a record to its TC's candidates (under the lock); notify a new owner."""
+        with self._changed:
+            eps = self._candidates.setdefault(ep.tc_id, [])
+            have = eps[0] if eps else None
+            if (ep.tc_id, ep.epoch_offset, ep.endpoint) in self._distrusted:
+                return
+            eps[:] = sorted([e for e in eps if e.epoch_offset != ep.epoch_offset] + [ep],
+                            key=lambda e: -e.epoch_offset)[:CANDIDATES_PER_TC]
+            newer = have is None or ep.epoch_offset > have.epoch_offset
+            if eps[0] is ep:
+                self._changed.notify_all()
+        if newer and have is not None and self._on_change is not None:
+            self._on_change(ep)
+
+    def has_fallback(self, ep: TcEndpoint) -> bool:
+        """Whether TC ``ep.tc_id`` has another record, at another address, to try."""
+        with self._changed:
+            return any(e.endpoint != ep.endpoint
+                       for e in self._candidates.get(ep.tc_id, ()) if e is not ep)
+
+    def distrust(self, ep: TcEndpoint) -> None:
+        """``ep``'s worker did not prove itself: never use that record again."""
+        with self._changed:
+            if len(self._distrusted) >= MAX_DISTRUSTED:
+                self._distrusted.clear()
+            self._distrusted.add((ep.tc_id, ep.epoch_offset, ep.endpoint))
+            eps = self._candidates.get(ep.tc_id, [])
+            eps[:] = [e for e in eps if e is not ep and not (
+                e.epoch_offset == ep.epoch_offset and e.endpoint == ep.endpoint)]
+            self._changed.notify_all()
 
     def _tail(self) -> None:
         pending = {p for p, end in self._ends.items() if end > 0}
@@ -196,20 +263,21 @@ class EndpointDirectory:
                     return
                 if pending and m.offset() + 1 >= self._ends.get(m.partition(), 0):
                     pending.discard(m.partition())
+                if not self._verified(m):
+                    continue
                 try:
                     ep = TcEndpoint.decode(m.value())
                 except CorruptRecordError as exc:
-                    log.error("skipping a bad endpoint record at %s[%d]@%d: %s", m.topic(),
-                              m.partition(), m.offset(), exc)
+                    _rate_limited.error(f"endpoint corrupt {m.partition()}", "skipping a bad "
+                                        "endpoint record at %s[%d]@%d: %s", m.topic(),
+                                        m.partition(), m.offset(), exc)
                     continue
-                with self._changed:
-                    have = self._known.get(ep.tc_id)
-                    newer = have is None or ep.epoch_offset > have.epoch_offset
-                    if have is None or ep.epoch_offset >= have.epoch_offset:
-                        self._known[ep.tc_id] = ep
-                        self._changed.notify_all()
-                if newer and have is not None and self._on_change is not None:
-                    self._on_change(ep)
+                if ep.tc_id != m.partition():
+                    _rate_limited.error(f"endpoint tc {m.partition()}", "skipping the endpoint "
+                                        "record at %s[%d]@%d: it names coordinator %d",
+                                        m.topic(), m.partition(), m.offset(), ep.tc_id)
+                    continue
+                self._take(ep)
             if pending and not msgs:
                 for p in list(pending):
                     [at] = self._consumer.position([KafkaTP(self.config.topics.endpoints, p)])
@@ -372,7 +440,8 @@ class _Pending:
 class TransactionCoordinatorClient:
     """Sends requests to coordinators and waits for their replies."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, signer: MarkerSigner | None = None) -> None:
+        """``signer``: the workers' (their own clients): endpoint records must verify."""
         self.config = config
         self.client_id = f"c-{uuid.uuid4().hex[:12]}"
         self._pending: dict[str, _Pending] = {}
@@ -395,7 +464,7 @@ class TransactionCoordinatorClient:
         self._conns: dict[Endpoint, ClientConnection] = {}
         self._conn_lock = threading.Lock()
         self.directory = EndpointDirectory(config, self.num_coordinators,
-                                           self._on_owner_change)
+                                           self._on_owner_change, signer)
         self.live_txns: weakref.WeakValueDictionary[TxnID, Any] = \
             weakref.WeakValueDictionary()
         """This client's transaction handles, told when the coordinator ends one."""
@@ -506,13 +575,27 @@ class TransactionCoordinatorClient:
                 f"{req.op.value} request of {len(payload)} bytes is over the line's "
                 f"{MAX_REQUEST_BYTES}-byte bound (a group key or partition list too long)")
         stale: list[int] = []  # EPOCH offset of an owner that said it no longer serves
+        refused: list[CoordinatorAuthError] = []  # refusals that led to another endpoint
 
         def attempt() -> TcReply:
             ep = self.directory.lookup(req.tc_id, ATTEMPT_TIMEOUT_S,
                                        stale[-1] if stale else None)
             if ep is None:
                 raise _NoReply()
-            conn = self._connection(ep.endpoint)
+            try:
+                conn = self._connection(ep.endpoint)
+            except CoordinatorAuthError as exc:
+                # An impostor behind a forged endpoint record cannot prove itself, or
+                # refuses everyone: go back to the TC's newest other record. With no
+                # other record at another address, raise it (a refusal is then about
+                # this client's credentials).
+                if not self.directory.has_fallback(ep):
+                    raise
+                refused.append(exc)
+                self.directory.distrust(ep)
+                _rate_limited.warning(f"impostor {ep.tc_id}", "coordinator %d: not using %r: "
+                                      "%s", ep.tc_id, ep, exc)
+                raise _Unreachable(str(exc)) from exc
             pending.reply = None
             pending.event.clear()
             pending.conn = conn
@@ -535,6 +618,8 @@ class TransactionCoordinatorClient:
         try:
             return retrying(attempt)
         except RetryError as exc:
+            if refused:
+                raise refused[0] from exc
             last = exc.last_attempt.exception()
             why = f" (last: {last})" if isinstance(last, _Unreachable) else ""
             raise RequestTimeoutError(

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txnstream.config import Config
-from txnstream.errors import ConfigError, CoordinatorAuthError
+from txnstream.errors import ConfigError, CoordinatorAuthError, WorkerIdentityError
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import ANONYMOUS
 
@@ -484,13 +484,13 @@ class ClientConnection(_Conn):
                 if mode == b"K" and secret:
                     if not hmac.compare_digest(worker_proof,
                                                _proof(secret, b"worker", sn, cn, name)):
-                        raise CoordinatorAuthError(
+                        raise WorkerIdentityError(
                             f"the coordinator worker at {endpoint} could not prove it knows "
                             f"the secret of {principal!r}: not talking to it (a forged "
                             "endpoint, or a relay)")
                     key = FrameKey(secret, sn, cn, name, client_side=True)
                 elif secret and mode != b"T":
-                    raise CoordinatorAuthError(
+                    raise WorkerIdentityError(
                         f"the coordinator worker at {endpoint} does not authenticate "
                         f"clients, but this client holds a secret for {principal!r}: not "
                         "talking to it (a misconfigured worker, or a forged endpoint)")

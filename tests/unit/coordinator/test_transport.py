@@ -56,6 +56,9 @@ class Directory:
         if had and self.on_change is not None:
             self.on_change(ep)
 
+    def has_fallback(self, ep: TcEndpoint) -> bool:
+        return False  # one record per TC here
+
     def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None
                ) -> TcEndpoint | None:
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,101 @@
+"""Endpoint records cannot steer clients (issue 20 item 2), on a real broker and worker.
+
+A record in ``<prefix>_tc_endpoints`` with a huge epoch used to redirect every client
+(and the buffer role's coordinator checks) to any address. Forged records here are
+written with a plain confluent-kafka producer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer as KafkaProducer
+
+from txnstream import Client
+from txnstream.config import Config
+from txnstream.coordinator.client import TcEndpoint, TransactionCoordinatorClient
+from txnstream.coordinator.transport import Endpoint, Listener
+from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.markers import MarkerSigner
+
+from .conftest import FAST_FAILOVER_MS, make_topic, wait_until
+
+pytestmark = pytest.mark.integration
+
+SECRET = "workers-secret-endpoints-77"
+FORGED_EPOCH = 10**15
+
+
+@pytest.fixture
+def secured(config: Config) -> Iterator[tuple[Config, CoordinatorWorker]]:
+    cfg = config.with_(tc_secret=SECRET)
+    w = CoordinatorWorker(cfg, settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS))
+    w.start()
+    try:
+        wait_until(lambda: len(w.serving()) == cfg.num_coordinators, 60, "worker serving")
+        yield cfg, w
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def impostors() -> Iterator[list[Listener]]:
+    made: list[Listener] = []
+    yield made
+    for lst in made:
+        lst.close()
+
+
+def forge_endpoints(cfg: Config, at: Endpoint) -> None:
+    raw = KafkaProducer(cfg.producer())
+    for tc in range(cfg.num_coordinators):
+        rec = TcEndpoint(tc, "impostor", at, FORGED_EPOCH)
+        raw.produce(cfg.topics.endpoints, rec.encode(), key=str(tc).encode(), partition=tc)
+    assert raw.flush(10) == 0
+
+
+def commit_one_per_coordinator(cfg: Config, client: Client) -> None:
+    topic = make_topic(cfg, 1)
+    producer = client.create_producer(topic)
+    for tc in range(cfg.num_coordinators):
+        with client.new_transaction(tc_id=tc) as txn:
+            producer.send(b"x", txn=txn, partition=0)
+
+
+@pytest.mark.parametrize("impostor_kind", ["unauthenticated", "refuses everyone"])
+def test_a_forged_endpoint_record_does_not_take_a_coordinator_from_its_clients(
+        secured, impostors, impostor_kind):
+    """Old: the client went to the forged address and every request failed there
+    ("could not prove it knows the secret" / "refused this client") at once."""
+    cfg, w = secured
+    users = {"someone-else": "x" * 16} if impostor_kind == "refuses everyone" else None
+    impostor = Listener("127.0.0.1", 0, lambda data, conn: None, users=users)
+    impostors.append(impostor)
+    with Client(config=cfg) as before:  # a client that knew the real owner first
+        commit_one_per_coordinator(cfg, before)
+        forge_endpoints(cfg, impostor.address)
+        wait_until(lambda: all(e.epoch_offset == FORGED_EPOCH
+                               for e in before.tc.directory.known().values()), 30,
+                   "the forged records read")
+        commit_one_per_coordinator(cfg, before)
+    with Client(config=cfg) as after:  # a client that reads the forged records first
+        commit_one_per_coordinator(cfg, after)
+
+
+def test_the_workers_own_clients_ignore_unsigned_endpoint_records(secured, impostors):
+    """Old: the buffer role's coordinator client took the forged record like any other."""
+    cfg, w = secured
+    impostor = Listener("127.0.0.1", 0, lambda data, conn: None)
+    impostors.append(impostor)
+    forge_endpoints(cfg, impostor.address)
+    probe = KafkaProducer(cfg.producer())
+    cluster = probe.list_topics(timeout=10).cluster_id
+    tc = TransactionCoordinatorClient(cfg, signer=MarkerSigner.from_secret(SECRET, cluster))
+    try:
+        for tc_id in range(cfg.num_coordinators):
+            ep = tc.directory.lookup(tc_id, 10)
+            assert ep is not None and ep.owner_id == w.worker_id, ep
+            assert ep.endpoint == w.address
+    finally:
+        tc.close()
