@@ -288,17 +288,20 @@ class EndpointDirectory:
                 with self._changed:
                     self._changed.notify_all()
 
-    def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None
-               ) -> TcEndpoint | None:
+    def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None,
+               skip: frozenset[tuple[int, Endpoint]] = frozenset()) -> TcEndpoint | None:
         """TC ``tc_id``'s owner, waiting up to ``timeout_s`` for one.
 
         With ``newer_than`` (an EPOCH offset), waits for a newer owner; after the wait,
-        the last known one, or None.
+        the last known one, or None. ``skip``: ``(epoch, endpoint)`` records a request
+        could not reach; the newest other one is returned instead, if there is one.
         """
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while True:
-                ep = self._known.get(tc_id)
+                eps = self._candidates.get(tc_id, ())
+                ep = next((e for e in eps if (e.epoch_offset, e.endpoint) not in skip),
+                          eps[0] if eps else None)
                 if ep is not None and (newer_than is None or ep.epoch_offset > newer_than):
                     return ep
                 left = deadline - time.monotonic()
@@ -576,12 +579,15 @@ class TransactionCoordinatorClient:
                 f"{MAX_REQUEST_BYTES}-byte bound (a group key or partition list too long)")
         stale: list[int] = []  # EPOCH offset of an owner that said it no longer serves
         refused: list[CoordinatorAuthError] = []  # refusals that led to another endpoint
+        unreachable: set[tuple[int, Endpoint]] = set()  # records this request could not reach
 
         def attempt() -> TcReply:
             ep = self.directory.lookup(req.tc_id, ATTEMPT_TIMEOUT_S,
-                                       stale[-1] if stale else None)
+                                       stale[-1] if stale else None, frozenset(unreachable))
             if ep is None:
                 raise _NoReply()
+            if (ep.epoch_offset, ep.endpoint) in unreachable:
+                unreachable.clear()  # every record failed once: try them all again
             try:
                 conn = self._connection(ep.endpoint)
             except CoordinatorAuthError as exc:
@@ -596,6 +602,11 @@ class TransactionCoordinatorClient:
                 _rate_limited.warning(f"impostor {ep.tc_id}", "coordinator %d: not using %r: "
                                       "%s", ep.tc_id, ep, exc)
                 raise _Unreachable(str(exc)) from exc
+            except _Unreachable:
+                # A forged record may name a dead address: the next attempt tries the
+                # TC's newest other record (a real failover's new owner is newest).
+                unreachable.add((ep.epoch_offset, ep.endpoint))
+                raise
             pending.reply = None
             pending.event.clear()
             pending.conn = conn

@@ -7,6 +7,7 @@ written with a plain confluent-kafka producer.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -63,18 +64,30 @@ def commit_one_per_coordinator(cfg: Config, client: Client) -> None:
             producer.send(b"x", txn=txn, partition=0)
 
 
-@pytest.mark.parametrize("impostor_kind", ["unauthenticated", "refuses everyone"])
+def dead_address() -> Endpoint:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return Endpoint("127.0.0.1", s.getsockname()[1])
+
+
+@pytest.mark.parametrize("impostor_kind", ["unauthenticated", "refuses everyone",
+                                           "dead address"])
 def test_a_forged_endpoint_record_does_not_take_a_coordinator_from_its_clients(
         secured, impostors, impostor_kind):
     """Old: the client went to the forged address and every request failed there
-    ("could not prove it knows the secret" / "refused this client") at once."""
+    ("could not prove it knows the secret" / "refused this client" at once, or a
+    RequestTimeoutError against a dead address)."""
     cfg, w = secured
-    users = {"someone-else": "x" * 16} if impostor_kind == "refuses everyone" else None
-    impostor = Listener("127.0.0.1", 0, lambda data, conn: None, users=users)
-    impostors.append(impostor)
+    if impostor_kind == "dead address":
+        at = dead_address()
+    else:
+        users = {"someone-else": "x" * 16} if impostor_kind == "refuses everyone" else None
+        impostor = Listener("127.0.0.1", 0, lambda data, conn: None, users=users)
+        impostors.append(impostor)
+        at = impostor.address
     with Client(config=cfg) as before:  # a client that knew the real owner first
         commit_one_per_coordinator(cfg, before)
-        forge_endpoints(cfg, impostor.address)
+        forge_endpoints(cfg, at)
         wait_until(lambda: all(e.epoch_offset == FORGED_EPOCH
                                for e in before.tc.directory.known().values()), 30,
                    "the forged records read")

@@ -59,8 +59,8 @@ class Directory:
     def has_fallback(self, ep: TcEndpoint) -> bool:
         return False  # one record per TC here
 
-    def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None
-               ) -> TcEndpoint | None:
+    def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None,
+               skip: frozenset = frozenset()) -> TcEndpoint | None:
         deadline = time.monotonic() + timeout_s
         with self.cond:
             while True:
