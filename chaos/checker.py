@@ -19,9 +19,10 @@ which defect of issue 11 a kind most likely points at. The checks:
    txn's outcome (``split_outcome``) and no txn record is left without a marker
    (``txn_without_marker``); the client and the admin never both got a success for
    opposite outcomes (``contradictory_outcomes``).
-7. (hostile profile) no line request about a txn its sender did not open was accepted,
-   no LIST showed another principal's txns, no worker kept a raw connection that never
-   handshook (``line_intrusion``).
+7. (hostile profile) nothing the forger wrote is delivered, to the committed-only read
+   or to a consumer (``forged_record_visible``); no line request about a txn its sender
+   did not open was accepted, no LIST showed another principal's txns, no worker kept a
+   raw connection that never handshook (``line_intrusion``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ MAPS_TO = {
     "txn_open_past_timeout": "items 5/6 (timeouts not enforced, finalization stuck)",
     "process_died": "item 3 (a paused consumer dies on resume: UNKNOWN_MEMBER_ID) or 11",
     "bound_exceeded": "item 6 (unbounded state)",
+    "forged_record_visible": "issue 20 item 1 (a forged marker counted, or a forged or "
+                             "copied txn.id record was released)",
     "line_intrusion": "issue 19 (the line: a stranger's or an unauthenticated request "
                       "was accepted, or a worker kept a connection that never handshook)",
     "subscription_cursor_behind": "item 10 (acks not kept: a restart redelivers what was "
@@ -355,7 +358,16 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
             an.add("split_outcome", {"txn": txn, "markers": parts,
                                      "belief": truth.expected(txn)})
 
-    # ---- 7: the line
+    # ---- 7: forged records and the line
+    for d in delivered:
+        if d.value is not None and d.value.get("forged"):
+            an.add("forged_record_visible", {"at": f"{d.topic}-{d.partition}@{d.offset}",
+                                             "txn": d.txn, "value": d.value},
+                   sub=f"committed read: {d.value.get('kind')}")
+    for rid in truth.received:
+        if rid.startswith("forged-"):
+            an.add("forged_record_visible", {"id": rid, "txn": truth.received_txn.get(rid)},
+                   sub="consumer")
     for ev in truth.intrusions:
         an.add("line_intrusion", ev, sub=f"{ev.get('who')} {ev.get('op')}")
 

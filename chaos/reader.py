@@ -3,7 +3,10 @@
 **Raw** (:func:`read_raw`): plain confluent-kafka, every record of every partition from
 the log start to the high watermark, markers included, classified by the headers of
 DESIGN.md section 4 (``txn.id``: 16 bytes, two big-endian int64; ``txn.marker``:
-``COMMIT``/``ABORT``), parsed here so the checker does not trust the code it checks.
+``COMMIT``/``ABORT``; ``txn.mac``: the workers' tag, checked here with the workers'
+secret and the cluster id, so a forged marker is no marker), parsed here so the checker
+does not trust the code it checks. A record the hostile profile's forger wrote (its
+value says ``"forged": true``) or a marker whose tag does not verify is ``forged``.
 
 **Committed-only** (:func:`read_committed`): a txnstream consumer on a fresh
 subscription, as a user would read, until every partition has delivered up to the last
@@ -12,6 +15,8 @@ record the raw view says is committed (or nothing came for ``idle_s``).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 import time
 import uuid
@@ -25,8 +30,8 @@ from confluent_kafka import TopicPartition as KafkaTP
 from chaos.truth import decode_value
 from txnstream import Client, Config
 
-__all__ = ["RawRecord", "RawPartition", "Delivered", "read_raw", "read_committed",
-           "max_record_bytes"]
+__all__ = ["RawRecord", "RawPartition", "Delivered", "MarkerCheck", "read_raw",
+           "read_committed", "max_record_bytes"]
 
 _TXN = struct.Struct(">qq")
 
@@ -41,6 +46,8 @@ class RawRecord:
     marker: str | None
     """``COMMIT``/``ABORT`` for a marker, else None."""
     value: dict[str, Any] | None
+    forged: bool = False
+    """Written by the hostile profile's forger, or a marker that does not verify."""
 
 
 @dataclass
@@ -59,7 +66,7 @@ class RawPartition:
         Plain, or before its txn's first marker there, which is a COMMIT (the LWM rule
         is left out: this is for diagnosis and for knowing where a read may stop).
         """
-        if rec.marker is not None:
+        if rec.marker is not None or rec.forged:
             return False
         if rec.txn is None:
             return True
@@ -122,17 +129,46 @@ def _scan(config: Config, topics: list[str], timeout_s: float, keep_values: bool
         c.close()
 
 
-def read_raw(config: Config, topics: list[str], timeout_s: float = 180.0
-             ) -> dict[tuple[str, int], RawPartition]:
-    """Every record of ``topics``, markers included, with each txn's first marker."""
+class MarkerCheck:
+    """The workers' marker tag, computed here from the secret (not by the code checked)."""
+
+    def __init__(self, workers_secret: str, cluster_id: str) -> None:
+        self._key = hmac.new(workers_secret.encode(), b"txnstream marker key v1",
+                             hashlib.sha256).digest()
+        self._cluster = cluster_id.encode()
+
+    def genuine(self, topic: str, partition: int, value: bytes | None,
+                headers: list[tuple[str, bytes]] | None) -> bool:
+        """Whether a marker record at ``topic``-``partition`` carries the workers' tag."""
+        mac = next((v for k, v in headers or () if k == "txn.mac"), None)
+        if mac is None or value is None:
+            return False
+        t = topic.encode()
+        msg = (struct.pack(">H", len(self._cluster)) + self._cluster + struct.pack(">H", len(t))
+               + t + struct.pack(">i", partition) + value)
+        return hmac.compare_digest(mac, hmac.new(self._key, msg, hashlib.sha256).digest()[:16])
+
+
+def read_raw(config: Config, topics: list[str], timeout_s: float = 180.0,
+             check: MarkerCheck | None = None) -> dict[tuple[str, int], RawPartition]:
+    """Every record of ``topics``, markers included, with each txn's first marker.
+
+    With ``check``, only markers whose tag verifies count as markers.
+    """
     out = {}
     for (t, p), msgs in _scan(config, topics, timeout_s).items():
         rp = RawPartition(t, p)
         for m in msgs:
             txn, marker = _classify(m.headers())
-            rec = RawRecord(m.offset(), txn, marker,
-                            None if marker else decode_value(m.value()))
+            value = None if marker else decode_value(m.value())
+            forged = bool(value and value.get("forged"))
+            if marker is not None and check is not None and not check.genuine(
+                    t, p, m.value(), m.headers()):
+                marker, forged = None, True
+            rec = RawRecord(m.offset(), txn, marker if not forged else None, value, forged)
             rp.records.append(rec)
+            if forged:
+                continue
             if marker is not None and txn is not None:
                 rp.markers[txn].append(marker)
                 rp.first_marker.setdefault(txn, (marker, m.offset()))

@@ -36,11 +36,11 @@ from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
-from chaos.credentials import HARNESS, STRANGER, Credentials
+from chaos.credentials import HARNESS, STRANGER, WORKER, Credentials
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
-from chaos.reader import max_record_bytes, read_committed, read_raw
+from chaos.reader import MarkerCheck, max_record_bytes, read_committed, read_raw
 from chaos.supervisor import TXNSTREAM_BIN, Supervisor
 from chaos.truth import TruthLog
 from txnstream import Client, Config, TxnStatus
@@ -164,7 +164,7 @@ class ChaosRun:
                 env=self.creds.env("chaos-producer"))
         if p.hostile:
             self.sup.add("intruder-0", "intruder", self._role_argv("intruder", "intruder-0", {
-                "topics": [IN_TOPIC, OUT_TOPIC], "rate": p.intruder_rate}),
+                "topics": [IN_TOPIC, OUT_TOPIC], "rate": p.intruder_rate, "forge": True}),
                 env=self.creds.env(STRANGER))
         for role in ("consumer", "processor", "producer", "intruder"):
             for name in self.sup.names(role):
@@ -318,7 +318,7 @@ class ChaosRun:
         self.log("stopping processors and consumers; reading raw and committed-only")
         self.sup.stop(self.sup.names("processor") + self.sup.names("consumer"))
         topics = [IN_TOPIC, OUT_TOPIC]
-        raw = read_raw(self.config, topics)
+        raw = read_raw(self.config, topics, check=self._marker_check())
         targets = {tp: rp.last_expected_visible() for tp, rp in raw.items()}
         delivered = read_committed(self.config, topics, targets)
         truth = load_truth(self.truth_dir)
@@ -357,6 +357,15 @@ class ChaosRun:
             e["count"] for e in self.summary["log_errors"])
         self._phase("check", t0)
         return an
+
+    def _marker_check(self) -> MarkerCheck:
+        """The workers' marker tag, from their secret and the cluster's id."""
+        c = Consumer(self.config.consumer(f"chaos-meta-{self.seed}"))
+        try:
+            cluster = c.list_topics(timeout=15).cluster_id
+        finally:
+            c.close()
+        return MarkerCheck(self.creds.secrets[WORKER], cluster)
 
     def _log_errors(self) -> list[dict[str, Any]]:
         """ERROR lines of the role processes' logs, by role and message (not judged)."""

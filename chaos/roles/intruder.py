@@ -11,6 +11,12 @@ One process, three threads, each sending a few requests a second at random:
   secret, sending the same requests.
 - **raw**: TCP connections to the workers' ports that send garbage, a handshake with a
   false proof or an oversized principal, or nothing at all (a worker must close them).
+- **forger**: a plain confluent-kafka producer writing into the data topics what any
+  producer with write access could: markers (COMMIT/ABORT, huge low watermarks) for
+  honest txns it learnt, records with a ``txn.id`` no coordinator issued, copies of an
+  honest txn's record after its marker on the same partition (MirrorMaker's late copy),
+  and endpoint records with a huge epoch naming a dead address. Forged record values
+  carry ``"forged": true``: a reader that delivers one is a ``forged_record_visible``.
 
 Every answer is counted by (who, op, outcome) in an ``intruder_stats`` truth event. A
 request about a txn the stranger did not open that a worker answers with success is an
@@ -29,15 +35,16 @@ import time
 from collections import Counter, deque
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer
+from confluent_kafka import OFFSET_END, Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from chaos.roles.common import RoleArgs, run_role
-from chaos.truth import TruthLog
+from chaos.truth import TruthLog, encode_value
 from txnstream import Client, TxnID
+from txnstream.coordinator.client import TcEndpoint
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.transport import HANDSHAKE_TIMEOUT_S, MAGIC
+from txnstream.coordinator.transport import HANDSHAKE_TIMEOUT_S, MAGIC, Endpoint
 from txnstream.errors import (
     CoordinatorAuthError,
     InvalidRequestError,
@@ -46,7 +53,7 @@ from txnstream.errors import (
     TransactionNotFoundError,
     TxnStreamError,
 )
-from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, MarkerKind, TxnMarker
 from txnstream.types import TopicPartition
 
 __all__ = ["run"]
@@ -72,6 +79,12 @@ class Intruder:
         self.rng = random.Random(args.seed * 7919 + args.incarnation)
         self.truth = TruthLog(args.truth)
         self.learned: deque[TxnID] = deque(maxlen=LEARNED)
+        self.ended_at: deque[tuple[TxnID, str, int]] = deque(maxlen=LEARNED)
+        """Honest txns whose (genuine or not) marker was seen on a partition."""
+        self.forge: bool = sp.get("forge", True)
+        self.forged = 0
+        self.own_markers: set[tuple[TxnID, str, int]] = set()
+        """Where this forger wrote markers: never taken for an honest txn's end."""
         self.own: set[TxnID] = set()
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -122,11 +135,15 @@ class Intruder:
                         continue
                     hdrs = dict(m.headers() or ())
                     raw = hdrs.get(TXN_ID_HEADER)
-                    if raw is None or TXN_MARKER_HEADER in hdrs:
+                    if raw is None:
                         continue
                     try:
                         txn = TxnID.from_bytes(raw)
                     except ValueError:
+                        continue
+                    if TXN_MARKER_HEADER in hdrs:
+                        if (txn, m.topic(), m.partition()) not in self.own_markers:
+                            self.ended_at.append((txn, m.topic(), m.partition()))
                         continue
                     if txn not in self.own and (not self.learned or self.learned[-1] != txn):
                         self.learned.append(txn)
@@ -285,12 +302,64 @@ class Intruder:
                 return "reset"
             return "closed"
 
+    # ------------------------------------------------------------------ forged records
+
+    def _forger(self) -> None:
+        producer = Producer(self.client.config.producer(**{"linger.ms": 5}))
+        dead = Endpoint("127.0.0.1", _dead_port())
+        try:
+            while not self.stop.wait(self.rng.expovariate(self.rate / 2)):
+                kind = self.rng.choice(("marker", "marker", "unissued", "late_copy",
+                                        "endpoint"))
+                try:
+                    done = self._forge_one(producer, kind, dead)
+                except (BufferError, ValueError) as exc:
+                    self._count("forger", kind, type(exc).__name__)
+                    continue
+                self._count("forger", kind, "written" if done else "nothing_to_copy")
+                producer.poll(0)
+        finally:
+            producer.flush(10)
+
+    def _forge_one(self, producer: Producer, kind: str, dead: Endpoint) -> bool:
+        rng = self.rng
+        tp = rng.choice(self.partitions)
+        self.forged += 1
+        value = encode_value({"id": f"forged-{self.args.writer}-{self.forged}",
+                              "forged": True, "kind": kind})
+        if kind == "marker":
+            txn = self._target() or TxnID(rng.randrange(self.client.tc.num_coordinators), 0)
+            m = TxnMarker(txn, rng.choice((MarkerKind.COMMIT, MarkerKind.ABORT)),
+                          rng.choice((0, txn.sequence + 1, 1 << 40)))
+            if len(self.own_markers) < 100_000:
+                self.own_markers.add((txn, tp.topic, tp.partition))
+            producer.produce(tp.topic, m.encode(), partition=tp.partition,
+                             headers=m.headers())
+        elif kind == "unissued":
+            txn = TxnID(rng.randrange(self.client.tc.num_coordinators),
+                        (1 << 40) + rng.randrange(1 << 20))
+            producer.produce(tp.topic, value, partition=tp.partition,
+                             headers=[(TXN_ID_HEADER, txn.to_bytes())])
+        elif kind == "late_copy":
+            if not self.ended_at:
+                return False
+            txn, topic, part = self.ended_at[-1 - rng.randrange(len(self.ended_at))]
+            producer.produce(topic, value, partition=part,
+                             headers=[(TXN_ID_HEADER, txn.to_bytes())])
+        else:
+            tc = rng.randrange(self.client.tc.num_coordinators)
+            rec = TcEndpoint(tc, "forger", dead, 1 << 50)
+            producer.produce(self.client.config.topics.endpoints, rec.encode(),
+                             key=str(tc).encode(), partition=tc)
+        return True
+
     # ------------------------------------------------------------------ the process
 
     def loop(self) -> None:
         """Run the threads until stopped; counts every few seconds."""
         threads = [threading.Thread(target=fn, daemon=True, name=fn.__name__)
-                   for fn in (self._learn, self._stranger, self._anonymous, self._raw)]
+                   for fn in (self._learn, self._stranger, self._anonymous, self._raw,
+                              *((self._forger,) if self.forge else ()))]
         for th in threads:
             th.start()
         while not self.stop.wait(STATS_EVERY_S):
@@ -304,6 +373,13 @@ class Intruder:
         for c in self.anonymous:
             c.close()
         self.truth.close()
+
+
+def _dead_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run(args: RoleArgs) -> int:

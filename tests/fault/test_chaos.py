@@ -5,7 +5,8 @@ coordinator workers, producers, processors and consumers on an authenticated lin
 -9 / SIGSTOP / broker kill at random, and an intruder: a stranger principal sending
 requests about the honest txns, clients without valid credentials, raw connections)
 and asserts on its JSON summary: every fault kind was injected, every intruder kind
-was refused, work was done and checked, and the checker counted 0 anomalies.
+was refused, forged markers, txn.ids and endpoint records were written, work was done
+and checked, and the checker counted 0 anomalies (none of the forged records delivered).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def test_hostile_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
                 f"no {kind} of a {role}: {s['faults']['by_role']}"
     asked = s["notes"].get("intruder_requests", {})
     for who, outcome in (("stranger", "not_authorized"), ("anonymous", "credentials_refused"),
-                         ("wrong_secret", "credentials_refused"), ("raw", "closed")):
+                         ("wrong_secret", "credentials_refused"), ("raw", "closed"),
+                         ("forger", "written")):
         assert any(k.startswith(f"{who} ") and k.endswith(f" {outcome}") for k in asked), \
             f"no {who} request ended {outcome}: {asked}"
     assert s["txns"]["committed"] > 0, s["txns"]
