@@ -1,4 +1,4 @@
-"""``Admin``: list, inspect and abort transactions; coordinator statistics."""
+"""``Admin``: list, inspect, abort and force-end transactions; coordinator statistics."""
 
 from __future__ import annotations
 
@@ -84,6 +84,24 @@ class Admin:
         tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
         self._client.tc.request(TcOp.END, tid.tc_id, txn_seq=tid.least_bits, commit=False,
                                 reason="admin")
+        return self.get_transaction(tid)
+
+    def force_end(self, txn_id: TxnID | str) -> TxnInfo:
+        """End a COMMITTING/ABORTING txn now, with whatever markers were written; its state.
+
+        For a txn stuck because a partition that still exists refuses its marker (a
+        partition that no longer exists never holds a txn: its marker is dropped). A
+        COMMITTING txn is recorded COMMITTED, an ABORTING one ABORTED; the coordinator
+        writes no marker after that, and docs/coordinator.md ("Force-ending a txn") says
+        what readers of an unmarked partition see. Admins only (``NotAuthorizedError``
+        otherwise, the txn's own principal included); an OPEN txn is refused
+        (``InvalidTxnStatusError``: abort it); an ended one is returned as it is.
+        """
+        from txnstream.coordinator.handlers import FORCE_END
+
+        tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
+        self._client.tc.request(TcOp.END, tid.tc_id, txn_seq=tid.least_bits, commit=False,
+                                reason=FORCE_END, timeout_s=ADMIN_TIMEOUT_S)
         return self.get_transaction(tid)
 
     def coordinator_stats(self) -> list[CoordinatorStats]:

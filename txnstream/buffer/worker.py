@@ -54,6 +54,7 @@ import re
 import socket
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,6 +80,13 @@ from txnstream.errors import (
 )
 from txnstream.fetch import KafkaRecord, consume, delivered_offset, drain
 from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
+from txnstream.partitions import (
+    LOOKUP_TIMEOUT_S,
+    NO_AUTO_CREATE,
+    PartitionCatalog,
+    metadata_lookup,
+    says_gone,
+)
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
@@ -155,8 +163,12 @@ class BufferWorker:
         self._registry = Consumer(config.consumer(
             f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))
-        self._producer = Producer(config.producer(**{"linger.ms": 0,
-                                                     "client.id": f"tb-{self.member}"}))
+        # Its markers go to data topics that may be deleted: it never creates a topic.
+        self._producer = Producer(config.producer(**NO_AUTO_CREATE, **{
+            "linger.ms": 0, "client.id": f"tb-{self.member}"}))
+        self._partitions = PartitionCatalog(metadata_lookup(
+            self._data, min(LOOKUP_TIMEOUT_S, config.admin_timeout_s)))
+        """Confirms that a partition a marker failed on no longer exists."""
         self._retry_claim: dict[int, float] = {}
         self._signer: MarkerSigner | None = None
         """Signs this worker's markers and checks folded ones (the workers' secret)."""
@@ -261,8 +273,9 @@ class BufferWorker:
         except KafkaClientError as exc:  # the group consumer is done for: rejoin
             log.error("buffer worker: %s: %s; renewing the group consumer", what, exc)
             self._renew_group()
-        except Exception:
-            log.exception("buffer worker: %s failed; retrying at its next turn", what)
+        except Exception:  # a step that fails every turn logs once per 10 s
+            _rate_limited.error(f"step {what}", "buffer worker: %s failed; retrying at its "
+                                "next turn\n%s", what, traceback.format_exc().rstrip())
         return False
 
     def _subscribe(self) -> None:
@@ -461,16 +474,36 @@ class BufferWorker:
         self._producer.poll(0)
 
     def _write_marker(self, tp: TopicPartition, marker: TxnMarker) -> None:
-        """Produce ``marker`` at ``tp`` (signed with the workers' key, if any)."""
+        """Produce ``marker`` at ``tp`` (signed with the workers' key, if any).
+
+        Never creates the topic (:data:`~txnstream.partitions.NO_AUTO_CREATE`); a marker
+        that fails is reported by :meth:`_marker_failed`.
+        """
         value = marker.encode()
         headers = (marker.headers() if self._signer is None
                    else self._signer.headers(marker, tp.topic, tp.partition, value))
+
+        def delivered(err: KafkaError | None, _m: Message) -> None:
+            if err is not None:
+                self._marker_failed(tp, marker, err)
         try:
-            self._producer.produce(tp.topic, value, partition=tp.partition, headers=headers)
+            self._producer.produce(tp.topic, value, partition=tp.partition, headers=headers,
+                                   on_delivery=delivered)
             self.markers_written += 1
-        except (KafkaException, BufferError) as exc:  # the next check writes it again
-            _rate_limited.warning(f"marker {tp}", "%s: %s marker of %s not written: %s", tp,
-                                  marker.kind.value, marker.txn_id, exc)
+        except (KafkaException, BufferError) as exc:
+            self._marker_failed(tp, marker, exc)
+
+    def _marker_failed(self, tp: TopicPartition, marker: TxnMarker, err: object) -> None:
+        """A marker not written: dropped if its partition is gone, else written next check.
+
+        Gone: the error says the partition does not exist and the cluster confirms it.
+        """
+        if says_gone(err) and self._partitions.gone(tp):
+            _rate_limited.warning(f"gone {tp}", "%s: %s marker of %s dropped: the partition "
+                                  "no longer exists", tp, marker.kind.value, marker.txn_id)
+            return
+        _rate_limited.warning(f"marker {tp}", "%s: %s marker of %s not written: %s", tp,
+                              marker.kind.value, marker.txn_id, err)
 
     def _publish_deltas(self) -> None:
         """One DELTA per partition that folded something since the last one."""
@@ -532,8 +565,9 @@ class BufferWorker:
                 self.delta_failures += 1
                 metrics.BUFFER_DELTAS.labels("failed").inc()
                 s.snapshot_due = True  # readers see a gap and reload from a snapshot
-                log.error("buffer worker: delta of %s at %d not written (%s): publishing a "
-                          "snapshot", tp, rec.position, err)
+                _rate_limited.error(f"delta {tp}", "buffer worker: delta of %s at %d not "
+                                    "written (%s): publishing a snapshot", tp, rec.position,
+                                    err)
                 return
             s.delivered += 1
             s.delta_offset = max(s.delta_offset, delivered_offset(msg))
@@ -592,8 +626,9 @@ class BufferWorker:
                                                   state_offset=s.delta_offset), tp)
             except Exception as exc:
                 self.snapshot_failures += 1
-                log.error("buffer worker: snapshot of %s at %d not published (%r); "
-                          "retrying at the next interval", tp, s.buf.last_offset, exc)
+                _rate_limited.error(f"snapshot {tp}", "buffer worker: snapshot of %s at %d "
+                                    "not published (%r); retrying at the next interval", tp,
+                                    s.buf.last_offset, exc)
                 s.snapshot_due = True
                 continue
             self.snapshots_published += 1
@@ -624,9 +659,16 @@ class BufferWorker:
                 answer = self._ask(txn_id, next_seq)
                 if answer is not None:
                     answers[txn_id] = answer
-        for tp, txns in stuck.items():
-            high = self._data.get_watermark_offsets(
-                KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)[1]
+        for tp, txns in stuck.items():  # each partition alone: one gone stops no other
+            try:
+                high = self._data.get_watermark_offsets(
+                    KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)[1]
+            except KafkaException as exc:
+                gone = says_gone(exc) and self._partitions.gone(tp)
+                _rate_limited.warning(f"check {tp}", "%s: end unknown (%s): its ongoing txns "
+                                      "are not checked%s", tp, exc,
+                                      " (the partition no longer exists)" if gone else "")
+                continue
             s = self.served.get(tp)
             if s is None or s.buf.last_offset < high - 1:
                 continue

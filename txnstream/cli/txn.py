@@ -1,4 +1,4 @@
-"""``txnstream txn list|show|abort|stats|slow``: admin tools, printed as tables."""
+"""``txnstream txn list|show|abort|force-end|stats|slow``: admin tools, printed as tables."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         add_topic_flags(q)
         q.set_defaults(handler=fn)
     for name, fn, hlp in (("show", _show, "one transaction"),
-                          ("abort", _abort, "abort an open transaction")):
+                          ("abort", _abort, "abort an open transaction"),
+                          ("force-end", _force_end,
+                           "end a COMMITTING/ABORTING transaction whose markers cannot all "
+                           "be written, with those that were (admins only; see "
+                           "docs/coordinator.md)")):
         q = ts.add_parser(name, help=hlp)
         add_topic_flags(q)
         q.add_argument("txn_id", help="TxnID as '(most,least)', e.g. '(0,42)'")
@@ -71,6 +75,13 @@ def _show(args: argparse.Namespace) -> int:
 def _abort(args: argparse.Namespace) -> int:
     with _client(args) as c:
         t = c.admin.abort_transaction(args.txn_id)
+    console.print(f"{t.txn_id}: {t.status.value}")
+    return 0
+
+
+def _force_end(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        t = c.admin.force_end(args.txn_id)
     console.print(f"{t.txn_id}: {t.status.value}")
     return 0
 

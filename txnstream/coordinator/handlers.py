@@ -11,8 +11,11 @@ sends a reply only after the entries read back, the finalizer answers the waiter
 * **NEW** opens one txn; **RESERVE** opens a block of up to :data:`MAX_RESERVE` txns
   with a lease (a client's TxnID pool) and **ACTIVATE** starts a handed-out txn's
   deadline from its hand-out.
-* **ADD_PARTITIONS**, **ADD_SUBSCRIPTIONS** register what a txn wrote to or acked.
-* **END** decides one txn, **END_GROUP** every txn of a group under one key.
+* **ADD_PARTITIONS**, **ADD_SUBSCRIPTIONS** register what a txn wrote to or acked; a
+  partition that does not exist is refused (its marker could never be written).
+* **END** decides one txn, **END_GROUP** every txn of a group under one key. An END
+  with reason ``force`` from an admin ends a decided txn stuck on a partition that
+  refuses its marker (``txnstream txn force-end``).
 * **GET**, **LIST**, **STATS** read; LIST answers in pages of :data:`LIST_PAGE`.
 
 Before any of them, :func:`~txnstream.coordinator.request_checks.check_request` checks
@@ -30,6 +33,7 @@ A store error (:class:`~txnstream.errors.TxnStreamError`) becomes a failure repl
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -45,10 +49,19 @@ from txnstream.coordinator.protocol import (
     scoped_group_key,
 )
 from txnstream.coordinator.request_checks import check_request
-from txnstream.errors import NotAuthorizedError, TooManyRequestsError, TxnStreamError
-from txnstream.types import ANONYMOUS, TxnID, TxnStatus
+from txnstream.errors import (
+    InvalidRequestError,
+    InvalidTxnStatusError,
+    NotAuthorizedError,
+    TooManyRequestsError,
+    TxnStreamError,
+)
+from txnstream.partitions import PartitionCatalog
+from txnstream.types import ANONYMOUS, TopicPartition, TxnID, TxnStatus
 
-__all__ = ["MAX_RESERVE", "LIST_PAGE", "Caller", "TcRequestHandler"]
+__all__ = ["FORCE_END", "MAX_RESERVE", "LIST_PAGE", "Caller", "TcRequestHandler"]
+
+log = logging.getLogger(__name__)
 
 MAX_RESERVE = 256
 """TxnIDs one RESERVE may open (a client's block); bounds one request's log append."""
@@ -60,6 +73,10 @@ MAX_LATE_ABORTS = 10_000
 buffer role's low-watermark rule (a bound on a hostile owner's memory)."""
 MAX_OPEN_TXNS = 10_000
 """Default of OPEN txns per principal per TC (``WorkerSettings.max_open_txns_per_principal``)."""
+FORCE_END = "force"
+"""The ``reason`` of an END that force-ends a decided txn (admins only, see ``_force_end``)."""
+MAX_NAMED = 10
+"""Partitions a refusal names (the count says how many more)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +96,11 @@ class TcRequestHandler:
     """The per-op logic of a coordinator, over one TC incarnation's store."""
 
     def __init__(self, config: Config, worker_id: str, restarts: Mapping[int, int],
-                 max_open_txns: int = MAX_OPEN_TXNS) -> None:
+                 max_open_txns: int = MAX_OPEN_TXNS,
+                 partitions: PartitionCatalog | None = None) -> None:
         self.config = config
+        self.partitions = partitions
+        """Which partitions exist: ADD_PARTITIONS refuses others (None: nothing checked)."""
         self.max_open_txns = max_open_txns
         self.worker_id = worker_id
         self.restarts = restarts
@@ -180,6 +200,9 @@ class TcRequestHandler:
     def _add_partitions(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                         caller: Caller) -> TcReply:
         meta = self._owned(tc, req.txn_seq, caller, "add partitions to", admin_may=False)
+        if self.partitions is not None and meta.status is TxnStatus.OPEN \
+                and now_ms < meta.deadline_ms:  # an ended txn is refused as it was
+            self._check_exist(req, set(req.partitions) - meta.partitions)
         try:
             tc.store.add_partitions(req.txn_seq, req.partitions, now_ms, req.request_id)
         except TxnStreamError:
@@ -192,6 +215,24 @@ class TcRequestHandler:
             raise
         return self._ok(tc, req)
 
+    def _check_exist(self, req: TcRequest, new: set[TopicPartition]) -> None:
+        """Refuse partitions that do not exist (their marker could never be written).
+
+        The cache answers for partitions it knows, with no call to the cluster; a miss is
+        looked up, rate-limited (:class:`~txnstream.partitions.PartitionCatalog`). A
+        refusal is an ``InvalidRequestError`` naming them: the request is not applied and
+        nothing restarts.
+        """
+        assert self.partitions is not None
+        missing = self.partitions.missing(new) if new else []
+        if missing:
+            named = ", ".join(str(tp) for tp in missing[:MAX_NAMED])
+            more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
+            raise InvalidRequestError(
+                f"ADD_PARTITIONS request refused: {named}{more} does not exist (no such "
+                "topic, or the topic has fewer partitions); a marker could never be "
+                "written there", TxnID(req.tc_id, req.txn_seq))
+
     def _add_subscriptions(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                            caller: Caller) -> TcReply:
         self._owned(tc, req.txn_seq, caller, "add subscriptions to", admin_may=False)
@@ -202,6 +243,8 @@ class TcRequestHandler:
 
     def _end(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
              caller: Caller) -> TcReply | None:
+        if req.reason == FORCE_END:
+            return self._force_end(tc, req, now_ms, caller)
         self._owned(tc, req.txn_seq, caller, "commit" if req.commit else "abort",
                     admin_may=not req.commit)
         reason = ABORT_ADMIN if req.reason == ABORT_ADMIN and caller.admin else ABORT_CLIENT
@@ -210,6 +253,40 @@ class TcRequestHandler:
             return self._ok(tc, req)
         tc.end_waiters[req.txn_seq].append(req)
         return None
+
+    def _force_end(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+                   caller: Caller) -> TcReply:
+        """End a decided txn now, with whatever markers were written (admins only).
+
+        For a txn stuck because a partition that still exists refuses its marker: a
+        COMMITTING txn is logged COMMITTED, an ABORTING one ABORTED, and the reply waits
+        for that record to read back like any other. Markers not written are never
+        written by the coordinator (docs/coordinator.md says what readers then see). An
+        OPEN txn is refused (abort it); a final one is answered as it is. Those who wait
+        on the txn are answered by the finalizer (it finds the entry left in
+        ``end_waiters``).
+        """
+        txn_id = TxnID(tc.tc_id, req.txn_seq)
+        if not caller.admin:
+            raise NotAuthorizedError(
+                f"principal {caller.principal!r} may not force-end transaction {txn_id}: "
+                "only an admin may", txn_id)
+        meta = tc.store.get(req.txn_seq)
+        if meta.status is TxnStatus.OPEN:
+            raise InvalidTxnStatusError(
+                txn_id, TxnStatus.COMMITTING, meta.status,
+                f"transaction {txn_id} is OPEN: abort it (`txnstream txn abort`); force-end "
+                "only ends a COMMITTING or ABORTING transaction whose markers cannot all be "
+                "written")
+        if meta.status.is_ending:
+            was = meta.status.value
+            tc.store.finalize(req.txn_seq, now_ms)
+            tc.retry_at.pop(req.txn_seq, None)
+            tc.end_waiters.setdefault(req.txn_seq, [])  # the finalizer answers who waits
+            log.warning("tc %d: transaction %s force-ended %s by admin %r (it was %s; "
+                        "markers not written by then never will be)", tc.tc_id, txn_id,
+                        meta.status.value, caller.principal, was)
+        return self._ok(tc, req)
 
     def _end_group(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                    caller: Caller) -> TcReply | None:

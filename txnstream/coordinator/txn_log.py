@@ -44,6 +44,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.errors import is_retriable_kafka_error, message_error
 from txnstream.fetch import KafkaRecord, drain
+from txnstream.partitions import NO_AUTO_CREATE
 
 __all__ = [
     "AppendResult",
@@ -51,6 +52,7 @@ __all__ = [
     "KafkaClients",
     "KafkaTransactionLog",
     "LogRecord",
+    "PRODUCER_SETTINGS",
     "TransactionLog",
 ]
 
@@ -59,6 +61,17 @@ log = logging.getLogger(__name__)
 POLL_MAX_RECORDS = 2_000
 """Records taken per poll: one turn's worth, so requests are not kept waiting behind a
 long replay."""
+
+PRODUCER_SETTINGS: dict[str, Any] = {
+    # linger 0: every turn ends in a flush, so batching comes from the turn itself.
+    "linger.ms": 0,
+    # Markers go to data topics that may have been deleted since a txn registered them:
+    # never recreate one (librdkafka's producer default would, on a broker with Kafka's
+    # default auto.create.topics.enable), and fail such a marker within a second.
+    **NO_AUTO_CREATE,
+}
+"""librdkafka settings of the worker's one producer (:class:`KafkaClients`) on top of
+``Config.producer()``."""
 
 Assigned = Callable[[list[int]], None]
 """Called with the TC ids (log partitions) this worker was given or lost."""
@@ -135,6 +148,7 @@ class KafkaClients:
     consumer: Consumer
     """Member of the ``<prefix>-coordinators`` group over the log topic."""
     producer: Producer
+    """Made with :data:`PRODUCER_SETTINGS` (it never creates a topic)."""
     admin: AdminClient
 
 

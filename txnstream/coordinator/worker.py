@@ -91,7 +91,12 @@ from txnstream.coordinator.transport import (
     ServerConnection,
     server_ssl_context,
 )
-from txnstream.coordinator.txn_log import KafkaClients, KafkaTransactionLog, TransactionLog
+from txnstream.coordinator.txn_log import (
+    PRODUCER_SETTINGS,
+    KafkaClients,
+    KafkaTransactionLog,
+    TransactionLog,
+)
 from txnstream.errors import (
     ConfigError,
     CorruptRecordError,
@@ -101,6 +106,7 @@ from txnstream.errors import (
     TooManyRequestsError,
 )
 from txnstream.markers import MarkerSigner
+from txnstream.partitions import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.types import TopicPartition
 
 __all__ = ["CoordinatorWorker", "WorkerSettings"]
@@ -200,8 +206,7 @@ class CoordinatorWorker:
                    "heartbeat.interval.ms": s.heartbeat_interval_ms,
                    "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
                    "fetch.wait.max.ms": 20, "client.id": f"tc-log-{self.worker_id}"})),
-            # linger 0: every turn ends in a flush, so batching comes from the turn itself.
-            Producer(config.producer(**{"linger.ms": 0, "client.id": f"tc-{self.worker_id}"})),
+            Producer(config.producer(**PRODUCER_SETTINGS, **{"client.id": f"tc-{self.worker_id}"})),
             AdminClient(config.admin()))
         self._txn_log: TransactionLog = KafkaTransactionLog(
             self._kafka, t.log, flush_timeout_s=s.readback_timeout_s,
@@ -213,11 +218,14 @@ class CoordinatorWorker:
             self._txn_log, t.log, self.worker_id, readback_timeout_s=s.readback_timeout_s,
             checkpoint_interval_s=s.checkpoint_interval_s, on_serving=self._serving_started,
             on_dropped=self._unpublished.discard)
+        partitions = PartitionCatalog(metadata_lookup(
+            self._kafka.producer, min(LOOKUP_TIMEOUT_S, config.admin_timeout_s)))
         self._handler = TcRequestHandler(config, self.worker_id, self._ownership.restarts,
-                                         s.max_open_txns_per_principal)
+                                         s.max_open_txns_per_principal, partitions)
         self._finalizer = TxnFinalizer(
             self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
-            flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s)
+            flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s,
+            partitions=partitions)
         self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
         self._origins: dict[str, tuple[ServerConnection, int, float, str]] = {}
         """request id -> (connection, deadline, perf_counter at arrival, op)."""
@@ -565,8 +573,9 @@ class CoordinatorWorker:
         the registration is confirmed, so a reader that finds no registration knows no
         txn record precedes it there.
         """
-        new = {p for pairs in replies.values() for req, _ in pairs
-               if req.op is TcOp.ADD_PARTITIONS for p in req.partitions} - self._registered
+        new = {p for pairs in replies.values() for req, reply in pairs
+               if req.op is TcOp.ADD_PARTITIONS and reply.error_kind is None
+               for p in req.partitions} - self._registered
         if not new:
             return set()
         todo = set(new)
