@@ -64,6 +64,7 @@ MAPS_TO = {
     "bound_exceeded": "item 6 (unbounded state)",
     "forged_record_visible": "issue 20 item 1 (a forged marker counted, or a forged or "
                              "copied txn.id record was released)",
+    "deleted_topic_recreated": "issue 20 item 3 (a marker write recreated a deleted topic)",
     "line_intrusion": "issue 19 (the line: a stranger's or an unauthenticated request "
                       "was accepted, or a worker kept a connection that never handshook)",
     "subscription_cursor_behind": "item 10 (acks not kept: a restart redelivers what was "

@@ -93,6 +93,8 @@ class Profile:
     bounds: Bounds = Bounds()
     hostile: bool = False
     """Add the hostile actors (issues 19/20): an intruder process on the line."""
+    doomed_ratio: float = 0.1
+    """(hostile) Txns that also write to the topic the harness deletes halfway through."""
     intruder_rate: float = 4.0
     """Requests a second from each intruder thread (the stranger; half that anonymous)."""
 

@@ -30,8 +30,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
+from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
@@ -49,6 +50,8 @@ __all__ = ["ChaosRun", "IN_TOPIC", "OUT_TOPIC"]
 
 IN_TOPIC = "chaos-in"
 OUT_TOPIC = "chaos-out"
+DOOMED_TOPIC = "chaos-doomed"
+"""(hostile) Deleted halfway through the workload while txns that wrote to it commit."""
 EO_SUBSCRIPTION = "chaos-eo"
 READ_SUBSCRIPTION = "chaos-read"
 SERVE_TIMEOUT_S = 120.0
@@ -119,8 +122,10 @@ class ChaosRun:
         t0 = time.monotonic()
         self.log("starting a 3-broker cluster")
         secs = self.cluster.up()
-        isr = self.cluster.create_topics({IN_TOPIC: self.p.in_partitions,
-                                          OUT_TOPIC: self.p.out_partitions})
+        data = {IN_TOPIC: self.p.in_partitions, OUT_TOPIC: self.p.out_partitions}
+        if self.p.hostile:
+            data[DOOMED_TOPIC] = 2
+        isr = self.cluster.create_topics(data)
         self.summary["min_insync_replicas"] = isr
         self.log(f"cluster {self.cluster.bootstrap} up in {secs:.0f} s; topics RF 3, min ISR "
                  f"{sorted(set(isr.values()))}")
@@ -160,7 +165,8 @@ class ChaosRun:
                 "slow_ratio": p.slow_ratio, "slow_timeout_s": p.slow_timeout_s,
                 "slow_overrun_s": list(p.slow_overrun_s),
                 "abandon_ratio": p.abandon_ratio, "abandon_timeout_s": p.abandon_timeout_s,
-                "late_ratio": p.late_ratio, "hold_s": list(p.hold_s)}),
+                "late_ratio": p.late_ratio, "hold_s": list(p.hold_s),
+                "doomed": DOOMED_TOPIC if p.hostile else None, "doomed_ratio": p.doomed_ratio}),
                 env=self.creds.env("chaos-producer"))
         if p.hostile:
             self.sup.add("intruder-0", "intruder", self._role_argv("intruder", "intruder-0", {
@@ -199,8 +205,12 @@ class ChaosRun:
         self.nemesis.start()
         end = t0 + self.p.workload_s
         next_note = t0 + 30
+        doom_at = t0 + self.p.workload_s / 2 if self.p.hostile else None
         while time.monotonic() < end:
             time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            if doom_at is not None and time.monotonic() >= doom_at:
+                doom_at = None
+                self._delete_doomed()
             if time.monotonic() >= next_note:
                 next_note += 30
                 self.log(f"workload {time.monotonic() - t0:.0f}/{self.p.workload_s:.0f} s: "
@@ -210,6 +220,21 @@ class ChaosRun:
         self.nemesis.halt()
         self.nemesis.join(180)
         self._phase("workload", t0)
+
+    def _delete_doomed(self) -> None:
+        admin = AdminClient(self.config.admin())
+        try:
+            admin.delete_topics([DOOMED_TOPIC], operation_timeout=30)[DOOMED_TOPIC].result(60)
+            self.summary["doomed_deleted_at"] = time.strftime("%H:%M:%S")
+            self.log(f"deleted {DOOMED_TOPIC} while txns that wrote to it commit")
+        except KafkaException as exc:
+            self.summary["doomed_delete_error"] = str(exc)
+            self.log(f"could not delete {DOOMED_TOPIC}: {exc}")
+
+    def _doomed_recreated(self) -> bool:
+        """Whether the deleted topic exists again (a marker write must never create it)."""
+        admin = AdminClient(self.config.admin())
+        return DOOMED_TOPIC in admin.list_topics(timeout=15).topics
 
     def _on_fault(self, f: Fault) -> None:
         self.log(f"fault {f.kind} {f.target} (pid {f.pid}) healed after {f.duration_s:.1f} s"
@@ -335,6 +360,9 @@ class ChaosRun:
                    sub=f"{ex.name.rsplit('-', 1)[0]}: {_last_error(ex.tail)[:120]}")
         for o in over_bounds:
             an.add("bound_exceeded", o, sub=o["what"])
+        if self.p.hostile and "doomed_deleted_at" in self.summary and \
+                self._doomed_recreated():
+            an.add("deleted_topic_recreated", {"topic": DOOMED_TOPIC})
         if drain.get("open_txns") == 0:
             for sub, key in ((EO_SUBSCRIPTION, "eo_behind"), (READ_SUBSCRIPTION, "read_behind")):
                 for tp, (cursor, end) in (drain.get(key) or {}).items():

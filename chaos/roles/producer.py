@@ -11,6 +11,11 @@ timeout)``), then end it:
   committed: the coordinator must refuse), and ``late`` (committed, then the peer sends
   once more into it: Pulsar refuses such a send; if it is accepted it must not be lost).
 
+In the hostile profile a share of txns (``doomed_ratio``) also writes one record to the
+``doomed`` topic, which the harness deletes halfway through the workload: txns that
+wrote there and commit after it is gone must still end, their other records visible
+(the doomed records are not checked; the topic is gone).
+
 The peer protocol is one JSON line each way over a TCP connection to the peer's port:
 ``{"op": "cowrite", "txn", "timeout", "parts", "n"}`` -> ``{"ok", "recs"|"error"}`` and
 ``{"op": "late", "txn"}`` -> ``{"ok", "rejected"}``. The peer logs what it wrote itself.
@@ -76,6 +81,21 @@ class ProducerRole:
         self.co = _Writer(f"{args.writer}.co")
         self._co_lock = threading.Lock()
         self._attached: OrderedDict[str, tuple[Transaction, int]] = OrderedDict()
+        self._doomed: Producer | None = None
+        self._doomed_gone = not self.spec.get("doomed")
+
+    def _doomed_producer(self) -> Producer | None:
+        """The doomed topic's producer; None once the topic is gone.
+
+        It never recreates the topic: ``allow.auto.create.topics`` is off.
+        """
+        if self._doomed is None and not self._doomed_gone:
+            try:
+                self._doomed = self.client.create_producer(
+                    self.spec["doomed"], **{"allow.auto.create.topics": False})
+            except TxnStreamError:
+                self._doomed_gone = True
+        return self._doomed
 
     # ------------------------------------------------------------ opener
 
@@ -108,6 +128,7 @@ class ProducerRole:
         sp = self.spec
         recs: list[list[Any]] = []
         failure: str | None = None
+        doomed: Producer | None = None
         try:
             k = rng.randint(2, min(4, self.partitions))
             for p in sorted(rng.sample(range(self.partitions), k)):
@@ -115,6 +136,11 @@ class ProducerRole:
                     value, rec = w.record(txn.id, self.topic, p)
                     self.producer.send(value, txn=txn, partition=p)
                     recs.append(rec)
+            doomed = (self._doomed_producer() if rng.random() < sp.get("doomed_ratio", 0.0)
+                      else None)
+            if doomed is not None:
+                doomed.send(encode_value({"id": f"doomed-{txn.id}", "txn": str(txn.id)}),
+                            txn=txn, partition=rng.randrange(doomed.num_partitions))
         except TxnStreamError as exc:
             failure = f"send: {exc}"
         self.stop.wait(rng.uniform(*sp["hold_s"]))
@@ -128,6 +154,8 @@ class ProducerRole:
             txn.flush()
         except TxnStreamError as exc:
             failure = failure or f"flush: {exc}"
+        if failure is not None and doomed is not None and self.spec["doomed"] in failure:
+            self._doomed_gone, self._doomed = True, None  # the topic is gone: stop using it
         if recs and failure is None:
             self.truth.write({"e": "sent", "txn": str(txn.id), "recs": recs})
         want = "abort" if failure or kind == "abort" else kind
