@@ -647,7 +647,7 @@ class BufferWorker:
         if not stuck:
             return
         if self._tc is None:
-            self._tc = TransactionCoordinatorClient(self.config)
+            self._tc = TransactionCoordinatorClient(self.config, signer=self._signer)
         answers: dict[TxnID, TxnAnswer] = {}
         next_seq: dict[int, int | None] = {}
         asked = 0

@@ -105,7 +105,7 @@ from txnstream.errors import (
     NotCoordinatorError,
     TooManyRequestsError,
 )
-from txnstream.markers import MarkerSigner
+from txnstream.markers import TXN_MAC_HEADER, MarkerSigner
 from txnstream.partitions import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.types import TopicPartition
 
@@ -390,6 +390,10 @@ class CoordinatorWorker:
                 continue
             rec = TcEndpoint(tc_id, self.worker_id, self.address, tc.epoch_write,
                              self._listener.tls)
+            value = rec.encode()
+            signer = self._finalizer.signer
+            tag: list[tuple[str, str | bytes | None]] | None = None if signer is None else [
+                (TXN_MAC_HEADER, signer.tag(self.config.topics.endpoints, tc_id, value))]
 
             def delivered(err: KafkaError | None, _m: Message, tc_id: int = tc_id) -> None:
                 if err is not None:
@@ -397,9 +401,9 @@ class CoordinatorWorker:
                     if tc_id in self.tcs:
                         self._unpublished.add(tc_id)
             try:
-                self._kafka.producer.produce(self.config.topics.endpoints, rec.encode(),
-                                       key=str(tc_id).encode(), partition=tc_id,
-                                       on_delivery=delivered)
+                self._kafka.producer.produce(self.config.topics.endpoints, value,
+                                             key=str(tc_id).encode(), partition=tc_id,
+                                             headers=tag, on_delivery=delivered)
                 self._unpublished.discard(tc_id)
             except (KafkaException, BufferError) as exc:
                 log.warning("tc %d: endpoint not published (%s); retrying", tc_id, exc)
