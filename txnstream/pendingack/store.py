@@ -6,7 +6,8 @@ The owner of a subscription partition:
 
 1. :meth:`replay` reads that log partition from its start and folds the records of its
    key into a :class:`PendingAckHandle` (before delivering anything);
-2. appends an ``OWNER`` record with the next generation (fencing older owners);
+2. appends an ``OWNER`` record with a newer generation, at least the log's end offset
+   (fencing older owners, also after retention removed their records);
 3. logs each transactional ack (:meth:`append`) before the ack is confirmed: the
    transaction's commit waits for those writes (:meth:`flush_txn`) and reads them back
    (:meth:`read_back`); a newer ``OWNER`` met on the way fences the member and makes
@@ -250,7 +251,14 @@ class PendingAckStore:
         return entry
 
     def claim(self, handle: PendingAckHandle, cursor: int) -> int:
-        """Append this member's OWNER record (next generation); fold up to it.
+        """Append this member's OWNER record (a newer generation); fold up to it.
+
+        The generation is at least the log end :meth:`replay` read to, and above the
+        latest one folded. So a generation is never above its own OWNER's offset, and
+        every generation handed out before is below the new one: offsets only grow,
+        even when retention has removed every OWNER and checkpoint of the partition (a
+        paused zombie that claimed long ago is still fenced). Counting from the last
+        OWNER seen, as before, started again at 0 after retention.
 
         Records that landed between the end :meth:`replay` read to and this OWNER are
         valid in the log (a zombie's late ack is one: it precedes the OWNER, so the
@@ -259,10 +267,15 @@ class PendingAckStore:
         message back instead of delivering it a second time. Returns the OWNER's
         offset: the caller tails from the next one on (:meth:`resume_tail`).
         """
-        entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, handle.tp.topic,
-                                handle.tp.partition, generation=handle.generation + 1,
-                                member_id=self.member_id, cursor=cursor)
         part = self.log_partition(handle.tp)
+        with self._lock:
+            start = self._replayed_to.pop(handle.tp, None)
+        # not replayed by this store: fold from the log start, the log's end is the floor
+        floor = self._log_end(part) if start is None else start
+        entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, handle.tp.topic,
+                                handle.tp.partition,
+                                generation=max(handle.generation + 1, floor),
+                                member_id=self.member_id, cursor=cursor)
         written: list[int] = []
         failed: list[KafkaError] = []
 
@@ -278,13 +291,19 @@ class PendingAckStore:
             raise TxnStreamError(f"could not claim {handle.tp} in {self.topic}: "
                                  f"{failed[0] if failed else 'not acknowledged in time'}")
         owner_at = written[0]
-        with self._lock:
-            start = self._replayed_to.pop(handle.tp, None)
         self._fold_range(handle, part, start, owner_at)
         if handle.generation != entry.generation or handle.owner != self.member_id:
             raise TxnStreamError(f"claim of {handle.tp} lost to a concurrent owner "
                                  f"(generation {handle.generation})")
         return owner_at
+
+    def _log_end(self, part: int) -> int:
+        c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-pr-{uuid.uuid4().hex}"))
+        try:
+            return int(c.get_watermark_offsets(KafkaTP(self.topic, part),
+                                               timeout=self.config.admin_timeout_s)[1])
+        finally:
+            c.close()
 
     def resume_tail(self, tp: TopicPartition, pos: int) -> None:
         """The tail reads ``part`` from ``pos`` on (or from earlier, if it is behind).
