@@ -42,6 +42,15 @@ __all__ = ["PendingAckHandle", "AckEffect", "PendingAckStats"]
 
 MAX_REMEMBERED_ENDED = 10_000
 """Ended txns remembered to refuse late acks; a txn acks within its own lifetime."""
+CHECKPOINT_ENDED_MAX = 1_000
+"""Ended txns a checkpoint carries (the newest, with their outcome), so a late ack of
+one that lands after the checkpoint stays refused after a restore. A late ack is a
+write of the txn's own member still in flight at its end: it lands within the producer's
+delivery timeout, during which fewer than this many txns end on one partition unless
+they end faster than ~3 a second (1000 / librdkafka's 300 s). Past the bound a late ack
+is taken as pending; the owner that takes the partition over asks the coordinator about
+every txn pending there (``Consumer._end_predecessors``) and applies its outcome, so it
+is never pending forever."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,18 +243,29 @@ class PendingAckHandle:
         return PendingAckCheckpoint(
             self.subscription, self.tp.topic, self.tp.partition, self.generation, self.owner,
             self.cursor, tuple(sorted(self.acked)),
-            tuple((t, tuple(offs)) for t, offs in by_txn.items()), self.cumulative)
+            tuple((t, tuple(offs)) for t, offs in by_txn.items()), self.cumulative,
+            tuple((t, s is TxnStatus.COMMITTED)
+                  for t, s in list(self.ended.items())[-CHECKPOINT_ENDED_MAX:]))
 
     def restore(self, ckpt: PendingAckCheckpoint) -> None:
-        """Take a checkpoint's state (ended txns seen so far are kept)."""
+        """Take a checkpoint's state (ended txns seen so far are kept, its own added)."""
         self.generation = ckpt.generation
         self.owner = ckpt.member_id
         self.cursor = ckpt.cursor
         self.acked = {o for o in ckpt.acked if o >= ckpt.cursor}
         self.pending = {o: t for t, offs in ckpt.pending for o in offs}
         self.cumulative = ckpt.cumulative
+        for t, committed in ckpt.ended:
+            self._end(t, TxnStatus.COMMITTED if committed else TxnStatus.ABORTED)
 
     # ------------------------------------------------------------ queries
+
+    def pending_txns(self) -> set[TxnID]:
+        """The txns holding acks here (individual or cumulative)."""
+        txns = set(self.pending.values())
+        if self.cumulative is not None:
+            txns.add(self.cumulative[0])
+        return txns
 
     def pending_txn(self, offset: int) -> TxnID | None:
         """The txn holding ``offset`` pending, if any."""
@@ -264,6 +284,6 @@ class PendingAckHandle:
 
     def stats(self) -> PendingAckStats:
         """Counts for operators."""
-        txns = set(self.pending.values()) | ({self.cumulative[0]} if self.cumulative else set())
         return PendingAckStats(self.subscription, self.tp, self.cursor, len(self.acked),
-                               len(txns), len(self.pending), self.cumulative, self.generation)
+                               len(self.pending_txns()), len(self.pending), self.cumulative,
+                               self.generation)

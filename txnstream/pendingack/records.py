@@ -98,6 +98,8 @@ class PendingAckCheckpoint:
     acked: tuple[int, ...] = ()
     pending: tuple[tuple[TxnID, tuple[int, ...]], ...] = ()
     cumulative: tuple[TxnID, int] | None = None
+    ended: tuple[tuple[TxnID, bool], ...] = ()
+    """The newest txns that ended here, oldest first, and whether each committed."""
 
     @property
     def tp(self) -> TopicPartition:
@@ -120,6 +122,8 @@ class PendingAckCheckpoint:
             "cumulative_most_bits": cum[0].most_bits if cum else -1,
             "cumulative_least_bits": cum[0].least_bits if cum else -1,
             "cumulative_offset": cum[1] if cum else -1,
+            "ended": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
+                       "committed": committed} for t, committed in self.ended],
         })
 
     @classmethod
@@ -132,7 +136,9 @@ class PendingAckCheckpoint:
             return cls(r["subscription"], r["topic"], r["partition"], r["generation"],
                        r["member_id"], r["cursor"], tuple(r["acked"]),
                        tuple((TxnID(p["most_bits"], p["least_bits"]), tuple(p["offsets"]))
-                             for p in r["pending"]), cum)
+                             for p in r["pending"]), cum,
+                       tuple((TxnID(e["most_bits"], e["least_bits"]), e["committed"])
+                             for e in r["ended"]))
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"pending_ack_checkpoint: {exc!r}") from exc
 
