@@ -178,12 +178,10 @@ class BufferView:
         """The view an owner's snapshot describes (readers start from it)."""
         view = cls(TopicPartition(snap.topic, snap.partition), snap.position,
                    snap.max_read_position, snap.generation)
-        in_spans: set[int] = set()
         for txn, offs in snap.aborted:
             if offs:
                 view._add_span(txn.to_bytes(), offs[0], offs[-1])
-                in_spans.update(offs)
-        view._add_hidden(o for o in snap.invisible if o not in in_spans)
+        view._add_hidden(snap.hidden)  # no aborted txn's records: the spans skip those
         # what the stats say until the first delta: the snapshot's open txns
         first = min(snap.ongoing, key=lambda o: o[1][0], default=None)
         view.last = BufferStateRecord(

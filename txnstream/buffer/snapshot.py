@@ -1,13 +1,21 @@
 """``TransactionBufferSnapshot``: a buffer's state, so readers need not fold from the start.
 
 Mirrors ``schemas/txn_buffer_snapshot.avsc`` field for field (Pulsar's
-``TransactionBufferSnapshot``). Its content is bounded by taking the snapshot with
-``min_offset`` = the partition's log start offset: aborted entries and invisible offsets
-below it are dropped (readers can never be there again). What is left still grows with
-the aborted records and markers the log retains (about 3 bytes each), so a snapshot is
+``TransactionBufferSnapshot``). Its size is set by txns and hidden offsets, not records:
+an ongoing or aborted txn's offsets are written as runs of consecutive offsets
+(:class:`~txnstream.buffer.offset_runs.OffsetRuns`: one run unless other records
+interleave, a few bytes each), and the hidden offsets that are no aborted txn's records
+(markers, stragglers) as runs too. Taking it with ``min_offset`` = the partition's log
+start offset drops what lies below (readers can never be there again). What is left
+still grows with the markers and aborted txns the log retains, so a snapshot is
 written as one or more :class:`TransactionBufferSnapshotSegment` records of at most
 :data:`MAX_SNAPSHOT_RECORD_BYTES` each, as Pulsar's PIP-196 segmented snapshots do: a
 reader joins a snapshot only from a complete set of one snapshot's segments.
+
+Version 1 of the schema (``txn_buffer_snapshot.v1.avsc``) listed every offset; such
+snapshots are still read (Avro schema resolution fills the version 2 fields with their
+empty defaults, and :meth:`TransactionBufferSnapshot.from_avro` turns the offsets into
+runs). Version 2 writes the version 1 lists empty.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from txnstream.buffer.offset_runs import OffsetRuns
 from txnstream.buffer.transaction_buffer import OngoingTxn, TransactionBuffer
 from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
@@ -45,9 +54,11 @@ class TransactionBufferSnapshot:
     partition: int
     position: int
     max_read_position: int
-    ongoing: tuple[tuple[TxnID, tuple[int, ...], int | None], ...]
-    aborted: tuple[tuple[TxnID, tuple[int, ...]], ...]
-    invisible: tuple[int, ...]
+    ongoing: tuple[tuple[TxnID, OffsetRuns, int | None], ...]
+    """(txn, its offsets here, its first record's timestamp)"""
+    aborted: tuple[tuple[TxnID, OffsetRuns], ...]
+    hidden: OffsetRuns
+    """Offsets never delivered that are no aborted txn's records (``hidden_runs``)."""
     lwms: tuple[tuple[int, int], ...]
     ended: tuple[tuple[int, tuple[int, ...]], ...]
     generation: int = -1
@@ -61,11 +72,11 @@ class TransactionBufferSnapshot:
             "topic": self.topic, "partition": self.partition, "position": self.position,
             "max_read_position": self.max_read_position,
             "ongoing": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
-                         "offsets": list(offs), "first_timestamp_ms": ts}
+                         "offsets": [], "runs": offs.to_deltas(), "first_timestamp_ms": ts}
                         for t, offs, ts in self.ongoing],
             "aborted": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
-                         "offsets": list(offs)} for t, offs in self.aborted],
-            "invisible": list(self.invisible),
+                         "offsets": [], "runs": offs.to_deltas()} for t, offs in self.aborted],
+            "invisible": [], "hidden_runs": self.hidden.to_deltas(),
             "lwms": [{"tc": tc, "lwm": lwm} for tc, lwm in self.lwms],
             "ended": [{"tc": tc, "seqs": list(seqs)} for tc, seqs in self.ended],
             "generation": self.generation, "state_offset": self.state_offset,
@@ -73,14 +84,18 @@ class TransactionBufferSnapshot:
 
     @classmethod
     def from_avro(cls, r: dict[str, Any]) -> TransactionBufferSnapshot:
-        """Inverse of :meth:`to_avro`."""
+        """Inverse of :meth:`to_avro`; reads version 1's offset lists as runs too."""
+        aborted = tuple((TxnID(a["most_bits"], a["least_bits"]), _runs(a))
+                        for a in r["aborted"])
+        hidden = OffsetRuns.from_deltas(r["hidden_runs"])
+        if r["invisible"]:  # version 1: every hidden offset, aborted txns' records too
+            in_aborted = {o for _, offs in aborted for o in offs}
+            hidden = OffsetRuns(sorted(o for o in r["invisible"] if o not in in_aborted))
         return cls(
             r["topic"], r["partition"], r["position"], r["max_read_position"],
-            tuple((TxnID(o["most_bits"], o["least_bits"]), tuple(o["offsets"]),
+            tuple((TxnID(o["most_bits"], o["least_bits"]), _runs(o),
                    o["first_timestamp_ms"]) for o in r["ongoing"]),
-            tuple((TxnID(a["most_bits"], a["least_bits"]), tuple(a["offsets"]))
-                  for a in r["aborted"]),
-            tuple(r["invisible"]),
+            aborted, hidden,
             tuple((x["tc"], x["lwm"]) for x in r["lwms"]),
             tuple((x["tc"], tuple(x["seqs"])) for x in r["ended"]),
             r["generation"], r["state_offset"],
@@ -100,16 +115,38 @@ class TransactionBufferSnapshot:
             raise CorruptRecordError(f"txn_buffer_snapshot: {exc!r}") from exc
 
 
+def _runs(r: dict[str, Any]) -> OffsetRuns:
+    """The offsets of a ``SnapshotOngoing``/``SnapshotAborted``: runs, or version 1's list."""
+    return OffsetRuns.from_deltas(r["runs"]) if r["runs"] else OffsetRuns(r["offsets"])
+
+
+def _not_in(offsets: list[int], runs: list[tuple[int, int]]) -> list[int]:
+    """The sorted ``offsets`` outside the sorted, disjoint ``runs`` (one merge pass)."""
+    out, i = [], 0
+    for o in offsets:
+        while i < len(runs) and runs[i][1] < o:
+            i += 1
+        if i == len(runs) or o < runs[i][0]:
+            out.append(o)
+    return out
+
+
 def take_snapshot(buf: TransactionBuffer, min_offset: int = 0, generation: int = -1,
                   state_offset: int = -1) -> TransactionBufferSnapshot:
-    """Snapshot ``buf``, dropping what lies below ``min_offset`` (the log start)."""
+    """Snapshot ``buf``, dropping what lies below ``min_offset`` (the log start).
+
+    Costs O(hidden offsets) time (``buf.invisible`` holds every aborted record), but its
+    size is O(txns + runs + hidden offsets that are no aborted txn's records).
+    """
+    aborted = tuple(sorted((t, offs.at_or_above(min_offset))
+                           for t, offs in buf.aborted.items() if offs[-1] >= min_offset))
+    aborted_runs = sorted(r for _, offs in aborted for r in offs.runs())
+    hidden = _not_in(sorted(o for o in buf.invisible if o >= min_offset), aborted_runs)
     return TransactionBufferSnapshot(
         buf.tp.topic, buf.tp.partition, buf.last_offset, buf.max_read_position,
-        tuple(sorted((t, tuple(e.offsets), e.first_timestamp_ms)
+        tuple(sorted((t, e.offsets.copy(), e.first_timestamp_ms)
                      for t, e in buf.ongoing.items())),
-        tuple(sorted((t, tuple(o for o in offs if o >= min_offset))
-                     for t, offs in buf.aborted.items() if offs[-1] >= min_offset)),
-        tuple(sorted(o for o in buf.invisible if o >= min_offset)),
+        aborted, OffsetRuns(hidden),
         tuple(sorted(buf.lwm.items())),
         tuple(sorted((tc, tuple(sorted(seqs))) for tc, seqs in buf.ended.items() if seqs)),
         generation, state_offset,
@@ -121,10 +158,10 @@ def restore(snap: TransactionBufferSnapshot) -> TransactionBuffer:
     buf = TransactionBuffer(TopicPartition(snap.topic, snap.partition))
     buf.last_offset = snap.position
     buf.max_read_position = snap.max_read_position
-    buf.ongoing = {t: OngoingTxn(offs[0], list(offs), ts) for t, offs, ts in snap.ongoing}
+    buf.ongoing = {t: OngoingTxn(offs[0], offs.copy(), ts) for t, offs, ts in snap.ongoing}
     for t, offs in snap.aborted:
-        buf.mark_aborted(t, list(offs))
-    buf.mark_invisible(snap.invisible)
+        buf.mark_aborted(t, offs.copy())
+    buf.mark_invisible(snap.hidden)
     buf.lwm = dict(snap.lwms)
     buf.ended = {tc: set(seqs) for tc, seqs in snap.ended}
     return buf

@@ -35,11 +35,13 @@ log start.
 Bounds (DESIGN.md section 10): ``ongoing`` holds the open txns with records here;
 ``ended`` holds, per TC, the sequences ended here at or above that TC's LWM, so at most
 the txns a TC ends while its oldest open txn stays open (its rate times the TC's
-maximum txn timeout); ``invisible`` and ``aborted`` grow with every marker and aborted
-record and are bounded only by :meth:`TransactionBuffer.trim`: every owner trims below
-what it no longer needs (the buffer worker below the log start before each snapshot,
-readers below what they delivered or planned), and a trim costs O(k log n) for the k
-entries it forgets, nothing when there is nothing to forget.
+maximum txn timeout); ``aborted`` and each ongoing txn keep their offsets as runs
+(:class:`~txnstream.buffer.offset_runs.OffsetRuns`), so they and the snapshots grow with
+txns and interleavings, not records; ``invisible`` (a set, for :meth:`is_visible`) holds
+every marker and aborted record. Both are bounded only by :meth:`TransactionBuffer.trim`:
+every owner trims below what it no longer needs (the buffer worker below the log start
+before each snapshot, readers below what they delivered or planned), and a trim costs
+O(k log n) for the k entries it forgets, nothing when there is nothing to forget.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from txnstream.buffer.offset_runs import OffsetRuns
 from txnstream.errors import CorruptRecordError
 from txnstream.markers import (
     TXN_ID_HEADER,
@@ -98,7 +101,8 @@ class OngoingTxn:
     """A txn with records here and no end yet."""
 
     first_offset: int
-    offsets: list[int]
+    offsets: OffsetRuns
+    """Its records here, as runs: an open txn of 200k records is one run."""
     first_timestamp_ms: int | None = None
 
 
@@ -147,8 +151,10 @@ class TransactionBuffer:
 
     tp: TopicPartition
     ongoing: dict[TxnID, OngoingTxn] = field(default_factory=dict)
-    aborted: dict[TxnID, list[int]] = field(default_factory=dict)
-    """Aborted txns with records here -> their offsets (kept until trimmed)."""
+    aborted: dict[TxnID, OffsetRuns] = field(default_factory=dict)
+    """Aborted txns with records here -> their offsets as runs (kept until trimmed): one
+    run per txn unless other records interleave, so snapshots grow with txns and
+    interleavings, not records."""
     ended: dict[int, set[int]] = field(default_factory=dict)
     """TC id -> sequences that ended here at or above that TC's LWM."""
     lwm: dict[int, int] = field(default_factory=dict)
@@ -229,7 +235,7 @@ class TransactionBuffer:
             return Verdict.STRAGGLER
         entry = self.ongoing.get(txn_id)
         if entry is None:
-            self.ongoing[txn_id] = OngoingTxn(offset, [offset], timestamp_ms)
+            self.ongoing[txn_id] = OngoingTxn(offset, OffsetRuns((offset,)), timestamp_ms)
         else:
             entry.offsets.append(offset)
         return Verdict.TXN_PENDING
@@ -269,15 +275,16 @@ class TransactionBuffer:
             for o in new:
                 heapq.heappush(order, o)
 
-    def mark_aborted(self, txn_id: TxnID, offsets: list[int]) -> None:
+    def mark_aborted(self, txn_id: TxnID, offsets: Sequence[int]) -> None:
         """Record an aborted txn's offsets here (restore); those below the trim point are gone."""
-        if offsets and offsets[0] < self.trimmed_below:
-            offsets = [o for o in offsets if o >= self.trimmed_below]
-        if not offsets:
+        runs = offsets if isinstance(offsets, OffsetRuns) else OffsetRuns(offsets)
+        if runs and runs[0] < self.trimmed_below:
+            runs = runs.at_or_above(self.trimmed_below)
+        if not runs:
             return
-        self.aborted[txn_id] = offsets
-        heapq.heappush(self._aborted_order, (offsets[-1], txn_id))
-        self.mark_invisible(offsets)
+        self.aborted[txn_id] = runs
+        heapq.heappush(self._aborted_order, (runs[-1], txn_id))
+        self.mark_invisible(runs)
 
     def _raise_lwm(self, tc: int, lwm: int) -> None:
         if lwm <= self.lwm.get(tc, 0):
@@ -311,7 +318,7 @@ class TransactionBuffer:
 
     def aborted_in_range(self, start: int, end: int) -> set[TxnID]:
         """Aborted txns with a record in ``[start, end)``."""
-        return {t for t, offs in self.aborted.items() if any(start <= o < end for o in offs)}
+        return {t for t, offs in self.aborted.items() if offs.intersects(start, end)}
 
     def ongoing_txns(self) -> dict[TxnID, int]:
         """Ongoing txn -> its first offset here."""

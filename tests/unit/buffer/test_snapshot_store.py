@@ -29,8 +29,8 @@ def snap_at(position: int):
 
 @pytest.fixture(scope="module")
 def big():
-    """A snapshot of 150k markers: a few segments at the real bound."""
-    return take_snapshot(_big_buffer(150_000))
+    """A snapshot of 300k markers (30k aborted txns): a few segments at the real bound."""
+    return take_snapshot(_big_buffer(300_000))
 
 
 def feed(finder, records):
