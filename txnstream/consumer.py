@@ -41,6 +41,8 @@ from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.errors import (
     ConfigError,
     KafkaErrorKind,
+    NotAuthorizedError,
+    TransactionNotFoundError,
     TxnStreamError,
     classify_kafka_error,
     message_error,
@@ -50,7 +52,7 @@ from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
 from txnstream.pendingack.store import Checkpointed, PendingAckStore
-from txnstream.types import TopicPartition, TxnID
+from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.client import Client
@@ -239,6 +241,7 @@ class Consumer:
         handle = self._acks.replay(tp, pointer)
         start = max(start, handle.cursor, low)
         owner_at = self._acks.claim(handle, cursor=start)
+        self._end_predecessors(tp, handle)
         reader = _PartitionReader(tp, self._follower.status.get(tp, status), deliver_pos=start,
                                   committed=committed, handle=handle, checkpoint=pointer)
         with self._lock:
@@ -248,6 +251,54 @@ class Consumer:
             # the consumer lock, as every reader of the tail runs.
             self._acks.resume_tail(tp, owner_at + 1)
         return KafkaTP(tp.topic, tp.partition, start)
+
+    def _end_predecessors(self, tp: TopicPartition, handle: PendingAckHandle) -> None:
+        """After a claim, end at once the txns of fenced owners that hold acks on ``tp``.
+
+        Every txn pending in ``handle`` now acked under an older generation than this
+        claim's OWNER: its member is fenced (it can only abort: its read-back meets this
+        OWNER) or dead. Waiting for its timeout would hold those inputs back while later
+        ones are processed (input order broken, a stall of the txn timeout); Kafka's
+        ``initTransactions`` aborts a predecessor's txn at once, and so does this. Per
+        txn, before anything of ``tp`` is delivered:
+
+        1. an OPEN txn is aborted through its coordinator (``admin.abort_transaction``;
+           the reply comes once its ABORT marks are written) and its acks are dropped
+           here, so its inputs are delivered first, in offset order;
+        2. an ended txn (a late ack of it outlived ``CHECKPOINT_ENDED_MAX``, or its mark
+           is still on the way) gets its outcome applied; one the coordinator no longer
+           knows ended long ago: its acks here are late ones and are dropped;
+        3. a COMMITTING/ABORTING txn is left to its mark (the coordinator is ending it).
+
+        The abort is authorized like any other: the principal that opened the txn or an
+        admin. A member whose principal differs (and is no admin) gets
+        ``NotAuthorizedError``: it logs a warning and the txn ends at its timeout, as
+        before. Any other failure (a coordinator not answering) falls back the same way;
+        nothing here raises.
+        """
+        admin = self._client.admin
+        for txn_id in sorted(handle.pending_txns()):
+            try:
+                info = admin.get_transaction(txn_id)
+                if info.status is TxnStatus.OPEN:
+                    log.warning("%s: %s is held by %s of a fenced or dead owner; aborting it",
+                                self.member_id, tp, txn_id)
+                    info = admin.abort_transaction(txn_id)
+            except TransactionNotFoundError:
+                handle.abort(txn_id)
+                continue
+            except NotAuthorizedError as exc:
+                log.warning("%s: %s holds acks on %s but this member may not abort it (%s); "
+                            "its inputs wait for its timeout", self.member_id, txn_id, tp, exc)
+                continue
+            except TxnStreamError as exc:
+                log.warning("%s: could not end %s, which holds acks on %s (%s); its inputs "
+                            "wait for its end", self.member_id, txn_id, tp, exc)
+                continue
+            if info.status is TxnStatus.ABORTED:
+                handle.abort(txn_id)
+            elif info.status is TxnStatus.COMMITTED:
+                handle.commit(txn_id)
 
     def _committed_end(self, tp: TopicPartition, high: int, low: int, timeout_s: float) -> int:
         """Where ``latest`` starts on a served partition: the committed end as of now.
