@@ -83,7 +83,10 @@ def test_add_partitions_whose_record_was_refused_gets_no_ok_reply(own_config,
     w, client = small_log_worker
     tc = 1
     seq = client.tc.request(TcOp.NEW, tc, timeout_ms=60_000).txn_seq
-    many = tuple(TopicPartition(f"topic-{i:03d}-{'x' * 40}", 0) for i in range(100))
+    # Real partitions (ADD_PARTITIONS refuses ones that do not exist): 100 of a topic with
+    # a long name make a record past the log's limit.
+    wide = make_topic(own_config, 100, prefix=f"wide-{'x' * 40}")
+    many = tuple(TopicPartition(wide, i) for i in range(100))
     told_ok = True
     try:
         client.tc.request(TcOp.ADD_PARTITIONS, tc, txn_seq=seq, partitions=many, timeout_s=7)
@@ -98,7 +101,7 @@ def test_add_partitions_whose_record_was_refused_gets_no_ok_reply(own_config,
         assert not lost, f"{len(lost)} registered partitions not in the log"
     assert not told_ok, "the refused ADD_PARTITIONS must not have been answered ok"
     # the TC serves on, and what it says is in its log
-    small = TopicPartition("small", 0)
+    small = TopicPartition(make_topic(own_config, 1, prefix="small"), 0)
     client.tc.request(TcOp.ADD_PARTITIONS, tc, txn_seq=seq, partitions=(small,))
     assert small in replay_log(own_config, tc).txns[seq].partitions
 
