@@ -79,7 +79,7 @@ class OffsetRuns(Sequence[int]):
     def intersects(self, start: int, end: int) -> bool:
         """Whether an offset in ``[start, end)`` is held (O(log runs))."""
         i = bisect.bisect_left(self._ends, start)
-        return i < len(self._starts) and self._starts[i] < end
+        return i < len(self._starts) and max(self._starts[i], start) < end
 
     # ------------------------------------------------------------ wire form
 

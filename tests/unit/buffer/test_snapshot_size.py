@@ -9,7 +9,7 @@ that is no aborted txn's record (markers, stragglers), whatever the txns' record
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.buffer.test_fold_properties import events, fold
@@ -153,6 +153,7 @@ def test_a_version_1_snapshot_is_read_as_the_same_state(log):
 
 @settings(max_examples=300, deadline=None)
 @given(st.sets(st.integers(0, 200), max_size=60), st.integers(0, 210), st.integers(0, 210))
+@example({0, 1}, 1, 1)  # an empty range meets no run
 def test_offset_runs_hold_exactly_their_offsets(offsets, lo, hi):
     want = sorted(offsets)
     runs = OffsetRuns(want)
