@@ -135,7 +135,7 @@ class PartitionCatalog:
     def count(self, topic: str) -> int | None:
         """The cached partition count (None: unknown or absent), no lookup."""
         hit = self._topics.get(topic)
-        return None if hit is None or hit[0] is _FAILED else int(hit[0])
+        return None if hit is None or hit[0] is _FAILED or hit[0] is None else int(hit[0])
 
     def missing(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Those of ``tps`` that do not exist, sorted; the cache answers for known ones.

@@ -263,3 +263,13 @@ def test_add_partitions_to_an_ended_txn_is_refused_for_its_status_not_checked_fo
                                              partitions=(TopicPartition("nope", 0),)), NOW_MS)
     assert reply is not None and reply.error_kind == "InvalidTxnStatusError"
     assert s.lookups == Counter()
+
+
+def test_a_topic_known_not_to_exist_is_answered_from_the_cache_again():
+    """Chaos (hostile profile) found it: the second ADD_PARTITIONS naming a deleted topic
+    within the refresh interval crashed the handler (int(None)) and restarted the TC."""
+    cat = PartitionCatalog(lambda topic: {}, refresh_interval_s=60.0)
+    gone = TopicPartition("deleted", 1)
+    assert cat.missing([gone]) == [gone]
+    assert cat.missing([gone]) == [gone]
+    assert cat.count("deleted") is None and cat.gone(gone)
