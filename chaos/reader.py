@@ -164,7 +164,8 @@ def read_raw(config: Config, topics: list[str], timeout_s: float = 180.0,
             forged = bool(value and value.get("forged"))
             if marker is not None and check is not None and not check.genuine(
                     t, p, m.value(), m.headers()):
-                marker, forged = None, True
+                # a forged marker is no record of its txn: it needs no marker of its own
+                txn, marker, forged = None, None, True
             rec = RawRecord(m.offset(), txn, marker if not forged else None, value, forged)
             rp.records.append(rec)
             if forged:

@@ -221,7 +221,8 @@ class Intruder:
                           after_seq=self.rng.choice((-1, 0)))
         if reply is None:
             return
-        foreign = [t for t in reply.txns if t.txn_id not in self.own]
+        me = client.config.tc_principal
+        foreign = [t for t in reply.txns if t.owner != me]
         if foreign:
             self._intrusion(who, "list", foreign[0].txn_id,
                             f"LIST showed {len(foreign)} txn(s) of others, e.g. owner "
