@@ -35,7 +35,7 @@ import time
 from collections import Counter, deque
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, Producer
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from chaos.roles.common import RoleArgs, run_role
@@ -83,6 +83,10 @@ class Intruder:
         """Honest txns whose (genuine or not) marker was seen on a partition."""
         self.forge: bool = sp.get("forge", True)
         self.forged = 0
+        self.dead = Endpoint("127.0.0.1", _dead_port())
+        """Where the forger's endpoint records point: nothing listens there."""
+        self.workers: set[Endpoint] = set()
+        """Every address an endpoint record named (workers past and present)."""
         self.own_markers: set[tuple[TxnID, str, int]] = set()
         """Where this forger wrote markers: never taken for an honest txn's end."""
         self.own: set[TxnID] = set()
@@ -124,14 +128,25 @@ class Intruder:
     # ------------------------------------------------------------------ learning TxnIDs
 
     def _learn(self) -> None:
-        """Tail the data topics' headers, as any reader of them could."""
+        """Tail the data topics' headers and the endpoints, as any reader of them could."""
         c = Consumer(self.client.config.consumer(
             f"chaos-intruder-{self.args.writer}", **{"enable.auto.commit": False}))
+        endpoints = self.client.config.topics.endpoints
         try:
-            c.assign([KafkaTP(tp.topic, tp.partition, OFFSET_END) for tp in self.partitions])
+            c.assign([KafkaTP(tp.topic, tp.partition, OFFSET_END) for tp in self.partitions]
+                     + [KafkaTP(endpoints, p, OFFSET_BEGINNING)
+                        for p in range(self.client.tc.num_coordinators)])
             while not self.stop.is_set():
                 for m in c.consume(200, timeout=0.5):
                     if m.error() is not None:
+                        continue
+                    if m.topic() == endpoints:
+                        try:
+                            ep = TcEndpoint.decode(m.value()).endpoint
+                        except TxnStreamError:
+                            continue
+                        if ep != self.dead:
+                            self.workers.add(ep)
                         continue
                     hdrs = dict(m.headers() or ())
                     raw = hdrs.get(TXN_ID_HEADER)
@@ -266,7 +281,7 @@ class Intruder:
 
     def _raw(self) -> None:
         while not self.stop.wait(self.rng.expovariate(self.rate / 4)):
-            eps = [e.endpoint for e in self.client.tc.directory.known().values()]
+            eps = sorted(self.workers, key=str)
             if not eps:
                 continue
             ep = self.rng.choice(eps)
@@ -307,7 +322,7 @@ class Intruder:
 
     def _forger(self) -> None:
         producer = Producer(self.client.config.producer(**{"linger.ms": 5}))
-        dead = Endpoint("127.0.0.1", _dead_port())
+        dead = self.dead
         try:
             while not self.stop.wait(self.rng.expovariate(self.rate / 2)):
                 kind = self.rng.choice(("marker", "marker", "unissued", "late_copy",
