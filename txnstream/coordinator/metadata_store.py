@@ -473,7 +473,7 @@ class TransactionMetadataStore:
         """
         seen = self._requests.get(request_id)
         if seen is not None and seen in self.txns:
-            return list(range(seen, seen + count))
+            return self._logged_block(seen, count)
         first = self.next_sequence
         for i in range(count):
             self._apply_new(self._entry(
@@ -481,6 +481,24 @@ class TransactionMetadataStore:
                 txn_seq=first + i, status=TxnStatus.OPEN, open_time_ms=now_ms,
                 timeout_ms=lease_ms, reason=RESERVED, principal=principal), now_ms)
         return list(range(first, first + count))
+
+    def _logged_block(self, first: int, count: int) -> list[int]:
+        """The TxnIDs a RESERVE that opened ``first`` holds in this store.
+
+        Its entries are one record per TxnID, so an append that failed midway leaves a
+        prefix of the block in the log; what follows the prefix was never this request's
+        (nobody's yet, or another request's: a txn opened by a request id starts another
+        block). A resent RESERVE gets the prefix, never a TxnID no owner knows.
+        """
+        starts = set(self._requests.values())
+        owner = self.txns[first].owner
+        out = [first]
+        for seq in range(first + 1, first + count):
+            meta = self.txns.get(seq)
+            if meta is None or seq in starts or meta.owner != owner:
+                break
+            out.append(seq)
+        return out
 
     def activate(self, seq: int, timeout_ms: int, open_time_ms: int, now_ms: int,
                  request_id: str | None = None) -> TransactionLogEntry | None:

@@ -129,3 +129,33 @@ def test_the_lwm_and_ending_indexes_agree_with_a_scan_of_every_txn():
     again = replayed(log)
     assert again.low_watermark == s.low_watermark
     assert [m.txn_id for m in again.ending()] == [m.txn_id for m in s.ending()]
+
+
+def test_a_resent_reserve_whose_block_was_only_partly_logged_returns_only_what_was_logged():
+    """Chaos (hostile profile, broker kills) found it: a RESERVE's entries are one record
+    per TxnID, and an append that failed midway left the first three of four in the log.
+    The client resent the RESERVE to the next owner, which answered the whole block
+    (range(first, first + count)): it handed out (1,19), which no owner knew, and the
+    TC issued (1,19) again 24 s later."""
+    log = Log()
+    s = owner(log)
+    s.reserve("r1", 4, LEASE, now_ms=0)
+    entries = s.unlogged()
+    for e in entries[:3]:  # the fourth record was lost with the failed append
+        log.append(e)
+    again = replayed(log)
+    assert again.next_sequence == 3
+    assert again.reserve("r1", 4, LEASE, now_ms=100) == [0, 1, 2]
+    assert again.unlogged() == []
+    nxt, _ = again.new_txn("n1", 10_000, 200)
+    assert nxt.txn_id.least_bits == 3, "the lost TxnID is issued once, to its next taker"
+    # a block right after another request's txn stops at that txn
+    log2 = Log()
+    s2 = owner(log2)
+    s2.reserve("r1", 2, LEASE, now_ms=0)
+    first = s2.unlogged()
+    log2.append(first[0])
+    again2 = replayed(log2)
+    again2.new_txn("n2", 10_000, 50)
+    log_all(again2, log2)
+    assert replayed(log2).reserve("r1", 2, LEASE, now_ms=100) == [0]
