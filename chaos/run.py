@@ -170,7 +170,8 @@ class ChaosRun:
                 env=self.creds.env("chaos-producer"))
         if p.hostile:
             self.sup.add("intruder-0", "intruder", self._role_argv("intruder", "intruder-0", {
-                "topics": [IN_TOPIC, OUT_TOPIC], "rate": p.intruder_rate, "forge": True}),
+                "topics": [IN_TOPIC, OUT_TOPIC], "rate": p.intruder_rate, "forge": True,
+                "pause_s": p.pause_s}),
                 env=self.creds.env(STRANGER))
         for role in ("consumer", "processor", "producer", "intruder"):
             for name in self.sup.names(role):

@@ -75,6 +75,7 @@ class Intruder:
         self.stop = stop
         self.client = client
         self.rate: float = sp.get("rate", 4.0)
+        self.pause_s: float = sp.get("pause_s", 0.0)
         self.topics: list[str] = sp["topics"]
         self.rng = random.Random(args.seed * 7919 + args.incarnation)
         self.truth = TruthLog(args.truth)
@@ -293,7 +294,8 @@ class Intruder:
             self._count("raw", kind, outcome)
             if outcome == "kept_open":
                 self._intrusion("raw", kind, None, f"{ep} kept a {kind} connection open "
-                                f"past its {HANDSHAKE_TIMEOUT_S:g} s handshake timeout")
+                                f"past its {HANDSHAKE_TIMEOUT_S:g} s handshake timeout "
+                                f"(and a {self.pause_s:g} s pause)")
 
     def _raw_once(self, host: str, port: int, kind: str) -> str:
         with socket.create_connection((host, port), timeout=5.0) as s:
@@ -306,11 +308,14 @@ class Intruder:
             elif kind == "long_principal":
                 s.recv(len(MAGIC) + 16)
                 s.sendall(MAGIC + os.urandom(16) + b"\xff" + os.urandom(255))
-            s.settimeout(HANDSHAKE_TIMEOUT_S + 5.0)
+            # A paused worker (the nemesis's SIGSTOP) cannot close anything until it
+            # resumes: allow its pause on top of the handshake timeout.
+            limit = HANDSHAKE_TIMEOUT_S + self.pause_s + 5.0
+            s.settimeout(limit)
             t0 = time.monotonic()
             try:
                 while s.recv(4096):  # the greeting, then a refusal; then it must close
-                    if time.monotonic() - t0 > HANDSHAKE_TIMEOUT_S + 5.0:
+                    if time.monotonic() - t0 > limit:
                         return "kept_open"
             except TimeoutError:
                 return "kept_open"
