@@ -61,6 +61,7 @@ from txnstream.errors import (
     KafkaClientError,
     NotCoordinatorError,
     RequestTimeoutError,
+    WorkerIdentityError,
     message_error,
 )
 from txnstream.fetch import drain
@@ -584,23 +585,28 @@ class TransactionCoordinatorClient:
         def attempt() -> TcReply:
             ep = self.directory.lookup(req.tc_id, ATTEMPT_TIMEOUT_S,
                                        stale[-1] if stale else None, frozenset(unreachable))
-            if ep is None:
-                raise _NoReply()
-            if (ep.epoch_offset, ep.endpoint) in unreachable:
+            if ep is None or (ep.epoch_offset, ep.endpoint) in unreachable:
+                if refused:  # every other record failed too: the refusal stands
+                    raise refused[0]
+                if ep is None:
+                    raise _NoReply()
                 unreachable.clear()  # every record failed once: try them all again
             try:
                 conn = self._connection(ep.endpoint)
             except CoordinatorAuthError as exc:
-                # An impostor behind a forged endpoint record cannot prove itself, or
-                # refuses everyone: go back to the TC's newest other record. With no
-                # other record at another address, raise it (a refusal is then about
-                # this client's credentials).
+                # An impostor behind a forged endpoint record cannot prove itself (never
+                # used again), or refuses everyone (skipped for this request): go back to
+                # the TC's newest other record. A refusal that every other record
+                # confirms, or with no other record at another address, is about this
+                # client's credentials: raised at once.
                 if not self.directory.has_fallback(ep):
                     raise
                 refused.append(exc)
-                self.directory.distrust(ep)
-                _rate_limited.warning(f"impostor {ep.tc_id}", "coordinator %d: not using %r: "
-                                      "%s", ep.tc_id, ep, exc)
+                unreachable.add((ep.epoch_offset, ep.endpoint))
+                if isinstance(exc, WorkerIdentityError):
+                    self.directory.distrust(ep)
+                    _rate_limited.warning(f"impostor {ep.tc_id}", "coordinator %d: not "
+                                          "using %r: %s", ep.tc_id, ep, exc)
                 raise _Unreachable(str(exc)) from exc
             except _Unreachable:
                 # A forged record may name a dead address: the next attempt tries the
