@@ -27,12 +27,14 @@ handshake timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer
@@ -262,21 +264,31 @@ class Intruder:
     def _stranger(self) -> None:
         while not self.stop.wait(self.rng.expovariate(self.rate)):
             r = self.rng.random()
-            if r < 0.1:
-                self._own_txn()
-            elif r < 0.2:
-                self._list("stranger", self.client)
-            else:
-                self._foreign("stranger", self.client)
+            with self._surviving("stranger"):
+                if r < 0.1:
+                    self._own_txn()
+                elif r < 0.2:
+                    self._list("stranger", self.client)
+                else:
+                    self._foreign("stranger", self.client)
 
     def _anonymous(self) -> None:
         while not self.stop.wait(self.rng.expovariate(self.rate / 2)):
             client = self.rng.choice(self.anonymous)
             who = "anonymous" if client.config.tc_secret is None else "wrong_secret"
-            if self.rng.random() < 0.2:
-                self._list(who, client)
-            else:
-                self._foreign(who, client)
+            with self._surviving(who):
+                if self.rng.random() < 0.2:
+                    self._list(who, client)
+                else:
+                    self._foreign(who, client)
+
+    @contextlib.contextmanager
+    def _surviving(self, who: str) -> Iterator[None]:
+        """An intruder thread outlives whatever one attempt raises (a broker down)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - counted; the thread goes on
+            self._count(who, "attempt", type(exc).__name__)
 
     # ------------------------------------------------------------------ raw sockets
 
@@ -289,7 +301,7 @@ class Intruder:
             kind = self.rng.choice(("garbage", "false_proof", "long_principal", "silent"))
             try:
                 outcome = self._raw_once(ep.host, ep.port, kind)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - counted; the thread goes on
                 outcome = type(exc).__name__
             self._count("raw", kind, outcome)
             if outcome == "kept_open":
@@ -334,7 +346,7 @@ class Intruder:
                                         "endpoint"))
                 try:
                     done = self._forge_one(producer, kind, dead)
-                except (BufferError, ValueError) as exc:
+                except Exception as exc:  # noqa: BLE001 - counted; the thread goes on
                     self._count("forger", kind, type(exc).__name__)
                     continue
                 self._count("forger", kind, "written" if done else "nothing_to_copy")

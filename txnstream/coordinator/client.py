@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from tenacity import (
     RetryCallState,
@@ -193,12 +193,25 @@ class EndpointDirectory:
             f"{config.topics.prefix}-endpoints-{uuid.uuid4().hex[:12]}",
             **{"fetch.wait.max.ms": DIRECTORY_FETCH_WAIT_MS}))
         parts = [KafkaTP(topic, p, OFFSET_BEGINNING) for p in range(num_coordinators)]
-        self._ends = {p.partition: self._consumer.get_watermark_offsets(
-            KafkaTP(topic, p.partition), timeout=config.admin_timeout_s)[1] for p in parts}
+        self._ends = {p.partition: self._end_of(topic, p.partition) for p in parts}
         self._consumer.assign(parts)
         self._thread = threading.Thread(target=self._tail, name="txnstream-tc-endpoints",
                                         daemon=True)
         self._thread.start()
+
+    def _end_of(self, topic: str, partition: int) -> int:
+        """The partition's end now; 0 if the cluster does not say (a broker down).
+
+        The tail then reads what it can, and lookups wait for records as they come.
+        """
+        try:
+            return int(self._consumer.get_watermark_offsets(
+                KafkaTP(topic, partition), timeout=self.config.admin_timeout_s)[1])
+        except KafkaException as exc:
+            _rate_limited.warning("endpoint ends", "tc endpoint directory: no end offset "
+                                  "of %s[%d] (%s): not waiting to catch up", topic,
+                                  partition, exc)
+            return 0
 
     @property
     def _known(self) -> dict[int, TcEndpoint]:
