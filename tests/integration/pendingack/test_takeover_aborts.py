@@ -18,9 +18,10 @@ import uuid
 
 import pytest
 
-from tests.integration.pendingack.conftest import make_topic
+from tests.integration.pendingack.conftest import make_topic, wait_until
 from txnstream import Client
 from txnstream.processor import ExactlyOnceProcessor
+from txnstream.types import TxnStatus
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
@@ -104,3 +105,37 @@ def test_takeover_aborts_a_killed_processors_txn_and_keeps_input_order(config, w
     waited = first_input_at - killed_at
     assert waited < TXN_TIMEOUT_S, (f"the replacement's first batch came {waited:.1f}s after "
                                     f"the kill: it waited for the dead txn's timeout")
+
+
+SESSION = {"session.timeout.ms": 6000}
+
+
+def test_taking_one_partition_leaves_the_txn_on_the_other_alone(config, worker, client):
+    topic = make_topic(config, 2)
+    p = client.create_producer(topic)
+    for i in range(10):
+        p.send(f"m{i}".encode(), partition=i % 2)
+    p.flush()
+    sub = f"live-{uuid.uuid4().hex[:6]}"
+    a = client.subscribe(topic, subscription=sub, **SESSION)
+    got = {}
+    deadline = time.monotonic() + 20
+    while len(got) < 2 and time.monotonic() < deadline:
+        m = a.receive(timeout_s=1)
+        if m is not None:
+            got.setdefault(m.partition, m)
+    t = {part: client.new_transaction(timeout_s=60) for part in got}
+    for part, m in got.items():
+        a.acknowledge(m, txn=t[part])
+        t[part].flush()
+    b = client.subscribe(topic, subscription=sub, **SESSION)
+    wait_until(lambda: (a.receive(timeout_s=0.2), b.receive(timeout_s=0.2))
+               and len(b._readers) == 1 and len(a._readers) == 1, 60, "a rebalance 1:1")
+    moved = next(iter(b._readers)).partition
+    kept = next(iter(a._readers)).partition
+    assert client.admin.get_transaction(t[moved].id).status is TxnStatus.ABORTED, (
+        "the txn holding acks on the partition taken over is aborted")
+    t[kept].commit()                 # its member still owns that partition: untouched
+    assert client.admin.get_transaction(t[kept].id).status is TxnStatus.COMMITTED
+    a.close()
+    b.close()
