@@ -148,6 +148,7 @@ class Consumer:
                  max_buffered_bytes: int | None = None,
                  nack_delay_s: float = 1.0,
                  checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
+                 abort_predecessor_txns: bool = False,
                  **kafka: object) -> None:
         if initial_position not in ("earliest", "latest"):
             raise ConfigError(f"initial_position must be 'earliest' or 'latest', "
@@ -161,6 +162,11 @@ class Consumer:
         del max_buffered_bytes  # accepted for compatibility: nothing is held any more
         self._nack_delay = nack_delay_s
         self._checkpoint_interval = checkpoint_interval_s
+        self._abort_predecessors = bool(abort_predecessor_txns)
+        """Abort at a takeover the OPEN txns of earlier owners that hold acks here (the
+        exactly-once processor's txns live and die with its member). Off by default: a
+        consumer's txn belongs to its client, which may still commit it after a
+        rebalance (a pending ack survives an owner change, as in Pulsar)."""
         self._closed = False
         self._lock = threading.RLock()
         self._readers: dict[TopicPartition, _PartitionReader] = {}
@@ -255,6 +261,9 @@ class Consumer:
     def _end_predecessors(self, tp: TopicPartition, handle: PendingAckHandle) -> None:
         """After a claim, end at once the txns of fenced owners that hold acks on ``tp``.
 
+        (Step 1, the abort of an OPEN txn, only with ``abort_predecessor_txns``: the
+        exactly-once processor's setting.)
+
         Every txn pending in ``handle`` now acked under an older generation than this
         claim's OWNER: its member is fenced (it can only abort: its read-back meets this
         OWNER) or dead. Waiting for its timeout would hold those inputs back while later
@@ -280,6 +289,8 @@ class Consumer:
         for txn_id in sorted(handle.pending_txns()):
             try:
                 info = admin.get_transaction(txn_id)
+                if info.status is TxnStatus.OPEN and not self._abort_predecessors:
+                    continue  # its client may still commit it: its acks stay pending
                 if info.status is TxnStatus.OPEN:
                     log.warning("%s: %s is held by %s of a fenced or dead owner; aborting it",
                                 self.member_id, tp, txn_id)

@@ -71,6 +71,9 @@ class ExactlyOnceProcessor:
         """Kept for compatibility (``txnstream process --cumulative``): every batch acks
         with one record per partition, cumulative wherever that acks exactly the
         batch's inputs (``Consumer.acknowledge_batch``)."""
+        # Its txns live and die with its member: a takeover aborts a predecessor's at
+        # once, so inputs come back in order after a crash (Kafka's initTransactions).
+        consumer_options.setdefault("abort_predecessor_txns", True)
         self.consumer = client.subscribe(inputs, subscription=subscription,
                                          **consumer_options)
         self.producer = client.create_producer(output)

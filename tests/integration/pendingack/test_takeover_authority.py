@@ -51,7 +51,7 @@ def _held_input_comes_back_after(clients, who: str) -> float:  # noqa: F811
     dead.acknowledge(m0, txn=txn)
     txn.flush()                      # acked, never committed; `dead` polls no more
     other = clients(who)
-    c = other.subscribe(topic, subscription=sub, **SESSION)
+    c = other.subscribe(topic, subscription=sub, abort_predecessor_txns=True, **SESSION)
     first = c.receive(timeout_s=40)
     assert first is not None
     t0 = time.monotonic()
