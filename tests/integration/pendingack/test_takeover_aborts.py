@@ -117,7 +117,8 @@ def test_taking_one_partition_leaves_the_txn_on_the_other_alone(config, worker, 
         p.send(f"m{i}".encode(), partition=i % 2)
     p.flush()
     sub = f"live-{uuid.uuid4().hex[:6]}"
-    a = client.subscribe(topic, subscription=sub, **SESSION)
+    # the exactly-once processor's setting: a takeover aborts a predecessor's OPEN txn
+    a = client.subscribe(topic, subscription=sub, abort_predecessor_txns=True, **SESSION)
     got = {}
     deadline = time.monotonic() + 20
     while len(got) < 2 and time.monotonic() < deadline:
@@ -128,7 +129,7 @@ def test_taking_one_partition_leaves_the_txn_on_the_other_alone(config, worker, 
     for part, m in got.items():
         a.acknowledge(m, txn=t[part])
         t[part].flush()
-    b = client.subscribe(topic, subscription=sub, **SESSION)
+    b = client.subscribe(topic, subscription=sub, abort_predecessor_txns=True, **SESSION)
     wait_until(lambda: (a.receive(timeout_s=0.2), b.receive(timeout_s=0.2))
                and len(b._readers) == 1 and len(a._readers) == 1, 60, "a rebalance 1:1")
     moved = next(iter(b._readers)).partition
