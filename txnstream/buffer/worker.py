@@ -635,7 +635,7 @@ class BufferWorker:
             s.snapshot_due = False
             s.snapshots_at = s.produced
 
-    # ------------------------------------------------------------ LWM duty
+    # ------------------------------------------------------------ ongoing-txn check
 
     def _check_ongoing(self) -> None:
         """Ask each ongoing txn's coordinator about it; write the marker the answer needs.
