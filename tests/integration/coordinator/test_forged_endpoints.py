@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer as KafkaProducer
 
-from txnstream import Client
+from txnstream import Client, TxnStatus
 from txnstream.config import Config
 from txnstream.coordinator.client import TcEndpoint, TransactionCoordinatorClient
 from txnstream.coordinator.transport import Endpoint, Listener
@@ -56,12 +56,16 @@ def forge_endpoints(cfg: Config, at: Endpoint) -> None:
     assert raw.flush(10) == 0
 
 
-def commit_one_per_coordinator(cfg: Config, client: Client) -> None:
+def commit_one_per_coordinator(cfg: Config, client: Client) -> dict[int, TxnStatus]:
+    """One committed txn on each coordinator: each one's status after its commit."""
     topic = make_topic(cfg, 1)
     producer = client.create_producer(topic)
+    done = {}
     for tc in range(cfg.num_coordinators):
         with client.new_transaction(tc_id=tc) as txn:
             producer.send(b"x", txn=txn, partition=0)
+        done[tc] = txn.status
+    return done
 
 
 def dead_address() -> Endpoint:
@@ -85,15 +89,18 @@ def test_a_forged_endpoint_record_does_not_take_a_coordinator_from_its_clients(
         impostor = Listener("127.0.0.1", 0, lambda data, conn: None, users=users)
         impostors.append(impostor)
         at = impostor.address
+    every_tc_committed = {tc: TxnStatus.COMMITTED for tc in range(cfg.num_coordinators)}
     with Client(config=cfg) as before:  # a client that knew the real owner first
-        commit_one_per_coordinator(cfg, before)
+        assert commit_one_per_coordinator(cfg, before) == every_tc_committed
         forge_endpoints(cfg, at)
         wait_until(lambda: all(e.epoch_offset == FORGED_EPOCH
                                for e in before.tc.directory.known().values()), 30,
                    "the forged records read")
-        commit_one_per_coordinator(cfg, before)
+        assert commit_one_per_coordinator(cfg, before) == every_tc_committed, \
+            "a forged endpoint record took a coordinator from a client that knew its owner"
     with Client(config=cfg) as after:  # a client that reads the forged records first
-        commit_one_per_coordinator(cfg, after)
+        assert commit_one_per_coordinator(cfg, after) == every_tc_committed, \
+            "a forged endpoint record took a coordinator from a new client"
 
 
 def test_the_workers_own_clients_ignore_unsigned_endpoint_records(secured, impostors):
@@ -108,8 +115,13 @@ def test_the_workers_own_clients_ignore_unsigned_endpoint_records(secured, impos
     try:
         # The forged records are the newest: taken, they would win every lookup.
         wait_until(lambda: all((ep := tc.directory.lookup(t, 0)) is not None
-                               and ep.owner_id == w.worker_id and ep.endpoint == w.address
+                               and ep.owner_id == w.worker_id
                                for t in range(cfg.num_coordinators)), 30,
                    f"the live worker's records only (known: {tc.directory.known()})")
+        known = tc.directory.known()
+        assert {t: (e.owner_id, e.endpoint, e.epoch_offset < FORGED_EPOCH)
+                for t, e in known.items()} == {
+            t: (w.worker_id, w.address, True) for t in range(cfg.num_coordinators)}, \
+            f"an unsigned endpoint record was taken: {known}"
     finally:
         tc.close()
