@@ -40,6 +40,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from chaos.cluster import free_port
 from chaos.roles.common import RoleArgs, run_role
 from chaos.truth import TruthLog, encode_value
 from txnstream import Client, TxnID
@@ -86,7 +87,7 @@ class Intruder:
         """Honest txns whose (genuine or not) marker was seen on a partition."""
         self.forge: bool = sp.get("forge", True)
         self.forged = 0
-        self.dead = Endpoint("127.0.0.1", _dead_port())
+        self.dead = Endpoint("127.0.0.1", free_port())  # nothing listens there
         """Where the forger's endpoint records point: nothing listens there."""
         self.workers: set[Endpoint] = set()
         """Every address an endpoint record named (workers past and present)."""
@@ -406,13 +407,6 @@ class Intruder:
         for c in self.anonymous:
             c.close()
         self.truth.close()
-
-
-def _dead_port() -> int:
-    """A local port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(args: RoleArgs) -> int:
