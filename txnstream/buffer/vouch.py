@@ -18,6 +18,8 @@ COMMITTED, not registered here          ABORT        no marker of it will ever c
                                                      records copied or forged here
 not found, never issued (sequence at    ABORT        forged: no coordinator issued it
 or past its next sequence)
+no such coordinator (its TC id is      ABORT        forged: no coordinator can issue it
+outside 0..num_coordinators-1)
 not found, issued                       ABORT        ended and forgotten (kept 5 min
                                                      after its end) with no marker
                                                      here: it never registered here
@@ -54,17 +56,22 @@ class TxnAnswer:
     """What the coordinator said of one txn.
 
     Its status and registered partitions, or not found (``status`` None) with the
-    coordinator's next sequence.
+    coordinator's next sequence; ``no_coordinator``: the TxnID names a coordinator the
+    cluster does not have (nobody to ask, and nobody could have issued it).
     """
 
     status: TxnStatus | None
     partitions: frozenset[TopicPartition] = frozenset()
     next_sequence: int | None = None
+    no_coordinator: bool = False
 
 
 def judge(tp: TopicPartition, txn_id: TxnID, answer: TxnAnswer) -> tuple[Action, str]:
     """The marker to write at ``tp`` for ``txn_id`` ongoing there, and why (for the log)."""
     st = answer.status
+    if answer.no_coordinator:
+        return Action.ABORT, (f"coordinator {txn_id.tc_id} does not exist, so nobody issued "
+                              "it: forged")
     if st is None:
         if answer.next_sequence is not None and txn_id.least_bits >= answer.next_sequence:
             return Action.ABORT, (f"coordinator {txn_id.tc_id} never issued it (its next "

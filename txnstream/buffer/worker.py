@@ -689,6 +689,8 @@ class BufferWorker:
         """The coordinator's answer about ``txn_id``; None if it cannot be had now."""
         assert self._tc is not None
         tc_id = txn_id.tc_id
+        if not 0 <= tc_id < self._tc.num_coordinators:
+            return TxnAnswer(None, no_coordinator=True)
         try:
             reply = self._tc.request(TcOp.GET, tc_id, txn_seq=txn_id.least_bits,
                                      timeout_s=ASK_TIMEOUT_S)

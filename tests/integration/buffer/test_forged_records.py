@@ -169,3 +169,28 @@ def test_a_txn_id_of_a_txn_registered_elsewhere_does_not_block_the_partition(sig
         consumer.close()
     assert b"plain-after" in got, f"partition blocked by a copied txn.id: {got}"
     assert b"copied" not in got
+
+
+@pytest.mark.parametrize("forged", [TxnID(0, 10**12), TxnID(4_000, 7)],
+                         ids=["unissued", "no-such-coordinator"])
+def test_a_forged_txn_id_on_a_topic_no_txn_registered_does_not_block_it(signed, forged):
+    """A topic no txn ever wrote to, where a raw producer writes one record with a forged
+    txn.id (of an unissued txn, or naming a coordinator that does not exist) between plain
+    records: committed-only readers get every plain record, never the forged one."""
+    cfg, client = signed
+    topic = make_topic(cfg, 1)
+    raw = KafkaProducer(cfg.producer())
+    raw.produce(topic, b"plain-before", partition=0)
+    raw.produce(topic, b"forged-txn-record", partition=0,
+                headers=[("txn.id", forged.to_bytes())])
+    raw.produce(topic, b"plain-after", partition=0)
+    raw.flush(10)
+    consumer = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    t0 = time.monotonic()
+    try:
+        got = receive_all(consumer, {b"plain-before", b"plain-after"}, FORGED_TXN_BOUND_S)
+    finally:
+        consumer.close()
+    assert {b"plain-before", b"plain-after"} <= set(got), (
+        f"partition blocked by a forged txn.id for {time.monotonic() - t0:.0f} s: got {got}")
+    assert b"forged-txn-record" not in got

@@ -36,3 +36,8 @@ def test_a_committed_txn_not_registered_here_never_shows_here():
 
 def test_an_aborted_txn_is_aborted_here():
     assert judge(TP, T, TxnAnswer(TxnStatus.ABORTED, frozenset({TP})))[0] is Action.ABORT
+
+
+def test_a_txn_of_a_coordinator_the_cluster_does_not_have_is_forged():
+    action, why = judge(TP, TxnID(4_000, 7), TxnAnswer(None, no_coordinator=True))
+    assert action is Action.ABORT and "does not exist" in why
