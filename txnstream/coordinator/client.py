@@ -171,8 +171,11 @@ class EndpointDirectory:
     * any client drops an endpoint whose worker fails to prove itself in the handshake
       (:meth:`distrust`, on :class:`~txnstream.errors.WorkerIdentityError`) and goes
       back to the newest other record of that TC, so a forged record with a huge epoch
-      costs one refused connection, not the TC. It keeps the newest
-      :data:`CANDIDATES_PER_TC` records per TC for that.
+      costs one refused connection, not the TC. It keeps the
+      :data:`CANDIDATES_PER_TC` records per TC it read last for that (tried highest
+      epoch first). A worker re-publishes the record of each TC it serves every
+      ``endpoint_republish_s``, so a flood of forged records, or compaction keeping
+      only a forged one, hides it from new clients for at most that long.
     """
 
     def __init__(self, config: Config, num_coordinators: int,
@@ -183,7 +186,9 @@ class EndpointDirectory:
         """Called (on the tail thread) with each TC's new owner."""
         self._signer = signer
         self._candidates: dict[int, list[TcEndpoint]] = {}
-        """Per TC, the newest records (highest EPOCH offset first), distrusted ones out."""
+        """Per TC, the records last read (highest EPOCH offset first), distrusted ones out."""
+        self._arrivals: dict[int, list[TcEndpoint]] = {}
+        """Per TC, the same records in the order they were read (the first is evicted)."""
         self._distrusted: set[tuple[int, int, Endpoint]] = set()
         self._changed = threading.Condition()
         self._closed = threading.Event()
@@ -234,8 +239,13 @@ class EndpointDirectory:
             have = eps[0] if eps else None
             if (ep.tc_id, ep.epoch_offset, ep.endpoint) in self._distrusted:
                 return
-            eps[:] = sorted([e for e in eps if e.epoch_offset != ep.epoch_offset] + [ep],
-                            key=lambda e: -e.epoch_offset)[:CANDIDATES_PER_TC]
+            # Evict by arrival, not by epoch: a flood of forged records with huge epochs
+            # cannot push out a worker's record that it re-publishes after them.
+            arrived = [e for e in self._arrivals.setdefault(ep.tc_id, [])
+                       if e.epoch_offset != ep.epoch_offset and e in eps] + [ep]
+            del arrived[:-CANDIDATES_PER_TC]
+            self._arrivals[ep.tc_id] = arrived
+            eps[:] = sorted(arrived, key=lambda e: -e.epoch_offset)
             newer = have is None or ep.epoch_offset > have.epoch_offset
             if eps[0] is ep:
                 self._changed.notify_all()

@@ -163,6 +163,10 @@ class WorkerSettings:
     buffer_topics: tuple[str, ...] | None = None
     """Serve only these data topics (names, or regexes starting with ``^``); None: all."""
     buffer_snapshot_interval_s: float = 10.0
+    endpoint_republish_s: float = 30.0
+    """Each served TC's endpoint record is written again this often: ``_tc_endpoints``
+    is compacted by TC and clients keep the records they read last, so a forged record
+    written after the genuine one hides it for at most this long (DESIGN.md section 10)."""
     listen: str = "127.0.0.1:0"
     """Address of the direct line to clients (port 0: any free port); every TC it serves
     is reached there."""
@@ -214,6 +218,7 @@ class CoordinatorWorker:
             where=f"worker {self.worker_id} log consumer")
         self._unpublished: set[int] = set()
         """TC ids whose endpoint record is not written yet (retried every turn)."""
+        self._republish_at_ms = int(time.time() * 1000) + int(s.endpoint_republish_s * 1000)
         self._ownership = TcOwnership(
             self._txn_log, t.log, self.worker_id, readback_timeout_s=s.readback_timeout_s,
             checkpoint_interval_s=s.checkpoint_interval_s, on_serving=self._serving_started,
@@ -459,6 +464,10 @@ class CoordinatorWorker:
         # Block on requests (returns as soon as one arrives) unless finalization work waits.
         idle = not any(tc.store.ending() for tc in self.tcs.values()
                        if tc.phase is TcPhase.SERVING)
+        if now_ms >= self._republish_at_ms:
+            self._republish_at_ms = now_ms + int(self.settings.endpoint_republish_s * 1000)
+            self._unpublished.update(tc.tc_id for tc in self.tcs.values()
+                                     if self._ownership.serving(tc))
         if self._unpublished:
             self._publish_endpoints()
         for data, conn in self._take_requests(self.settings.idle_poll_s if idle else 0):

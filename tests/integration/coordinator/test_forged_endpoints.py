@@ -15,7 +15,11 @@ from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import Client, TxnStatus
 from txnstream.config import Config
-from txnstream.coordinator.client import TcEndpoint, TransactionCoordinatorClient
+from txnstream.coordinator.client import (
+    CANDIDATES_PER_TC,
+    TcEndpoint,
+    TransactionCoordinatorClient,
+)
 from txnstream.coordinator.transport import Endpoint, Listener
 from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
 from txnstream.markers import MarkerSigner
@@ -125,3 +129,40 @@ def test_the_workers_own_clients_ignore_unsigned_endpoint_records(secured, impos
             f"an unsigned endpoint record was taken: {known}"
     finally:
         tc.close()
+
+
+REPUBLISH_S = 2.0
+
+
+def test_a_flood_of_forged_endpoint_records_hides_a_coordinator_only_until_it_republishes(
+        own_config):
+    """Enough forged records with rising epochs, written after the genuine one, to fill a
+    new client's candidates (as compaction keeping only a forged record would): the new
+    client reaches every coordinator once its worker writes its record again.
+
+    Old: the client kept the records with the highest epochs, all forged at a dead
+    address, and the worker never wrote its record again: every commit timed out."""
+    cfg = own_config.with_(tc_secret=SECRET, request_timeout_s=20.0)
+    w = CoordinatorWorker(cfg, settings=WorkerSettings(
+        session_timeout_ms=FAST_FAILOVER_MS, endpoint_republish_s=REPUBLISH_S,
+        buffer_role=False))
+    w.start()
+    try:
+        wait_until(lambda: len(w.serving()) == cfg.num_coordinators, 60, "worker serving")
+        at = dead_address()
+        raw = KafkaProducer(cfg.producer())
+        for i in range(CANDIDATES_PER_TC + 2):
+            for tc in range(cfg.num_coordinators):
+                rec = TcEndpoint(tc, "impostor", at, FORGED_EPOCH + i)
+                raw.produce(cfg.topics.endpoints, rec.encode(), key=str(tc).encode(),
+                            partition=tc)
+        assert raw.flush(10) == 0
+        with Client(config=cfg) as after:
+            done = {}
+            for tc in range(cfg.num_coordinators):
+                txn = after.new_transaction(tc_id=tc)
+                txn.commit()
+                done[tc] = txn.status
+        assert done == {tc: TxnStatus.COMMITTED for tc in range(cfg.num_coordinators)}
+    finally:
+        w.stop()
