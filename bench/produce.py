@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 from bench.common import goal_row, make_topic, ratio, workers
 from txnstream import Client, Config
-from txnstream.producer import Producer, murmur2_partition
+from txnstream.kafka.partitioning import murmur2_partition
+from txnstream.producer import Producer
 
 VALUE = b"v" * 1024
 PER_TXN = 1000

@@ -47,7 +47,7 @@ from txnstream.errors import (
     classify_kafka_error,
     message_error,
 )
-from txnstream.fetch import KafkaRecord, drain
+from txnstream.kafka.fetch import KafkaRecord, drain
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
 from txnstream.pendingack.handle import PendingAckHandle, PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind

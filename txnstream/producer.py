@@ -28,6 +28,7 @@ from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import validate
 from txnstream.errors import ConfigError, TxnStreamError
+from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.markers import RESERVED_HEADERS, TXN_ID_HEADER
 from txnstream.types import TopicPartition, TxnID
 
@@ -53,39 +54,6 @@ the caller; as long as a commit would wait for the same sends."""
 POLL_EVERY = 256
 """Serve delivery callbacks every this many transactional sends: poll() per send cost
 more than the produce itself, and commit() serves the rest while it waits."""
-
-
-def _murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (``Utils.murmur2``), so keys land where Java clients put them."""
-    length = len(data)
-    seed = 0x9747B28C
-    m = 0x5BD1E995
-    h = (seed ^ length) & 0xFFFFFFFF
-    for i in range(0, length - length % 4, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> 24
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    rest = length % 4
-    tail = length - rest
-    if rest == 3:
-        h ^= data[tail + 2] << 16
-    if rest >= 2:
-        h ^= data[tail + 1] << 8
-    if rest >= 1:
-        h ^= data[tail]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
-def murmur2_partition(key: bytes, num_partitions: int) -> int:
-    """Kafka's default partition for a keyed record."""
-    return (_murmur2(key) & 0x7FFFFFFF) % num_partitions
 
 
 @dataclass(slots=True)

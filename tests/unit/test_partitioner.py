@@ -6,7 +6,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from txnstream.producer import _murmur2, murmur2_partition
+from txnstream.kafka.partitioning import murmur2 as _murmur2
+from txnstream.kafka.partitioning import murmur2_partition
 from txnstream_spark.partitioner import murmur2_hashes, partitions_for
 
 # Kafka's UtilsTest.testMurmur2 (signed Java ints)

@@ -43,8 +43,8 @@ from txnstream.errors import (
     classify_kafka_error,
     message_error,
 )
-from txnstream.fetch import read_to
-from txnstream.producer import murmur2_partition
+from txnstream.kafka.fetch import read_to
+from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.types import TopicPartition
 
 __all__ = ["TransactionBufferSnapshotStore", "LatestSnapshotFinder", "SlotScan", "segment_key",

@@ -37,7 +37,7 @@ from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferVi
 from txnstream.buffer.snapshot_store import LatestSnapshotFinder, TransactionBufferSnapshotStore
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
-from txnstream.fetch import drain
+from txnstream.kafka.fetch import drain
 from txnstream.types import TopicPartition
 
 __all__ = ["BufferStateFollower", "ServeStatus"]

@@ -78,15 +78,15 @@ from txnstream.errors import (
     TxnStreamError,
     message_error,
 )
-from txnstream.fetch import KafkaRecord, consume, delivered_offset, drain
-from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
-from txnstream.partitions import (
+from txnstream.kafka.fetch import KafkaRecord, consume, delivered_offset, drain
+from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
     NO_AUTO_CREATE,
     PartitionCatalog,
     metadata_lookup,
     says_gone,
 )
+from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
@@ -476,7 +476,7 @@ class BufferWorker:
     def _write_marker(self, tp: TopicPartition, marker: TxnMarker) -> None:
         """Produce ``marker`` at ``tp`` (signed with the workers' key, if any).
 
-        Never creates the topic (:data:`~txnstream.partitions.NO_AUTO_CREATE`); a marker
+        Never creates the topic (:data:`~txnstream.kafka.topics.NO_AUTO_CREATE`); a marker
         that fails is reported by :meth:`_marker_failed`.
         """
         value = marker.encode()

@@ -64,7 +64,7 @@ from txnstream.errors import (
     WorkerIdentityError,
     message_error,
 )
-from txnstream.fetch import drain
+from txnstream.kafka.fetch import drain
 from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TxnID

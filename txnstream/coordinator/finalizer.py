@@ -13,7 +13,7 @@ steps, each turn for every such txn at once (Pulsar's
    with a backoff per txn that doubles up to ``backoff_max_s``, and only the writes
    still missing are retried (:class:`_Marking`); the txn stays decided meanwhile.
    **A partition that no longer exists** (a produce error says so and a metadata
-   lookup confirms it, :class:`~txnstream.partitions.PartitionCatalog`) has its marker
+   lookup confirms it, :class:`~txnstream.kafka.topics.PartitionCatalog`) has its marker
    dropped, as Kafka drops markers for a deleted topic, so the txn still ends. A
    partition that exists but refuses the marker holds the txn (and the TC's LWM) until
    it takes it or an admin force-ends the txn (the handler's END with reason
@@ -46,8 +46,8 @@ from txnstream.coordinator.ownership import TcIncarnation, TcOwnership
 from txnstream.coordinator.protocol import ENDED_NOTICE, TcReply, TcRequest
 from txnstream.coordinator.txn_log import KafkaClients
 from txnstream.errors import TxnStreamError
+from txnstream.kafka.topics import PartitionCatalog, says_gone
 from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
-from txnstream.partitions import PartitionCatalog, says_gone
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnStatus
 
@@ -62,7 +62,7 @@ SUSPECT_AFTER_S = 1.0
 """A marker unreported this long into a turn has its partition looked up: if the cluster
 says it is gone the marker is dropped and the turn stops waiting on it. Healthy markers
 are reported in milliseconds; librdkafka fails one for a deleted topic after about
-``topic.metadata.propagation.max.ms`` (see :data:`txnstream.partitions.NO_AUTO_CREATE`)."""
+``topic.metadata.propagation.max.ms`` (see :data:`txnstream.kafka.topics.NO_AUTO_CREATE`)."""
 
 Target = TopicPartition | SubscriptionRef
 """What a decided txn writes to: a partition's marker or a subscription's mark."""

@@ -56,7 +56,7 @@ from txnstream.errors import (
     TooManyRequestsError,
     TxnStreamError,
 )
-from txnstream.partitions import PartitionCatalog
+from txnstream.kafka.topics import PartitionCatalog
 from txnstream.types import ANONYMOUS, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["FORCE_END", "MAX_RESERVE", "LIST_PAGE", "Caller", "TcRequestHandler"]
@@ -219,7 +219,7 @@ class TcRequestHandler:
         """Refuse partitions that do not exist (their marker could never be written).
 
         The cache answers for partitions it knows, with no call to the cluster; a miss is
-        looked up, rate-limited (:class:`~txnstream.partitions.PartitionCatalog`). A
+        looked up, rate-limited (:class:`~txnstream.kafka.topics.PartitionCatalog`). A
         refusal is an ``InvalidRequestError`` naming them: the request is not applied and
         nothing restarts.
         """

@@ -43,8 +43,8 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.errors import is_retriable_kafka_error, message_error
-from txnstream.fetch import KafkaRecord, drain
-from txnstream.partitions import NO_AUTO_CREATE
+from txnstream.kafka.fetch import KafkaRecord, drain
+from txnstream.kafka.topics import NO_AUTO_CREATE
 
 __all__ = [
     "AppendResult",

@@ -105,8 +105,8 @@ from txnstream.errors import (
     NotCoordinatorError,
     TooManyRequestsError,
 )
+from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.markers import TXN_MAC_HEADER, MarkerSigner
-from txnstream.partitions import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.types import TopicPartition
 
 __all__ = ["CoordinatorWorker", "WorkerSettings"]

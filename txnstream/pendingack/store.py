@@ -34,7 +34,8 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
-from txnstream.fetch import KafkaRecord, consume, delivered_at, delivered_offset, read_to
+from txnstream.kafka.fetch import KafkaRecord, consume, delivered_at, delivered_offset, read_to
+from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
     CHECKPOINT_HEADER,
@@ -44,7 +45,6 @@ from txnstream.pendingack.records import (
     is_checkpoint,
     key_of,
 )
-from txnstream.producer import murmur2_partition
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["PendingAckStore"]

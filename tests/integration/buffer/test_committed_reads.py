@@ -176,7 +176,7 @@ def test_send_with_ended_transaction_writes_nothing(config, worker, client):
 
 def test_send_batch_commits_and_aborts_as_one_and_puts_keys_where_send_does(
         config, worker, client):
-    from txnstream.producer import murmur2_partition
+    from txnstream.kafka.partitioning import murmur2_partition
 
     topic = make_topic(config, 3)
     producer = client.create_producer(topic)

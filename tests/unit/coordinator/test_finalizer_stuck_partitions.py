@@ -20,7 +20,7 @@ from txnstream.coordinator.metadata_store import TransactionMetadataStore
 from txnstream.coordinator.ownership import TcIncarnation, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.errors import TooManyRequestsError
-from txnstream.partitions import PartitionCatalog
+from txnstream.kafka.topics import PartitionCatalog
 from txnstream.types import TopicPartition, TxnStatus
 
 CONFIG = Config(bootstrap_servers="127.0.0.1:1", topics=TopicNames("__unit"))

@@ -1,0 +1,105 @@
+"""Fetching from a confluent-kafka ``Consumer`` without sitting on what has arrived."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Protocol, cast
+
+from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import TopicPartition as KafkaTP
+
+__all__ = ["KafkaRecord", "consume", "delivered_at", "delivered_offset", "drain", "read_to"]
+
+
+class KafkaRecord(Protocol):
+    """A consumed message as txnstream reads it: confluent-kafka's ``Message``.
+
+    confluent-kafka types a message's topic, partition and offset as optional because an
+    error event carries none. Every message whose ``error()`` is None has them, and every
+    consume loop here skips error events first (``message_error``); so the fetch helpers
+    hand out messages typed as this, and the loops need no per-record checks.
+    """
+
+    def error(self) -> KafkaError | None:
+        """None for a record; an error event otherwise."""
+    def topic(self) -> str:
+        """The record's topic."""
+    def partition(self) -> int:
+        """Its partition."""
+    def offset(self) -> int:
+        """Its offset."""
+    def key(self) -> bytes | None:
+        """Its key."""
+    def value(self) -> bytes | None:
+        """Its value (None: a tombstone)."""
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        """Its headers, in order."""
+    def timestamp(self) -> tuple[int, int]:
+        """(timestamp type, milliseconds)."""
+
+
+def delivered_offset(msg: Message) -> int:
+    """The offset of a message its delivery report says was written (always set then)."""
+    off = msg.offset()
+    assert off is not None, "a delivered message has an offset"
+    return off
+
+
+def delivered_at(msg: Message) -> tuple[int, int]:
+    """(partition, offset) of a message its delivery report says was written.
+
+    Both are always set then; confluent-kafka types them optional for error events.
+    """
+    part, off = msg.partition(), msg.offset()
+    assert part is not None and off is not None, "a delivered message has a position"
+    return part, off
+
+
+def consume(consumer: Consumer, max_messages: int, timeout: float) -> list[KafkaRecord]:
+    """``consumer.consume(max_messages, timeout)``, typed as :class:`KafkaRecord`."""
+    return cast(list[KafkaRecord], consumer.consume(max_messages, timeout))
+
+IDLE_POLL_S = 0.05
+"""How long :func:`read_to` waits for a record before it asks where the consumer is."""
+
+
+def drain(consumer: Consumer, max_messages: int, timeout: float) -> list[KafkaRecord]:
+    """Wait up to ``timeout`` for the first message, then take what is already there.
+
+    ``Consumer.consume(n, timeout)`` waits the whole timeout unless ``n`` messages come:
+    a reader must not sit on a record (or a coordinator on a request) that has arrived.
+    """
+    first = cast("KafkaRecord | None", consumer.poll(timeout))
+    if first is None:
+        return []
+    if max_messages <= 1:
+        return [first]
+    return [first, *consume(consumer, max_messages - 1, 0)]
+
+
+def read_to(consumer: Consumer, topic: str, partition: int, end: int, timeout_s: float,
+            max_messages: int = 500) -> Iterator[list[KafkaRecord]]:
+    """Batches of the one assigned partition until the consumer's position reaches ``end``.
+
+    Offsets are not dense (compaction removes records; a Kafka transaction's commit leaves
+    a control record no consumer is given), so the end is where the consumer's position
+    is, never a count of records. Raises ``TimeoutError`` when ``timeout_s`` passes with
+    no progress; records at or past ``end`` may be in the last batch.
+    """
+    ktp = KafkaTP(topic, partition)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        msgs = drain(consumer, max_messages, IDLE_POLL_S)
+        if msgs:
+            deadline = time.monotonic() + timeout_s
+            yield msgs
+            if msgs[-1].offset() >= end - 1:
+                return
+            continue
+        [at] = consumer.position([ktp])
+        if at.offset >= end:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic}[{partition}]: no record between {at.offset} and "
+                               f"{end} within {timeout_s:g} s")
