@@ -82,7 +82,7 @@ def _artifact(jar: str) -> str:
 def _session(jars: list[str]):
     from pyspark.sql import SparkSession
 
-    from txnstream_spark.txnstream_source import TxnStreamDataSource
+    from txnstream_spark.datasource import TxnStreamDataSource
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from txnstream_spark.txnstream_source import TxnStreamDataSource
+    from .datasource import TxnStreamDataSource
 
     builder = SparkSession.builder.appName("txnstream-example")
     if args.master or not submitted:  # else spark-submit's --master and --conf hold

@@ -26,7 +26,10 @@ from txnstream.validate import (
     whole_number_text,
 )
 
-__all__ = ["SourceOptions", "SinkOptions", "parse_offsets", "TC_OPTIONS"]
+__all__ = ["Offsets", "SourceOptions", "SinkOptions", "parse_offsets", "TC_OPTIONS"]
+
+Offsets = dict[str, dict[str, int]]
+"""Offsets as JSON holds them: ``{"topic": {"0": 12}}`` (a partition as text)."""
 
 BOOTSTRAP = "kafka.bootstrap.servers"
 TXN_TIMEOUT = "txnstream.txnTimeoutSeconds"
@@ -91,7 +94,7 @@ def _line(options: Mapping[str, str]) -> dict[str, Any]:
     return fields
 
 
-def parse_offsets(name: str, text: str | None) -> str | dict[str, dict[str, int]]:
+def parse_offsets(name: str, text: str | None) -> str | Offsets:
     """``earliest`` | ``latest`` | JSON ``{"topic": {"0": 12}}``; errors name the option.
 
     In the JSON, a partition is a whole number ``0 .. 2**31 - 1`` (written canonically in
@@ -107,7 +110,7 @@ def parse_offsets(name: str, text: str | None) -> str | dict[str, dict[str, int]
         raise ConfigError(f"{what}; got {text!r:.80} ({exc})") from None
     if not isinstance(value, dict):
         raise ConfigError(f"{what}; got {text!r:.80} (not an object)")
-    out: dict[str, dict[str, int]] = {}
+    out: Offsets = {}
     for topic, parts in value.items():
         if not isinstance(parts, dict):
             raise ConfigError(f"{what}; topic {topic!r} has {parts!r:.40}, not an object of "
@@ -129,8 +132,10 @@ class SourceOptions:
 
     config: Config
     topics: tuple[str, ...]
-    starting: Any
-    ending: Any
+    starting: str | Offsets
+    """``earliest``, ``latest`` or offsets."""
+    ending: str | Offsets
+    """``latest`` or offsets."""
     max_records_per_trigger: int | None
     value_schema: str | None = None
     """The ``valueSchema`` option as given (see :mod:`txnstream_spark.avro`); None: raw bytes."""
@@ -148,7 +153,7 @@ class SourceOptions:
             mrt, "option 'maxRecordsPerTrigger'", minimum=1, maximum=MAX_LONG)
         value_schema = options.get("valueschema")
         if value_schema is not None:
-            from txnstream_spark.avro import load_value_schema
+            from .avro import load_value_schema
 
             load_value_schema(value_schema)  # fail here, naming the option
         return cls(config, topics, parse_offsets("startingOffsets", options.get("startingoffsets")),

@@ -23,7 +23,7 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 def spark() -> Iterator[object]:
     from pyspark.sql import SparkSession
 
-    from txnstream_spark.txnstream_source import TxnStreamDataSource
+    from txnstream_spark.datasource import TxnStreamDataSource
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")

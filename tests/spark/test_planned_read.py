@@ -11,7 +11,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-import txnstream_spark.txnstream_source as src
+import txnstream_spark.source as src
 from tests.spark.conftest import make_topic
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, MarkerKind, TxnMarker

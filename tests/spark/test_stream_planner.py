@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-import txnstream_spark.txnstream_source as src
+import txnstream_spark.source as src
 from tests.spark.conftest import make_topic, wait_until
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.markers import TXN_ID_HEADER, MarkerKind, TxnMarker

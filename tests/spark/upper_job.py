@@ -16,7 +16,7 @@ os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from txnstream_spark.txnstream_source import TxnStreamDataSource  # noqa: E402
+from txnstream_spark.datasource import TxnStreamDataSource  # noqa: E402
 
 boot, prefix, src, dst, ckpt = sys.argv[1:6]
 spark = (SparkSession.builder.master("local[2]").appName("upper-job")

@@ -305,7 +305,8 @@ def test_buffer_worker_logs_consumed_errors(fake_consumer, monkeypatch, caplog):
 
 def test_spark_rows_log_a_consumed_error_and_raise_on_a_fatal_one(caplog):
     pytest.importorskip("pyspark")
-    from txnstream_spark.txnstream_source import TxnStreamPartition, _Rows
+    from txnstream_spark.planner import TxnStreamPartition
+    from txnstream_spark.source import _Rows
 
     p = TxnStreamPartition(CONFIG, TP.topic, TP.partition, 0, 3, [])
     rows = _Rows(p, None)

@@ -557,7 +557,7 @@ def test_tc_secret_never_shows_in_a_repr_or_an_error(tmp_path):
 
 def test_sink_clients_are_cached_per_secret_too():
     pytest.importorskip("pyspark")
-    from txnstream_spark import txnstream_source as src
+    from txnstream_spark import sink as src
 
     a, b = sink(**{"tc.secret": "one"}).config, sink(**{"tc.secret": "two"}).config
     assert repr(a) == repr(b)  # repr hides the secret: not a cache key

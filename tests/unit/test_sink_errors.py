@@ -15,7 +15,7 @@ from txnstream.errors import (  # noqa: E402
     TransactionTimeoutError,
 )
 from txnstream.types import TxnID  # noqa: E402
-from txnstream_spark import txnstream_source as src  # noqa: E402
+from txnstream_spark import sink as src  # noqa: E402
 from txnstream_spark.options import SinkOptions  # noqa: E402
 
 OPTS = SinkOptions.parse({"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "out",

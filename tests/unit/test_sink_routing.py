@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from txnstream.errors import ConfigError
-from txnstream_spark.txnstream_source import _by_topic
+from txnstream_spark.sink import _by_topic
 
 
 def routed(rb, default, done=0):

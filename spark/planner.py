@@ -1,0 +1,263 @@
+"""Driver side of the ``txnstream`` source: what each read covers and what it must skip.
+
+The driver follows the transaction buffer state that the buffer owners (``txnstream
+worker``) serve and never folds: a partition's committed end is its served
+``max_read_position + 1`` (a partition no txn ever registered: its high watermark), so
+every transactional record in a range has already ended. Each input partition carries
+what its range must skip (hidden offsets, aborted txns' spans): executors compare
+positions, without reading ahead. Offsets are JSON dicts ``{topic: {"partition": next}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from array import array
+from collections.abc import Iterable, Sequence
+from itertools import accumulate
+
+from pyspark.sql.datasource import InputPartition
+
+from txnstream.config import Config
+from txnstream.errors import ConfigError
+from txnstream.types import TopicPartition
+
+from .options import Offsets, SourceOptions
+
+__all__ = ["CATCH_UP_S", "COVER_WAIT_S", "FRESH_WAIT_S", "Planner", "TxnStreamPartition"]
+
+log = logging.getLogger(__name__)
+
+FRESH_WAIT_S = 10.0
+"""How long a plan that must hold everything committed before it (a batch read, the
+target of ``Trigger.AvailableNow``, ``startingOffsets=latest``) waits for the buffer
+owners to serve each partition up to its end as read when planning began."""
+CATCH_UP_S = 0.5
+"""Bound on one ``catch_up`` of the served state, so planning a micro-batch stays short
+when the state is far behind (a view starting from an old snapshot): an end found short
+is safe, a later micro-batch (or the fresh and cover waits, which poll on) goes on."""
+COVER_WAIT_S = 30.0
+"""How long a micro-batch's plan waits for the served state to cover its range (a
+restarted driver plans ranges its predecessor found committed: the state it follows
+may still be behind, e.g. reloading from a snapshot)."""
+
+
+class TxnStreamPartition(InputPartition):
+    """One topic partition's range ``[start, end)`` and what in it not to deliver.
+
+    Planned on the driver from the served buffer state (``BufferView.skip_in``), so a
+    task only compares positions: ``hidden`` offsets (markers, stragglers, undecodable
+    records; packed, see :func:`_pack_offsets`) and ``aborted`` spans, raw ``txn.id``
+    header -> ``(first, last)`` offset of an aborted txn: its records in the span are
+    not delivered (Kafka's aborted-transaction index).
+    """
+
+    def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
+                 hidden: Sequence[int] = (), aborted: Iterable[tuple[bytes, int, int]] = (),
+                 value_schema: str | None = None, plain: bool = False) -> None:
+        super().__init__((topic, partition, start, end))
+        self.plain = plain
+        """No txn ever registered the partition (planned without served state)."""
+        self.config = config
+        self.value_schema = value_schema
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.hidden = _pack_offsets(hidden)
+        self.aborted = {raw: (first, last) for raw, first, last in aborted}
+
+
+def _pack_offsets(offsets: Sequence[int]) -> tuple[int, str, bytes]:
+    """Sorted offsets as ``(first, typecode, gaps)``, compact to ship to a task.
+
+    The gaps go in the narrowest array type that holds them: a marker after each
+    one-record txn costs one byte.
+    """
+    if not offsets:
+        return -1, "B", b""
+    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    top = max(gaps, default=0)
+    code = next(c for c in "BHIQ" if top < 1 << (8 * array(c).itemsize))
+    return offsets[0], code, array(code, gaps).tobytes()
+
+
+def _unpack_offsets(packed: tuple[int, str, bytes]) -> set[int]:
+    """The offsets :func:`_pack_offsets` packed, as a set."""
+    first, code, data = packed
+    if first < 0:
+        return set()
+    gaps = array(code)
+    gaps.frombytes(data)
+    return set(accumulate(gaps, initial=first))
+
+
+class Planner:
+    """Driver side: partitions, their committed ends, and each range's skip info.
+
+    Reads the served buffer state (:class:`BufferStateFollower`); never folds. Per
+    partition, the committed end is:
+
+    * SERVED: the view's ``max_read_position + 1``;
+    * PLAIN (no txn ever registered it): its high watermark, read *before* checking
+      again that it is still not registered (a registration precedes every txn record,
+      so nothing transactional lies below that end);
+    * WAITING (registered, no buffer owner serves it yet): it does not move, and nothing
+      of it is delivered meanwhile (never unfiltered data).
+
+    The ends never move back (a view reloaded from an older snapshot is waited for).
+    """
+
+    def __init__(self, opts: SourceOptions) -> None:
+        from txnstream.buffer.state_store import BufferStateFollower
+
+        self.opts = opts
+        self.follower = BufferStateFollower(opts.config, name="spark")
+        self.tps: list[TopicPartition] = []
+        try:
+            for t in opts.topics:
+                tps = self.follower.partitions_of(t)
+                if tps is None:
+                    raise ConfigError(f"option 'subscribe': topic {t!r} does not exist on "
+                                      f"{opts.config.bootstrap_servers}")
+                self.tps += tps
+        except BaseException:
+            self.follower.close()
+            raise
+        self.committed: dict[TopicPartition, int] = {}
+        """Each partition's committed end as last found: never moves back."""
+        self._plain_end: dict[TopicPartition, int] = {}
+        """The furthest end up to which a partition was found PLAIN: nothing below is
+        transactional (a partition registered later keeps it)."""
+        self._warned: set[TopicPartition] = set()
+
+    def close(self) -> None:
+        self.follower.close()
+
+    def _covered_end(self, tp: TopicPartition) -> int:
+        """Up to where the state at hand says what to skip: the plain prefix, or the view."""
+        end = self._plain_end.get(tp, 0)
+        view = self.follower.views.get(tp)
+        if view is not None:
+            end = max(end, view.max_read_position + 1)
+        return end
+
+    def refresh(self, fresh_s: float = 0.0) -> dict[TopicPartition, int]:
+        """Bring the committed ends up to date (``catch_up`` of the served state).
+
+        ``fresh_s > 0``: the ends hold everything committed before this call: wait up to
+        that long for each partition's owner to have served it up to the end read now.
+        """
+        from txnstream.buffer.state_store import ServeStatus
+
+        f = self.follower
+        marks = {tp: f.watermarks(tp) for tp in self.tps}  # first: see PLAIN
+        for tp in self.tps:
+            st = f.status.get(tp)
+            if st is None or (st is ServeStatus.PLAIN
+                              and marks[tp][1] > self._plain_end.get(tp, 0)):
+                if f.recheck(tp) is ServeStatus.PLAIN:
+                    self._plain_end[tp] = max(self._plain_end.get(tp, 0), marks[tp][1])
+        txnl = [tp for tp in self.tps if f.status.get(tp) is not ServeStatus.PLAIN]
+        if txnl:
+            f.catch_up(txnl, timeout_s=CATCH_UP_S)
+        def behind() -> list[TopicPartition]:
+            return [tp for tp in txnl
+                    if (v := f.views.get(tp)) is not None and v.position < marks[tp][1] - 1]
+
+        deadline = time.monotonic() + fresh_s
+        while fresh_s > 0 and time.monotonic() < deadline and (
+                behind() or any(f.status.get(tp) is ServeStatus.WAITING for tp in txnl)):
+            f.poll(0.1)
+        if fresh_s > 0 and (late := behind()):
+            log.warning("the buffer owners of %s have not served them up to their ends yet "
+                        "after %.0f s: the plan ends where they are (records committed just "
+                        "before it may be left to a later read)", late, fresh_s)
+        for tp in self.tps:
+            low = marks[tp][0]
+            if f.status.get(tp) is ServeStatus.WAITING:
+                if tp not in self._warned:
+                    self._warned.add(tp)
+                    log.warning("%s is transactional but no buffer owner serves it (is a "
+                                "`txnstream worker` with the buffer role running?): nothing "
+                                "of it past offset %d is read until one does", tp,
+                                max(self.committed.get(tp, low), self._covered_end(tp)))
+            else:
+                self._warned.discard(tp)
+            self.committed[tp] = max(self.committed.get(tp, low), self._covered_end(tp))
+        return dict(self.committed)
+
+    @staticmethod
+    def _json(ends: dict[TopicPartition, int]) -> Offsets:
+        out: Offsets = {}
+        for tp, e in ends.items():
+            out.setdefault(tp.topic, {})[str(tp.partition)] = e
+        return out
+
+    def ends(self, fresh_s: float = 0.0) -> Offsets:
+        """The committed ends now (JSON offsets); see :meth:`refresh`."""
+        return self._json(self.refresh(fresh_s))
+
+    def starts(self, spec: str | Offsets) -> Offsets:
+        if spec == "latest":
+            return self.ends(FRESH_WAIT_S)
+        out = self._json({tp: self.follower.watermarks(tp)[0] for tp in self.tps})
+        if isinstance(spec, dict):
+            for t, parts in spec.items():
+                if t not in out:
+                    raise ConfigError(f"option 'startingOffsets' names topic {t!r}, which is "
+                                      f"not subscribed ({', '.join(self.opts.topics)})")
+                out[t].update(parts)
+        return out
+
+    def trim(self, below: Offsets) -> None:
+        """Forget served state below ``below`` (JSON offsets): no batch starts there again."""
+        for tp in self.tps:
+            view = self.follower.views.get(tp)
+            at = below.get(tp.topic, {}).get(str(tp.partition))
+            if view is not None and at is not None:
+                view.trim(int(at))
+
+    def partitions(self, start: Offsets, end: Offsets, clamp: bool
+                   ) -> list[TxnStreamPartition]:
+        """The input partitions of ``[start, end)``, each with its skip info.
+
+        ``clamp``: a range past the committed end is cut there (``endingOffsets``, or an
+        offset from elsewhere, would hold records of txns that have not ended). Else
+        (a micro-batch, whose end was found committed) the state is waited for until
+        it covers the range; ``RuntimeError`` if it does not in ``COVER_WAIT_S``.
+        """
+        ranges: dict[TopicPartition, tuple[int, int]] = {}
+        for tp in self.tps:
+            s = int(start.get(tp.topic, {}).get(str(tp.partition), 0))
+            ranges[tp] = s, int(end.get(tp.topic, {}).get(str(tp.partition), s))
+
+        def short() -> list[TopicPartition]:
+            return [tp for tp, (s, e) in ranges.items() if e > max(s, self._covered_end(tp))]
+
+        if short():
+            self.refresh()
+            deadline = time.monotonic() + (0 if clamp else COVER_WAIT_S)
+            while short() and time.monotonic() < deadline:
+                time.sleep(0.2)
+                self.refresh()
+        parts: list[TxnStreamPartition] = []
+        for tp, (s, e) in ranges.items():
+            covered = self._covered_end(tp)
+            if e > covered:
+                if not clamp:
+                    raise RuntimeError(
+                        f"{tp}: the served buffer state does not reach offset {e} of this "
+                        f"micro-batch (it is at {covered}) after {COVER_WAIT_S:g} s: is a "
+                        "`txnstream worker` with the buffer role running? Restarting the "
+                        "query replays the batch.")
+                e = covered
+            if e > s:
+                view = self.follower.views.get(tp)
+                hidden, aborted = view.skip_in(s, e) if view is not None else ([], [])
+                parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
+                                                hidden, aborted, self.opts.value_schema,
+                                                plain=view is None))
+        return parts
+
+

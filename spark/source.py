@@ -1,0 +1,268 @@
+"""The ``txnstream`` source (``spark.read`` / ``spark.readStream``): committed records only.
+
+The readers plan on the driver (:class:`~txnstream_spark.planner.Planner`); each task
+reads its range ``[start, end)`` and delivers what is not skipped (:class:`_Rows`),
+never reading past its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from txnstream.errors import message_error
+from txnstream.fetch import KafkaRecord, read_to
+from txnstream.types import TopicPartition
+
+from .avro import ValueSchema
+from .options import Offsets, SourceOptions
+from .planner import FRESH_WAIT_S, Planner, TxnStreamPartition, _unpack_offsets
+from .planner import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
+from .schema import RowColumns, UserHeaders, cached_value_schema, layout
+
+__all__ = ["BATCH_ROWS", "TxnStreamBatchReader", "TxnStreamStreamReader"]
+
+log = logging.getLogger(__name__)
+
+BATCH_ROWS = 10_000
+"""Rows of one Arrow batch a task hands Spark."""
+
+
+def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
+    """Deliver the range's records that are not skipped; never reads past its end."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    if p.end <= p.start:
+        return
+    vs = cached_value_schema(p.value_schema)
+    rows = _Rows(p, vs)
+    c = Consumer(p.config.consumer(f"spark-{uuid.uuid4().hex[:8]}"))
+    try:
+        c.assign([KafkaTP(p.topic, p.partition, p.start)])
+        pos = p.start
+        try:
+            for batch in read_to(c, p.topic, p.partition, p.end, 5.0, 5000):
+                pos = rows.add(batch, pos)
+                if len(rows) >= BATCH_ROWS:
+                    yield rows.flush()
+        except TimeoutError as exc:
+            raise RuntimeError(f"{p.topic}-{p.partition}: {exc} (deleted by retention?)"
+                               ) from exc
+        if len(rows):
+            yield rows.flush()
+    finally:
+        c.close()
+
+
+class _Rows(RowColumns):
+    """The committed-only filter of one input partition: takes the records to deliver.
+
+    Skips the planned ``hidden`` offsets and the records of ``aborted`` spans, and never
+    delivers a marker or a record whose ``txn.id`` does not parse, skip info or not.
+    """
+
+    def __init__(self, p: TxnStreamPartition, vs: ValueSchema | None) -> None:
+        super().__init__(p.topic, p.partition, vs, layout(p.value_schema)[1])
+        self.p = p
+        self.skip = _unpack_offsets(p.hidden)
+        self.spans = p.aborted
+        self.txn_names: dict[bytes, str | None] = {}
+
+    def _txn_name(self, raw: bytes) -> str | None:
+        """The text form of a ``txn.id`` header; None if it does not parse (not delivered)."""
+        from txnstream.types import TxnID
+
+        name: str | None
+        try:
+            name = self.txn_names[raw] = str(TxnID.from_bytes(raw))
+        except (ValueError, TypeError):
+            name = self.txn_names[raw] = None
+        return name
+
+    def _unregistered(self, offset: int) -> None:
+        """A txn record in a range planned plain: no coordinator registered the partition.
+
+        Only a writer around the txnstream client does that. Nothing of it is delivered
+        unfiltered: the partition is registered (a buffer owner serves it from now on)
+        and the task fails; the query, restarted, plans the range with served state.
+        """
+        from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+
+        p = self.p
+        tp = TopicPartition(p.topic, p.partition)
+        TransactionBufferSnapshotStore(p.config).register([tp], p.config.admin_timeout_s)
+        raise RuntimeError(
+            f"{tp}@{offset}: a transactional record in a partition no coordinator "
+            "registered (written around the txnstream client?). It is registered now, so a "
+            "buffer owner serves it; restart the query to read it committed-only.")
+
+    def add(self, batch: Sequence[KafkaRecord], pos: int) -> int:
+        """Take the deliverable records of ``batch``; returns the next position to read."""
+        from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+
+        end, skip, spans, names = self.p.end, self.skip, self.spans, self.txn_names
+        plain = self.p.plain
+        keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
+        stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
+        txn: str | None
+        for m in batch:
+            if message_error(m, f"txnstream source {self.p.topic}-{self.p.partition}", log):
+                continue
+            off = m.offset()
+            if off >= end:
+                return end
+            pos = off + 1
+            if off in skip:
+                continue
+            h = m.headers()
+            if plain and h and any(k in (TXN_ID_HEADER, TXN_MARKER_HEADER) for k, _ in h):
+                self._unregistered(off)
+            if h is not None and len(h) == 1 and h[0][0] == TXN_ID_HEADER:  # the common case
+                user: UserHeaders = []
+                raw = h[0][1]
+                if spans and raw in spans:
+                    first, last = spans[raw]
+                    if first <= off <= last:
+                        continue  # a record of an aborted txn
+                txn = names[raw] if raw in names else self._txn_name(raw)
+                if txn is None:
+                    continue  # an undecodable txn.id is never delivered
+            else:
+                user, txn = [], None
+                for k, v in h or ():
+                    if k == TXN_ID_HEADER:
+                        span = spans.get(v) if spans else None
+                        if span is not None and span[0] <= off <= span[1]:
+                            break  # a record of an aborted txn
+                        txn = names[v] if v in names else self._txn_name(v)
+                        if txn is None:
+                            break
+                    elif k == TXN_MARKER_HEADER:
+                        break  # a marker is never delivered, even if not in the skip list
+                    else:
+                        user.append({"key": k, "value": v})
+                else:
+                    h = None
+                if h is not None:
+                    continue
+            keys(m.key())
+            values(m.value())
+            offsets(off)
+            stamps(m.timestamp()[1])
+            headers(user)
+            txn_ids(txn)
+        return pos
+
+
+class TxnStreamBatchReader(DataSourceReader):
+    """``spark.read.format("txnstream")``: committed records from start to end offsets.
+
+    Planned on the driver from the served state, as a micro-batch is: the latest end is
+    what was committed when the read began (its owners are waited for up to
+    ``FRESH_WAIT_S`` to have served that far).
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        opts = SourceOptions.parse(options)
+        planner = Planner(opts)
+        try:
+            start = planner.starts(opts.starting)
+            latest = planner.ends(FRESH_WAIT_S)
+            end = latest if opts.ending == "latest" else opts.ending
+            self._parts = planner.partitions(start, end, clamp=True)
+        finally:
+            planner.close()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return self._parts
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TxnStreamPartition)
+        yield from _read_partition(partition)
+
+
+class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("txnstream")``: committed-only micro-batches.
+
+    Under ``Trigger.AvailableNow`` the query reads up to the committed ends it found at
+    start, in batches of at most ``maxRecordsPerTrigger``, then stops.
+    """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.opts = SourceOptions.parse(options)
+        self._target: Offsets | None = None
+        self._planner_: Planner | None = None
+        _ = self._planner  # fail fast on bad options (unknown topics) at query start
+
+    @property
+    def _planner(self) -> Planner:
+        """Driver-side state; never shipped to executors (see ``__getstate__``)."""
+        if self._planner_ is None:
+            self._planner_ = Planner(self.opts)
+        return self._planner_
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_planner_"] = None
+        return state
+
+    def initialOffset(self) -> Offsets:
+        return self._planner.starts(self.opts.starting)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records_per_trigger:
+            return ReadMaxRows(self.opts.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._planner.ends(FRESH_WAIT_S)
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        ends = self._planner.ends()
+        if self._target is not None:  # AvailableNow: nothing committed after query start
+            ends = {t: {p: min(e, self._target.get(t, {}).get(p, e)) for p, e in parts.items()}
+                    for t, parts in ends.items()}
+        # never behind the start (a startingOffsets past the committed end)
+        ends = {t: {p: max(int(start.get(t, {}).get(p, e)), e) for p, e in parts.items()}
+                for t, parts in ends.items()}
+        if not isinstance(limit, ReadMaxRows):
+            return ends
+        left = limit.max_rows
+        out: Offsets = {}
+        for t, parts in ends.items():
+            for p, e in parts.items():
+                s = int(start.get(t, {}).get(p, e))
+                take = max(0, min(e - s, left))
+                left -= take
+                out.setdefault(t, {})[p] = s + take
+        return out
+
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
+        return self._planner.partitions(start, end, clamp=False)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TxnStreamPartition)
+        yield from _read_partition(partition)
+
+    def commit(self, end: Offsets) -> None:
+        # Offsets live in Spark's checkpoint; nothing to release in Kafka. Later batches
+        # start at or after ``end``, so the planner's views forget what lies below.
+        if self._planner_ is not None:
+            self._planner_.trim(end)
+
+    def stop(self) -> None:
+        if self._planner_ is not None:
+            self._planner_.close()
+
+
