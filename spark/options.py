@@ -156,9 +156,12 @@ class SourceOptions:
             from .avro import load_value_schema
 
             load_value_schema(value_schema)  # fail here, naming the option
-        return cls(config, topics, parse_offsets("startingOffsets", options.get("startingoffsets")),
-                   parse_offsets("endingOffsets", options.get("endingoffsets") or "latest"),
-                   limit, value_schema)
+        starting = parse_offsets("startingOffsets", options.get("startingoffsets"))
+        ending = parse_offsets("endingOffsets", options.get("endingoffsets") or "latest")
+        if ending == "earliest":  # was read as offsets, and failed in planning
+            raise ConfigError("option 'endingOffsets' must be 'latest' or JSON like "
+                              "'{\"topic\": {\"0\": 12}}', got 'earliest'")
+        return cls(config, topics, starting, ending, limit, value_schema)
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ class TxnStreamBatchReader(DataSourceReader):
         try:
             start = planner.starts(opts.starting)
             latest = planner.ends(FRESH_WAIT_S)
-            end = latest if opts.ending == "latest" else opts.ending
+            end = latest if isinstance(opts.ending, str) else opts.ending  # str: "latest"
             self._parts = planner.partitions(start, end, clamp=True)
         finally:
             planner.close()
