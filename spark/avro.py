@@ -16,7 +16,7 @@ import io
 import json
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastavro
 import pyarrow as pa
@@ -91,7 +91,7 @@ class ValueSchema:
             raise SchemaMismatchError(f"{where}: value does not match valueSchema "
                                       f"{self.name!r}: {len(value) - buf.tell()} bytes left "
                                       "over after the record")
-        return rec
+        return cast(dict[str, Any], rec)  # a record schema's datum is a dict
 
 
 def _nonnull(t: Any, field: str) -> Any:
@@ -112,7 +112,7 @@ _PRIMITIVE_ARROW = {"boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64()
                     "string": pa.string(), "null": pa.null()}
 
 
-def _logical(t: dict[str, Any]) -> tuple[Any, Any] | None:
+def _logical(t: dict[str, Any]) -> tuple[T.DataType, pa.DataType] | None:
     lt = t.get("logicalType")
     if lt in ("timestamp-millis", "timestamp-micros"):
         return T.TimestampType(), pa.timestamp("us", tz="UTC")

@@ -21,11 +21,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from txnstream.config import Config
+    from txnstream.coordinator.worker import CoordinatorWorker
 
 
 def _ensure_topic(bootstrap: str, topic: str, kafka: dict[str, str],
                   partitions: int = 3) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap, **kafka})
     if topic not in admin.list_topics(timeout=10).topics:
@@ -87,7 +95,7 @@ def main(argv: list[str]) -> int:
     from txnstream.config import Config, TopicNames, load_kafka_properties, read_secret_file
 
     kafka = load_kafka_properties(args.kafka_config) if args.kafka_config else {}
-    overrides: dict = {"kafka": kafka}
+    overrides: dict[str, Any] = {"kafka": kafka}
     if args.prefix:
         overrides["topics"] = TopicNames(args.prefix)
     # As Config.from_env: TXNSTREAM_TC_SECRET wins over TXNSTREAM_TC_SECRET_FILE.
@@ -133,7 +141,7 @@ def main(argv: list[str]) -> int:
     return 0 if ok else 1
 
 
-def _line_options(config, secret_file: str | None) -> dict[str, str]:
+def _line_options(config: Config, secret_file: str | None) -> dict[str, str]:
     """The source's and sink's ``tc.*`` options for ``config``'s coordinator line.
 
     A secret that came from a file is passed as that file (``tc.secretFile``, read by
@@ -153,7 +161,7 @@ def _line_options(config, secret_file: str | None) -> dict[str, str]:
     return line
 
 
-def _run_until_idle(query, idle_s: float = 6.0) -> None:
+def _run_until_idle(query: StreamingQuery, idle_s: float = 6.0) -> None:
     """Let ``query`` run until a batch has run and none came for ``idle_s``, then stop.
 
     Spark runs a batch only when there is new input or the watermark moved (which closes
@@ -163,16 +171,16 @@ def _run_until_idle(query, idle_s: float = 6.0) -> None:
 
     last, since = None, time.monotonic()
     while last is None or time.monotonic() - since < idle_s:
-        query.awaitTermination(0.5)
-        if query.exception() is not None:
-            raise query.exception()
+        query.awaitTermination(0.5)  # type: ignore[arg-type]  # typed int; takes seconds
+        if (exc := query.exception()) is not None:
+            raise exc
         prog = query.lastProgress
         if prog and prog["batchId"] != last:
             last, since = prog["batchId"], time.monotonic()
     query.stop()
 
 
-def _start_worker(config):
+def _start_worker(config: Config) -> CoordinatorWorker:
     import time
 
     from txnstream.coordinator.worker import CoordinatorWorker
@@ -187,7 +195,7 @@ def _start_worker(config):
     return worker
 
 
-def _check(config, topic: str, mode: str) -> bool:
+def _check(config: Config, topic: str, mode: str) -> bool:
     """Read the output committed-only; windowed: no (key, window) written twice."""
     import json
     import uuid

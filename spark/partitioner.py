@@ -1,6 +1,6 @@
 """Kafka's default partitioner over a whole Arrow column at once (the sink's hot path).
 
-:func:`txnstream.producer.murmur2_partition` hashes one key in Python (microseconds a
+:func:`txnstream.kafka.partitioning.murmur2_partition` hashes one key in Python (microseconds a
 key); here numpy hashes every key of a batch together, grouped by key length, straight
 from the Arrow buffers. Same partitions as Java's ``Utils.murmur2`` and the scalar one.
 """

@@ -21,7 +21,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from txnstream.errors import message_error
-from txnstream.fetch import KafkaRecord, read_to
+from txnstream.kafka.fetch import KafkaRecord, read_to
 from txnstream.types import TopicPartition
 
 from .avro import ValueSchema
