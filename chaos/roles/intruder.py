@@ -44,7 +44,7 @@ from chaos.cluster import free_port
 from chaos.roles.common import RoleArgs, run_role
 from chaos.truth import TruthLog, encode_value
 from txnstream import Client, TxnID
-from txnstream.coordinator.client import TcEndpoint
+from txnstream.coordinator.endpoints import TcEndpoint
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.transport import HANDSHAKE_TIMEOUT_S, MAGIC, Endpoint

@@ -79,7 +79,7 @@ from txnstream import metrics
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.worker import BufferWorker
 from txnstream.config import Config, load_tc_users
-from txnstream.coordinator.client import TcEndpoint
+from txnstream.coordinator.endpoints import TcEndpoint
 from txnstream.coordinator.finalizer import TxnFinalizer
 from txnstream.coordinator.handlers import Caller, TcRequestHandler
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase

@@ -15,11 +15,8 @@ from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import Client, TxnStatus
 from txnstream.config import Config
-from txnstream.coordinator.client import (
-    CANDIDATES_PER_TC,
-    TcEndpoint,
-    TransactionCoordinatorClient,
-)
+from txnstream.coordinator.client import TransactionCoordinatorClient
+from txnstream.coordinator.endpoints import CANDIDATES_PER_TC, TcEndpoint
 from txnstream.coordinator.transport import Endpoint, Listener
 from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
 from txnstream.markers import MarkerSigner

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tests.unit.coordinator.test_store_rules import Log, owner
-from txnstream.coordinator.client import HAND_OUT_WINDOW_S, LEASE_CLOCK_SLACK_S, TxnIdPool
 from txnstream.coordinator.protocol import TcOp
+from txnstream.coordinator.txn_ids import HAND_OUT_WINDOW_S, LEASE_CLOCK_SLACK_S, TxnIdPool
 from txnstream.errors import RequestTimeoutError, TransactionTimeoutError
 
 R = 30.0

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from txnstream.config import Config
-from txnstream.coordinator.client import TcEndpoint, TransactionCoordinatorClient
+from txnstream.coordinator.client import TransactionCoordinatorClient
+from txnstream.coordinator.endpoints import TcEndpoint
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.transport import (
     MAX_FRAME_BYTES,
