@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 from txnstream.config import Config
 from txnstream.coordinator.meta import TxnMeta
-from txnstream.coordinator.metadata_store import ABORT_ADMIN, ABORT_CLIENT
 from txnstream.coordinator.ownership import TcIncarnation
 from txnstream.coordinator.protocol import (
     TcOp,
@@ -49,6 +48,7 @@ from txnstream.coordinator.protocol import (
     scoped_group_key,
 )
 from txnstream.coordinator.request_checks import check_request
+from txnstream.coordinator.txn_table import ABORT_ADMIN, ABORT_CLIENT
 from txnstream.errors import (
     InvalidRequestError,
     InvalidTxnStatusError,

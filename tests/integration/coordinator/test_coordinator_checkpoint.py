@@ -21,8 +21,8 @@ from tests.integration.coordinator.conftest import (
     wait_until,
 )
 from txnstream import Client, Config, TxnStatus
+from txnstream.coordinator.group_outcomes import MAX_CHECKPOINT_BYTES
 from txnstream.coordinator.log_entry import GroupOutcome, LogEntryKind, TransactionLogEntry
-from txnstream.coordinator.metadata_store import MAX_CHECKPOINT_BYTES
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
 

@@ -57,7 +57,7 @@ def test_checkpoint_of_16_task_micro_batches_stays_under_its_bound_and_keeps_rec
     cp = s.checkpoint_entry()
     size = len(cp.encode())
     assert size < BROKER_DEFAULT_MAX_MESSAGE_BYTES, f"checkpoint of {size} bytes"
-    from txnstream.coordinator.metadata_store import MAX_CHECKPOINT_BYTES
+    from txnstream.coordinator.group_outcomes import MAX_CHECKPOINT_BYTES
 
     assert size <= MAX_CHECKPOINT_BYTES < BROKER_DEFAULT_MAX_MESSAGE_BYTES // 2
     # A replay of a recent batch finds its key, also after truncation down to the EPOCH
@@ -80,8 +80,8 @@ def test_checkpoint_of_16_task_micro_batches_stays_under_its_bound_and_keeps_rec
 def test_replaying_an_old_oversized_checkpoint_is_bounded_too():
     """A checkpoint written before the bound (10,000 outcomes, over 1 MB in total) is cut
     down on replay, so the next checkpoint fits, keeping the most recent outcomes."""
+    from txnstream.coordinator.group_outcomes import MAX_CHECKPOINT_BYTES
     from txnstream.coordinator.log_entry import GroupOutcome
-    from txnstream.coordinator.metadata_store import MAX_CHECKPOINT_BYTES
 
     outcomes = [GroupOutcome(f"{uuid.UUID(int=i)}/{i}", TxnStatus.COMMITTING,
                              tuple(range(10**7 + 16 * i, 10**7 + 16 * i + 16)))
