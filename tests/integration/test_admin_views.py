@@ -25,7 +25,8 @@ from tests.integration.coordinator.conftest import (  # noqa: F401
     wait_until,
 )
 from txnstream import Client, Config, TopicPartition, TxnStatus
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.top import Sampler, build_view
 
 pytestmark = pytest.mark.integration

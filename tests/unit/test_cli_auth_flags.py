@@ -11,7 +11,7 @@ from txnstream.cli import _build_parser
 from txnstream.cli._common import config_from_args
 from txnstream.cli.worker import worker_config_from_args, worker_settings_from_args
 from txnstream.config import Config
-from txnstream.coordinator.worker import WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
 from txnstream.errors import ConfigError
 
 LINE_ENV = ("TXNSTREAM_TC_PRINCIPAL", "TXNSTREAM_TC_SECRET", "TXNSTREAM_TC_SECRET_FILE",

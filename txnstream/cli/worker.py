@@ -23,7 +23,8 @@ from txnstream.buffer.worker import BufferWorker
 from txnstream.cli import console
 from txnstream.cli._common import add_topic_flags, config_from_args
 from txnstream.config import Config
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -41,6 +41,7 @@ from tenacity import (
 
 from txnstream.config import Config
 from txnstream.coordinator.endpoints import EndpointDirectory, TcEndpoint
+from txnstream.coordinator.line_security import client_ssl_context
 from txnstream.coordinator.protocol import (
     ENDED_NOTICE,
     TcOp,
@@ -48,12 +49,7 @@ from txnstream.coordinator.protocol import (
     TcRequest,
     error_from_reply,
 )
-from txnstream.coordinator.transport import (
-    ClientConnection,
-    Endpoint,
-    IoLoop,
-    client_ssl_context,
-)
+from txnstream.coordinator.transport import ClientConnection, Endpoint, IoLoop
 from txnstream.coordinator.txn_ids import TxnIdPool
 from txnstream.errors import (
     CoordinatorAuthError,

@@ -47,26 +47,27 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from txnstream.config import Config
+from txnstream.coordinator.line_security import (
+    PROOF_BYTES,
+    FrameKey,
+    cert_common_name,
+    handshake_proof,
+)
 from txnstream.errors import ConfigError, CoordinatorAuthError, WorkerIdentityError
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import ANONYMOUS
 
 __all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "ClientConnection",
-           "IoLoop", "FrameKey", "server_ssl_context", "client_ssl_context", "MAX_FRAME_BYTES",
-           "ANONYMOUS"]
+           "IoLoop", "MAX_FRAME_BYTES", "ANONYMOUS"]
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"TXNS2"
 FRAME = struct.Struct(">I")
 NONCE_BYTES = 16
-PROOF_BYTES = 32
 MAX_FRAME_BYTES = 8 << 20
 """A request or reply larger than this is refused (the largest, a LIST of many open
 txns, is far smaller); the bound keeps a garbage length from allocating gigabytes."""
-TAG_BYTES = 16
-"""Per-frame HMAC-SHA256 tag, truncated (128 bits, as TLS's GCM tags)."""
 MAX_PRINCIPAL_BYTES = 128
 HANDSHAKE_TIMEOUT_S = 5.0
 """A peer that does not finish the handshake in this time is dropped."""
@@ -96,45 +97,6 @@ class Endpoint:
         return cls(host.strip("[]"), int(port))
 
 
-def _proof(secret: str | None, label: bytes, sn: bytes, cn: bytes, principal: bytes) -> bytes:
-    if not secret:
-        return bytes(PROOF_BYTES)
-    return hmac.digest(secret.encode(), label + sn + cn + principal, "sha256")
-
-
-class FrameKey:
-    """Tags and checks the frames of one keyed connection, in both directions."""
-
-    __slots__ = ("_key", "_out", "_in", "_sent", "_received")
-
-    def __init__(self, secret: str, sn: bytes, cn: bytes, principal: bytes,
-                 client_side: bool) -> None:
-        self._key = hmac.digest(secret.encode(), b"session" + sn + cn + principal, "sha256")
-        self._out, self._in = (b"C", b"S") if client_side else (b"S", b"C")
-        self._sent = 0
-        self._received = 0
-
-    def seal(self, payload: bytes) -> bytes:
-        """``payload`` and its tag (frames must be sealed in the order they are sent)."""
-        tag = hmac.digest(self._key, self._out + self._sent.to_bytes(8, "big") + payload,
-                          "sha256")[:TAG_BYTES]
-        self._sent += 1
-        return payload + tag
-
-    def open(self, frame: bytes) -> bytes:
-        """The payload of the next frame received; ``ValueError`` if its tag is wrong."""
-        if len(frame) < TAG_BYTES:
-            raise ValueError("a frame too short to carry its tag")
-        payload, tag = frame[:-TAG_BYTES], frame[-TAG_BYTES:]
-        want = hmac.digest(self._key, self._in + self._received.to_bytes(8, "big") + payload,
-                           "sha256")[:TAG_BYTES]
-        if not hmac.compare_digest(tag, want):
-            raise ValueError(f"frame {self._received} failed its authentication tag "
-                             "(altered, injected or replayed)")
-        self._received += 1
-        return payload
-
-
 def _frame(data: bytes) -> bytes:
     return FRAME.pack(len(data)) + data
 
@@ -144,47 +106,6 @@ async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES
     if n > limit:
         raise ValueError(f"frame of {n} bytes is over the {limit}-byte bound")
     return await reader.readexactly(n)
-
-
-def _cert_principal(cert: Any) -> str | None:
-    """The common name of a verified peer certificate (mutual TLS), if any."""
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName" and isinstance(value, str):
-                return value
-    return None
-
-
-def server_ssl_context(config: Config) -> ssl.SSLContext | None:
-    """TLS for a worker's listener when ``config`` names a certificate, else None."""
-    if not config.tc_tls_certfile:
-        if config.tc_tls_client_auth:
-            raise ConfigError("tc_tls_client_auth needs tc_tls_certfile (the worker's own "
-                              "certificate) and tc_tls_cafile")
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(config.tc_tls_certfile, config.tc_tls_keyfile)
-    if config.tc_tls_client_auth:
-        if not config.tc_tls_cafile:
-            raise ConfigError("tc_tls_client_auth needs tc_tls_cafile to verify clients")
-        ctx.load_verify_locations(config.tc_tls_cafile)
-        # OPTIONAL, not REQUIRED: a certificate shown must verify, and one not shown is
-        # refused by the listener's own handshake, so the client learns why (with
-        # REQUIRED, TLS 1.3 only closes the connection once the client's side is done)
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx
-
-
-def client_ssl_context(config: Config) -> ssl.SSLContext | None:
-    """TLS toward workers when ``config`` names a CA, else None."""
-    if not config.tc_tls_cafile:
-        return None
-    ctx = ssl.create_default_context(cafile=config.tc_tls_cafile)
-    if config.tc_tls_certfile:
-        ctx.load_cert_chain(config.tc_tls_certfile, config.tc_tls_keyfile)
-    return ctx
 
 
 class IoLoop:
@@ -398,7 +319,7 @@ class Listener:
             await self._refuse(writer, peer, b"BY", f"the worker is at its cap of "
                                f"{self.limits.max_connections} connections (max_connections)")
             return None
-        cert_principal = _cert_principal(writer.get_extra_info("peercert"))
+        cert_principal = cert_common_name(writer.get_extra_info("peercert"))
         if self._require_cert and cert_principal is None:
             await self._refuse(writer, peer, b"NO", "this worker requires a client "
                                "certificate (mutual TLS: tc_tls_certfile / tc_tls_keyfile)")
@@ -406,8 +327,8 @@ class Listener:
         name = claimed.decode(errors="replace")
         secret = self._users.get(name)
         if secret is not None and hmac.compare_digest(
-                proof, _proof(secret, b"client", sn, cn, claimed)):
-            writer.write(b"OK" + b"K" + _proof(secret, b"worker", sn, cn, claimed))
+                proof, handshake_proof(secret, b"client", sn, cn, claimed)):
+            writer.write(b"OK" + b"K" + handshake_proof(secret, b"worker", sn, cn, claimed))
             return ServerConnection(self._io, writer, peer, name,
                                     FrameKey(secret, sn, cn, claimed, client_side=False))
         if cert_principal is not None:  # mutual TLS: the certificate says who it is
@@ -469,7 +390,7 @@ class ClientConnection(_Conn):
                                           "another version of the line)")
                 sn, cn = hello[len(MAGIC):], os.urandom(NONCE_BYTES)
                 writer.write(MAGIC + cn + bytes([len(name)]) + name
-                             + _proof(secret, b"client", sn, cn, name))
+                             + handshake_proof(secret, b"client", sn, cn, name))
                 verdict = await reader.readexactly(2)
                 if verdict != b"OK":
                     why = (await reader.read(200)).decode(errors="replace")
@@ -483,7 +404,7 @@ class ClientConnection(_Conn):
                 key: FrameKey | None = None
                 if mode == b"K" and secret:
                     if not hmac.compare_digest(worker_proof,
-                                               _proof(secret, b"worker", sn, cn, name)):
+                                               handshake_proof(secret, b"worker", sn, cn, name)):
                         raise WorkerIdentityError(
                             f"the coordinator worker at {endpoint} could not prove it knows "
                             f"the secret of {principal!r}: not talking to it (a forged "

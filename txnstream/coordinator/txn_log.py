@@ -136,13 +136,14 @@ class TransactionLog(Protocol):
 # ------------------------------------------------------------------ Kafka
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class KafkaClients:
     """The Kafka clients of one worker, shared by its parts.
 
     One producer carries log entries, markers and endpoint records, so the finalizer's
-    flush also delivers the final records appended without waiting. Mutable so that a
-    test can put a fake in place of a client before the worker runs.
+    flush also delivers the final records appended without waiting. Made by
+    :func:`txnstream.coordinator.kafka_clients.worker_clients` (a test gives the worker
+    a factory of fakes there).
     """
 
     consumer: Consumer

@@ -12,6 +12,12 @@ thread:
 * :mod:`~txnstream.coordinator.finalizer`: markers, pending-ack marks, END replies and
   final records of decided txns.
 
+Smaller helpers: :mod:`~txnstream.coordinator.endpoint_publisher` (where its TCs are
+served), :mod:`~txnstream.coordinator.buffer_registrar` (data partitions for the buffer
+role), :mod:`~txnstream.coordinator.gauges` (per-TC metrics), and
+:mod:`~txnstream.coordinator.kafka_clients` (its Kafka clients, from a factory it is
+given: the real ones by default).
+
 Each turn:
 
 1. **Tail the log.** The group consumer reads every owned log partition from its start.
@@ -61,7 +67,6 @@ outcomes, see :meth:`TransactionMetadataStore.shrink_groups`), never a restart.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import queue
@@ -70,33 +75,29 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaError, KafkaException
 
 from txnstream import metrics
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.worker import BufferWorker
-from txnstream.config import Config, load_tc_users
-from txnstream.coordinator.endpoints import TcEndpoint
+from txnstream.config import Config
+from txnstream.coordinator.buffer_registrar import BufferRegistrar
+from txnstream.coordinator.endpoint_publisher import EndpointPublisher
 from txnstream.coordinator.finalizer import TxnFinalizer
+from txnstream.coordinator.gauges import TcGauges
 from txnstream.coordinator.handlers import Caller, TcRequestHandler
+from txnstream.coordinator.kafka_clients import (
+    CONFLUENT_KAFKA,
+    KafkaClientFactory,
+    worker_clients,
+)
+from txnstream.coordinator.line_security import is_loopback, line_users, server_ssl_context
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
-from txnstream.coordinator.transport import (
-    Endpoint,
-    LineLimits,
-    Listener,
-    ServerConnection,
-    server_ssl_context,
-)
-from txnstream.coordinator.txn_log import (
-    PRODUCER_SETTINGS,
-    KafkaClients,
-    KafkaTransactionLog,
-    TransactionLog,
-)
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.transport import Endpoint, LineLimits, Listener, ServerConnection
+from txnstream.coordinator.txn_log import KafkaTransactionLog, TransactionLog
 from txnstream.errors import (
     ConfigError,
     CorruptRecordError,
@@ -106,96 +107,26 @@ from txnstream.errors import (
     TooManyRequestsError,
 )
 from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
-from txnstream.markers import TXN_MAC_HEADER, MarkerSigner
-from txnstream.types import TopicPartition
+from txnstream.markers import MarkerSigner
 
-__all__ = ["CoordinatorWorker", "WorkerSettings"]
+__all__ = ["CoordinatorWorker"]
 
 log = logging.getLogger(__name__)
 
-# The names these had when they lived here (tests still import them from here).
-_Phase = TcPhase
-_Tc = TcIncarnation
-
 _WATCHED = frozenset({TcOp.NEW, TcOp.ACTIVATE, TcOp.ADD_PARTITIONS, TcOp.ADD_SUBSCRIPTIONS})
 """Requests whose connection is told when their txn ends without its own END."""
-METRICS_EXPORT_S = 1.0
-"""How often the per-TC gauges are recomputed (each is a pass over live txns)."""
 ORIGINS_SWEEP_AT = 10_000
 """Requests awaiting a reply past this many: those past their deadline are forgotten
 (their client gave up on them; a resend brings its connection again)."""
-
-
-def line_users(config: Config) -> dict[str, str]:
-    """Every principal a worker lets in by secret: its own, and the users file's."""
-    users = load_tc_users(config.tc_users_file) if config.tc_users_file else {}
-    if config.tc_secret:
-        users.setdefault(config.tc_principal, config.tc_secret)
-    return users
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSettings:
-    """Tuning of a coordinator worker; each value says why."""
-
-    session_timeout_ms: int = 10_000
-    """How long a silent worker keeps its TCs: failover time is about this long."""
-    heartbeat_interval_ms: int = 1_000
-    batch_max: int = 2_000
-    """Requests handled per turn: one log flush and one marker flush for all of them."""
-    idle_poll_s: float = 0.05
-    readback_timeout_s: float = 15.0
-    """Longer than any healthy append; past it the worker re-replays that TC."""
-    checkpoint_interval_s: float = 30.0
-    end_retention_ms: int = 300_000
-    """Ended txns stay in the log this long, so a client retrying its commit sees the outcome."""
-    finalize_backoff_max_s: float = 5.0
-    buffer_role: bool = True
-    """Also host the buffer role (:class:`~txnstream.buffer.worker.BufferWorker`): readers
-    of transactional topics need one somewhere."""
-    buffer_topics: tuple[str, ...] | None = None
-    """Serve only these data topics (names, or regexes starting with ``^``); None: all."""
-    buffer_snapshot_interval_s: float = 10.0
-    endpoint_republish_s: float = 30.0
-    """Each served TC's endpoint record is written again this often: ``_tc_endpoints``
-    is compacted by TC and clients keep the records they read last, so a forged record
-    written after the genuine one hides it for at most this long (DESIGN.md section 10)."""
-    listen: str = "127.0.0.1:0"
-    """Address of the direct line to clients (port 0: any free port); every TC it serves
-    is reached there."""
-    advertise: str | None = None
-    """Address clients are told (``host:port``); default: the listen host and the port
-    bound (this host's name when listening on every interface). Give it behind a NAT."""
-    allow_unauthenticated: bool = False
-    """Serve a line beyond loopback with no authentication (no secret, no mutual TLS):
-    refused by default, since anyone who reaches the port could then act as anyone."""
-    max_connections: int = 1_024
-    """Open client connections; one more is refused (closed after a ``NO`` naming this)."""
-    max_inflight_per_connection: int = 1_000
-    """Requests of one connection awaiting their reply; past it the connection is refused
-    further requests with ``TooManyRequestsError`` until replies drain."""
-    max_request_bytes: int = 1 << 20
-    """A request frame larger than this closes its connection (the largest honest request,
-    a RESERVE or an ADD of many partitions, is a few KB)."""
-    idle_timeout_s: float = 600.0
-    """A connection with no frame in this long is closed (clients reconnect on demand)."""
-    max_open_txns_per_principal: int = 10_000
-    """Open txns one principal may hold on one TC (reserved ones included); a NEW or
-    RESERVE past it is refused with ``TooManyRequestsError``."""
 
 
 class CoordinatorWorker:
     """A process-level host of transaction coordinators (TC roles of ``txnstream worker``)."""
 
     def __init__(self, config: Config, worker_id: str | None = None,
-                 settings: WorkerSettings | None = None) -> None:
+                 settings: WorkerSettings | None = None,
+                 kafka: KafkaClientFactory = CONFLUENT_KAFKA) -> None:
+        """``kafka`` makes the worker's Kafka clients (a test gives a factory of fakes)."""
         self.config = config
         self.settings = settings or WorkerSettings()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -203,26 +134,15 @@ class CoordinatorWorker:
         self._thread: threading.Thread | None = None
         t = config.topics
         s = self.settings
-        self._kafka = KafkaClients(
-            Consumer(config.consumer(
-                f"{t.prefix}-coordinators",
-                **{"session.timeout.ms": s.session_timeout_ms,
-                   "heartbeat.interval.ms": s.heartbeat_interval_ms,
-                   "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
-                   "fetch.wait.max.ms": 20, "client.id": f"tc-log-{self.worker_id}"})),
-            Producer(config.producer(**PRODUCER_SETTINGS, **{"client.id": f"tc-{self.worker_id}"})),
-            AdminClient(config.admin()))
+        self._kafka = worker_clients(config, self.worker_id, s, kafka)
         self._txn_log: TransactionLog = KafkaTransactionLog(
             self._kafka, t.log, flush_timeout_s=s.readback_timeout_s,
             admin_timeout_s=config.admin_timeout_s,
             where=f"worker {self.worker_id} log consumer")
-        self._unpublished: set[int] = set()
-        """TC ids whose endpoint record is not written yet (retried every turn)."""
-        self._republish_at_ms = int(time.time() * 1000) + int(s.endpoint_republish_s * 1000)
         self._ownership = TcOwnership(
             self._txn_log, t.log, self.worker_id, readback_timeout_s=s.readback_timeout_s,
             checkpoint_interval_s=s.checkpoint_interval_s, on_serving=self._serving_started,
-            on_dropped=self._unpublished.discard)
+            on_dropped=self._dropped)
         partitions = PartitionCatalog(metadata_lookup(
             self._kafka.producer, min(LOOKUP_TIMEOUT_S, config.admin_timeout_s)))
         self._handler = TcRequestHandler(config, self.worker_id, self._ownership.restarts,
@@ -233,14 +153,13 @@ class CoordinatorWorker:
             partitions=partitions)
         self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
         self._origins: dict[str, tuple[ServerConnection, int, float, str]] = {}
-        """request id -> (connection, deadline, perf_counter at arrival, op)."""
-        self._metrics_at = 0.0
-        self._exported_tcs: set[int] = set()
+        """Request id -> (connection, deadline, perf_counter at arrival, op): the
+        connection to answer on, and the request's deadline."""
+        self._gauges = TcGauges(self._ownership)
         self._sweep_origins_at = ORIGINS_SWEEP_AT
-        """Request id -> the connection to answer on, and the request's deadline."""
         bind = Endpoint.parse(s.listen)
         users = line_users(config)
-        if not users and not config.tc_tls_client_auth and not _loopback(bind.host) \
+        if not users and not config.tc_tls_client_auth and not is_loopback(bind.host) \
                 and not s.allow_unauthenticated:
             raise ConfigError(
                 f"worker {self.worker_id} would serve the coordinator line on {s.listen} "
@@ -261,9 +180,12 @@ class CoordinatorWorker:
         else:
             self.address = self._listener.address
         """Where clients reach this worker (published per TC it serves)."""
-        self._registered: set[TopicPartition] = set()
-        """Data partitions whose registration (they are served) this worker wrote."""
-        self._registry = TransactionBufferSnapshotStore(config)
+        self._endpoints = EndpointPublisher(self._kafka.producer, t.endpoints, self.worker_id,
+                                            self.address, self._listener.tls,
+                                            s.endpoint_republish_s)
+        self._registrar = BufferRegistrar(TransactionBufferSnapshotStore(config),
+                                          self._kafka.producer, config.admin_timeout_s,
+                                          s.readback_timeout_s)
         self.buffers: BufferWorker | None = None
         if s.buffer_role:
             self.buffers = BufferWorker(
@@ -275,24 +197,6 @@ class CoordinatorWorker:
     def tcs(self) -> dict[int, TcIncarnation]:
         """TC id -> the incarnation this worker holds (replaying or serving)."""
         return self._ownership.tcs
-
-    @property
-    def _log(self) -> Consumer:
-        """The group consumer over the log (a test may put a fake in its place)."""
-        return self._kafka.consumer
-
-    @_log.setter
-    def _log(self, consumer: Consumer) -> None:
-        self._kafka.consumer = consumer
-
-    @property
-    def _producer(self) -> Producer:
-        """The producer of log entries, markers and endpoints (a test may fake it)."""
-        return self._kafka.producer
-
-    @_producer.setter
-    def _producer(self, producer: Producer) -> None:
-        self._kafka.producer = producer
 
     # ------------------------------------------------------------ lifecycle
 
@@ -317,9 +221,10 @@ class CoordinatorWorker:
         """The loop; returns when :meth:`stop` is called."""
         try:
             if self.config.tc_secret:
-                self._finalizer.signer = self._marker_signer()
-                if self._finalizer.signer is None:
+                signer = self._marker_signer()
+                if signer is None:
                     return  # stopped before the broker answered
+                self._finalizer.signer = self._endpoints.signer = signer
             else:
                 log.warning("worker %s: no workers' secret (tc_secret): markers are not "
                             "signed, so any producer that may write a data topic can forge "
@@ -376,43 +281,15 @@ class CoordinatorWorker:
 
     def _serving_started(self, tc: TcIncarnation) -> None:
         """TC ``tc`` read its EPOCH back: tell clients where it is served."""
-        self._unpublished.add(tc.tc_id)
-        self._publish_endpoints()
+        self._endpoints.add(tc.tc_id)
+        self._endpoints.publish(self.tcs)
         log.info("tc %d: %s serving at %s (epoch at offset %d, next seq %d, %d txns, lwm %d)",
                  tc.tc_id, self.worker_id, self.address, tc.epoch_write,
                  tc.store.next_sequence, len(tc.store.txns), tc.store.low_watermark)
 
-    def _publish_endpoints(self) -> None:
-        """Tell clients where the TCs that just started serving are (retried if refused).
-
-        Written after the EPOCH read back, so a client never finds an owner that cannot
-        serve yet; a client that reaches an owner fenced since is told NotCoordinator.
-        """
-        for tc_id in list(self._unpublished):
-            tc = self.tcs.get(tc_id)
-            if tc is None or tc.epoch_write is None:
-                self._unpublished.discard(tc_id)
-                continue
-            rec = TcEndpoint(tc_id, self.worker_id, self.address, tc.epoch_write,
-                             self._listener.tls)
-            value = rec.encode()
-            signer = self._finalizer.signer
-            tag: list[tuple[str, str | bytes | None]] | None = None if signer is None else [
-                (TXN_MAC_HEADER, signer.tag(self.config.topics.endpoints, tc_id, value))]
-
-            def delivered(err: KafkaError | None, _m: Message, tc_id: int = tc_id) -> None:
-                if err is not None:
-                    log.warning("tc %d: endpoint not published (%s); retrying", tc_id, err)
-                    if tc_id in self.tcs:
-                        self._unpublished.add(tc_id)
-            try:
-                self._kafka.producer.produce(self.config.topics.endpoints, value,
-                                             key=str(tc_id).encode(), partition=tc_id,
-                                             headers=tag, on_delivery=delivered)
-                self._unpublished.discard(tc_id)
-            except (KafkaException, BufferError) as exc:
-                log.warning("tc %d: endpoint not published (%s); retrying", tc_id, exc)
-        self._kafka.producer.poll(0)
+    def _dropped(self, tc_id: int) -> None:
+        """TC ``tc_id`` stopped serving here: its endpoint record is no longer due."""
+        self._endpoints.discard(tc_id)
 
     # ------------------------------------------------------------ the turn
 
@@ -420,38 +297,7 @@ class CoordinatorWorker:
         t0 = time.perf_counter()
         self._turn_once()
         metrics.TURN_SECONDS.observe(time.perf_counter() - t0)
-        if t0 >= self._metrics_at:
-            self._metrics_at = t0 + METRICS_EXPORT_S
-            self._export_metrics()
-
-    def _export_metrics(self) -> None:
-        """Per-TC gauges (open txns, the oldest one's age, pending-ack subscriptions).
-
-        Once a second, not per turn: each costs a pass over the TC's live txns. A TC this
-        worker no longer serves has its series removed, so a dashboard never shows one
-        TC twice (old owner and new) after a failover.
-        """
-        metrics.TCS_SERVED.set(len(self.serving()))
-        now_ms = int(time.time() * 1000)
-        served: set[int] = set()
-        for tc in list(self.tcs.values()):
-            if not self._ownership.serving(tc):
-                continue
-            served.add(tc.tc_id)
-            live = tc.store.handed_out()  # reserved TxnIDs are no writer's txns yet
-            label = str(tc.tc_id)
-            metrics.OPEN_TXNS.labels(label).set(len(live))
-            metrics.RESERVED_TXNS.labels(label).set(tc.store.reserved_count())
-            oldest = min((m.open_time_ms for m in live), default=None)
-            metrics.OLDEST_OPEN_TXN_SECONDS.labels(label).set(
-                0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000))
-            metrics.PENDING_ACK_SUBSCRIPTIONS.labels(label).set(
-                sum(len(m.subscriptions) for m in live))
-        gone = [(str(tc_id),) for tc_id in self._exported_tcs - served]
-        for gauge in (metrics.OPEN_TXNS, metrics.RESERVED_TXNS, metrics.OLDEST_OPEN_TXN_SECONDS,
-                      metrics.PENDING_ACK_SUBSCRIPTIONS):
-            metrics.remove_series(gauge, gone)
-        self._exported_tcs = served
+        self._gauges.turn(t0)
 
     def _turn_once(self) -> None:
         busy = any(tc.phase is TcPhase.SERVING for tc in self.tcs.values())
@@ -464,12 +310,8 @@ class CoordinatorWorker:
         # Block on requests (returns as soon as one arrives) unless finalization work waits.
         idle = not any(tc.store.ending() for tc in self.tcs.values()
                        if tc.phase is TcPhase.SERVING)
-        if now_ms >= self._republish_at_ms:
-            self._republish_at_ms = now_ms + int(self.settings.endpoint_republish_s * 1000)
-            self._unpublished.update(tc.tc_id for tc in self.tcs.values()
-                                     if self._ownership.serving(tc))
-        if self._unpublished:
-            self._publish_endpoints()
+        self._endpoints.turn(now_ms, self.tcs, (tc.tc_id for tc in self.tcs.values()
+                                                 if self._ownership.serving(tc)))
         for data, conn in self._take_requests(self.settings.idle_poll_s if idle else 0):
             try:
                 req = TcRequest.decode(data)
@@ -542,7 +384,10 @@ class CoordinatorWorker:
         #    serving, and (if it appended) with every entry read back; a partition's
         #    first registration only once its buffer registration is written.
         confirmed = self._ownership.read_back(want) if want else set()
-        unregistered = self._register_partitions(replies)
+        unregistered = self._registrar.register(
+            p for pairs in replies.values() for req, reply in pairs
+            if req.op is TcOp.ADD_PARTITIONS and reply.error_kind is None
+            for p in req.partitions)
         for tc_id, pairs in replies.items():
             tc = handled[tc_id]
             if not self._ownership.serving(tc) or (tc_id in appended and tc_id not in confirmed):
@@ -576,35 +421,6 @@ class CoordinatorWorker:
             except queue.Empty:
                 break
         return out
-
-    def _register_partitions(self, replies: dict[int, list[tuple[TcRequest, TcReply]]]
-                             ) -> set[TopicPartition]:
-        """Register the data partitions txns add for the first time; those not written.
-
-        A topic becomes served (DESIGN.md section 6) the first time a txn registers one of
-        its partitions: every partition of it is registered, in the snapshot topic, before
-        the registration is confirmed, so a reader that finds no registration knows no
-        txn record precedes it there.
-        """
-        new = {p for pairs in replies.values() for req, reply in pairs
-               if req.op is TcOp.ADD_PARTITIONS and reply.error_kind is None
-               for p in req.partitions} - self._registered
-        if not new:
-            return set()
-        todo = set(new)
-        for topic in {p.topic for p in new}:
-            try:
-                meta = self._kafka.producer.list_topics(topic, timeout=self.config.admin_timeout_s)
-                t = meta.topics.get(topic)
-                if t is not None and t.error is None:
-                    todo |= {TopicPartition(topic, p) for p in t.partitions}
-            except KafkaException as exc:  # the partitions asked for are registered anyway
-                log.warning("registering %s: partitions unknown (%s)", topic, exc)
-        todo -= self._registered
-        if not self._registry.register(sorted(todo), self.settings.readback_timeout_s):
-            return new
-        self._registered |= todo
-        return set()
 
     def _checkpoint(self, tc: TcIncarnation) -> int | None:
         """Renew the epoch, then append a CHECKPOINT; the checkpoint's offset, or None.

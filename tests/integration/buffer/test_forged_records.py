@@ -20,7 +20,8 @@ from tests.integration.buffer.conftest import make_topic, wait_until
 from tests.integration.coordinator.conftest import FAST_FAILOVER_MS
 from txnstream import Client, TopicPartition, TxnID
 from txnstream.config import Config
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.markers import MarkerKind, TxnMarker
 
 pytestmark = pytest.mark.integration

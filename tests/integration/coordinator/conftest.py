@@ -14,7 +14,8 @@ import pytest
 
 from txnstream import Client, Config
 from txnstream.coordinator.metadata_store import TransactionMetadataStore
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
 FAST_FAILOVER_MS = 6_000

@@ -25,9 +25,11 @@ from tests.integration.coordinator.conftest import (
     wait_until,
 )
 from txnstream import Client, Config, TopicPartition, TxnStatus
+from txnstream.coordinator.kafka_clients import ConfluentKafka
 from txnstream.coordinator.log_entry import LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import RequestTimeoutError
 from txnstream.markers import MarkerKind, RecordKind, TxnMarker, classify_headers
 
@@ -144,6 +146,18 @@ class _FailOnce:
         return getattr(self.real, name)
 
 
+class _FailOnceKafka(ConfluentKafka):
+    """The real Kafka clients, the producer wrapped in :class:`_FailOnce`."""
+
+    def __init__(self, match: Callable[[str, bytes], bool]) -> None:
+        self.match = match
+        self.made: list[_FailOnce] = []
+
+    def producer(self, conf: dict[str, Any]) -> Any:
+        self.made.append(_FailOnce(super().producer(conf), self.match))
+        return self.made[-1]
+
+
 def test_lost_committed_record_replays_the_tc_which_finishes_the_commit(config, client):
     """The COMMITTED record is appended without waiting; if it is lost, the TC must be
     rebuilt from its log (which says COMMITTING) and finish the commit again."""
@@ -156,8 +170,10 @@ def test_lost_committed_record_replays_the_tc_which_finishes_the_commit(config, 
         e = TransactionLogEntry.decode(value)
         return e.kind is LogEntryKind.TXN and e.status is TxnStatus.COMMITTED
 
-    w = CoordinatorWorker(config, settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS))
-    w._producer = _FailOnce(w._producer, committed_record)
+    kafka = _FailOnceKafka(committed_record)
+    w = CoordinatorWorker(config, settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS),
+                          kafka=kafka)
+    [producer] = kafka.made
     w.start()
     try:
         wait_until(lambda: tc in w.serving(), 60, "worker serving")
@@ -165,8 +181,8 @@ def test_lost_committed_record_replays_the_tc_which_finishes_the_commit(config, 
         txn.register_partitions([TopicPartition(topic, 0)])
         client.tc.request(TcOp.END, tc, txn_seq=txn.id.least_bits, commit=True)
         # the COMMITTED record is appended after the reply (without waiting): wait for it
-        wait_until(lambda: bool(w._producer.failed), 30, "the COMMITTED record's append")
-        assert w._producer.failed, "the COMMITTED record was not the one refused"
+        wait_until(lambda: bool(producer.failed), 30, "the COMMITTED record's append")
+        assert producer.failed, "the COMMITTED record was not the one refused"
         wait_until(lambda: replay_log(config, tc).txns[txn.id.least_bits].status
                    is TxnStatus.COMMITTED, 60, "COMMITTED in the log after the replay")
         wait_until(lambda: tc in w.serving(), 60, "the TC serving again")

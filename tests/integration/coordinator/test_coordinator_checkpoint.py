@@ -24,7 +24,8 @@ from txnstream import Client, Config, TxnStatus
 from txnstream.coordinator.group_outcomes import MAX_CHECKPOINT_BYTES
 from txnstream.coordinator.log_entry import GroupOutcome, LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,8 @@ from tests.integration.coordinator.conftest import (
 )
 from txnstream import Client, Config, TopicPartition, TxnID, TxnStatus
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.markers import MarkerKind, RecordKind, TxnMarker, classify_headers
 
 pytestmark = pytest.mark.integration

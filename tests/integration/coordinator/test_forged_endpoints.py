@@ -17,8 +17,9 @@ from txnstream import Client, TxnStatus
 from txnstream.config import Config
 from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.endpoints import CANDIDATES_PER_TC, TcEndpoint
+from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.transport import Endpoint, Listener
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.markers import MarkerSigner
 
 from .conftest import FAST_FAILOVER_MS, make_topic, wait_until

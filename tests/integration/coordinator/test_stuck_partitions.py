@@ -20,7 +20,8 @@ from confluent_kafka.admin import AdminClient
 from txnstream import Client
 from txnstream.config import Config
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import InvalidRequestError, NotAuthorizedError
 from txnstream.markers import MarkerKind, RecordKind, TxnMarker, classify_headers
 from txnstream.types import TopicPartition, TxnID, TxnStatus

@@ -20,7 +20,8 @@ from txnstream import Client
 from txnstream.config import Config
 from txnstream.coordinator import handlers
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import (
     ConfigError,
     CoordinatorAuthError,

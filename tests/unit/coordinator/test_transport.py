@@ -19,6 +19,7 @@ import pytest
 from txnstream.config import Config
 from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.endpoints import TcEndpoint
+from txnstream.coordinator.line_security import client_ssl_context, server_ssl_context
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.transport import (
     MAX_FRAME_BYTES,
@@ -28,8 +29,6 @@ from txnstream.coordinator.transport import (
     LineLimits,
     Listener,
     ServerConnection,
-    client_ssl_context,
-    server_ssl_context,
 )
 from txnstream.errors import (
     CoordinatorAuthError,
@@ -408,7 +407,7 @@ def test_a_relay_that_passed_the_handshake_along_cannot_inject_a_request(listene
 
 
 def test_a_frame_tag_rejects_replay_reorder_and_alteration():
-    from txnstream.coordinator.transport import FrameKey
+    from txnstream.coordinator.line_security import FrameKey
     sn, cn, who = bytes(range(16)), bytes(range(16, 32)), b"alice"
     sender = FrameKey(SECRET, sn, cn, who, client_side=True)
     receiver = FrameKey(SECRET, sn, cn, who, client_side=False)

@@ -11,14 +11,17 @@ import logging
 import threading
 import time
 from typing import Any
+from unittest.mock import MagicMock
 
 import pytest
 from confluent_kafka import KafkaError
+from confluent_kafka.admin import AdminClient
 
 from txnstream.config import Config, TopicNames
 from txnstream.coordinator.metadata_store import TransactionMetadataStore
+from txnstream.coordinator.ownership import TcIncarnation, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
-from txnstream.coordinator.worker import CoordinatorWorker, _Phase, _Tc
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import KafkaClientError
 
 CONFIG = Config(bootstrap_servers="127.0.0.1:1", topics=TopicNames("__unit"),
@@ -89,6 +92,22 @@ class FakeProducer:
         return 0
 
 
+class FakeKafka:
+    """The worker's Kafka clients: the fakes above, and an admin client that does nothing."""
+
+    def __init__(self, log_batches: list[list[Msg]]) -> None:
+        self.log_batches = log_batches
+
+    def consumer(self, conf: dict[str, Any]) -> FakeConsumer:
+        return FakeConsumer(self.log_batches)
+
+    def producer(self, conf: dict[str, Any]) -> FakeProducer:
+        return FakeProducer()
+
+    def admin(self, conf: dict[str, Any]) -> AdminClient:
+        return MagicMock(spec_set=AdminClient)
+
+
 class FakeConn:
     """The connection a request came in on: what the worker answers."""
 
@@ -109,14 +128,13 @@ def make_worker():
 
     def make(log_batches: list[list[Msg]], requests: list[bytes]
              ) -> tuple[CoordinatorWorker, FakeConn]:
-        w = CoordinatorWorker(CONFIG, worker_id="w-unit")
+        w = CoordinatorWorker(CONFIG, worker_id="w-unit", kafka=FakeKafka(log_batches))
         made.append(w)
-        w._log = FakeConsumer(log_batches)
-        w._producer = FakeProducer()
         conn = FakeConn()
         for r in requests:
             w._inbox.put((r, conn))
-        tc = _Tc(0, TransactionMetadataStore(0, "w-unit"), replay_end=0, phase=_Phase.SERVING)
+        tc = TcIncarnation(0, TransactionMetadataStore(0, "w-unit"), replay_end=0,
+                           phase=TcPhase.SERVING)
         tc.next_checkpoint = float("inf")
         w.tcs[0] = tc
         return w, conn
