@@ -32,8 +32,8 @@ from confluent_kafka import Producer as KafkaProducer
 
 from bench.common import make_topic, pct, workers
 from txnstream import Client, Config
-from txnstream.consumer import Message
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+from txnstream.message import Message
 from txnstream.types import TxnID
 
 VALUE = b"v" * 1024

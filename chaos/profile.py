@@ -87,9 +87,6 @@ class Profile:
     """No txn may stay un-ended past its timeout plus this (failover + finalization)."""
     drain_s: float = 75.0
     """After the workload: the longest wait for processors and consumers to catch up."""
-    consumer_max_buffered_bytes: int = 512
-    """The chaos consumers hold this little behind an open txn, so the re-read path
-    (the consumer's bounded hold, item 1) runs all the time."""
     bounds: Bounds = Bounds()
     hostile: bool = False
     """Add the hostile actors (issues 19/20): an intruder process on the line."""

@@ -147,7 +147,7 @@ class ChaosRun:
             self.sup.add(f"consumer-{i}", "consumer", self._role_argv("consumer", f"consumer-{i}", {
                 "topics": [IN_TOPIC, OUT_TOPIC], "subscription": READ_SUBSCRIPTION,
                 "ack_mode": ("individual", "cumulative")[i % 2],
-                "max_buffered_bytes": p.consumer_max_buffered_bytes, "session_timeout_ms": st}),
+                "session_timeout_ms": st}),
                 env=self.creds.env("chaos-consumer"))
         for i in range(p.processors):
             self.sup.add(f"processor-{i}", "processor", self._role_argv(

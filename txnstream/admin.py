@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,8 @@ from txnstream.coordinator.protocol import TcOp, TxnInfo
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
-    from txnstream.client import Client
+    from txnstream.config import Config
+    from txnstream.coordinator.client import TransactionCoordinatorClient
     from txnstream.pendingack.handle import PendingAckStats
 
 __all__ = ["Admin", "CoordinatorStats", "PartitionBufferStats"]
@@ -47,10 +49,16 @@ class PartitionBufferStats(BufferStats):
 
 
 class Admin:
-    """Admin operations of a :class:`~txnstream.client.Client` (``client.admin``)."""
+    """Admin operations of a :class:`~txnstream.client.Client` (``client.admin``).
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    Built from what it uses: the configuration, and ``coordinator``, which gives the
+    client's coordinator client (made on first use).
+    """
+
+    def __init__(self, config: Config,
+                 coordinator: Callable[[], TransactionCoordinatorClient]) -> None:
+        self._config = config
+        self._coordinator = coordinator
 
     def list_transactions(self, min_age_s: float = 0.0) -> list[TxnInfo]:
         """Every transaction every coordinator still knows, oldest first.
@@ -59,7 +67,7 @@ class Admin:
         coordinator answers in pages; a coordinator that does not answer raises (a list
         is never silently short).
         """
-        tc = self._client.tc
+        tc = self._coordinator()
         txns: list[TxnInfo] = []
         for tc_id in range(tc.num_coordinators):
             after = -1
@@ -75,14 +83,14 @@ class Admin:
     def get_transaction(self, txn_id: TxnID | str) -> TxnInfo:
         """One transaction; ``TransactionNotFoundError`` if unknown."""
         tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
-        reply = self._client.tc.request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits,
+        reply = self._coordinator().request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits,
                                         timeout_s=ADMIN_TIMEOUT_S)
         return reply.txns[0]
 
     def abort_transaction(self, txn_id: TxnID | str) -> TxnInfo:
         """Abort an open transaction (reason ``admin``); returns its new state."""
         tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
-        self._client.tc.request(TcOp.END, tid.tc_id, txn_seq=tid.least_bits, commit=False,
+        self._coordinator().request(TcOp.END, tid.tc_id, txn_seq=tid.least_bits, commit=False,
                                 reason="admin")
         return self.get_transaction(tid)
 
@@ -100,13 +108,13 @@ class Admin:
         from txnstream.coordinator.handlers import FORCE_END
 
         tid = TxnID.parse(txn_id) if isinstance(txn_id, str) else txn_id
-        self._client.tc.request(TcOp.END, tid.tc_id, txn_seq=tid.least_bits, commit=False,
+        self._coordinator().request(TcOp.END, tid.tc_id, txn_seq=tid.least_bits, commit=False,
                                 reason=FORCE_END, timeout_s=ADMIN_TIMEOUT_S)
         return self.get_transaction(tid)
 
     def coordinator_stats(self) -> list[CoordinatorStats]:
         """Per coordinator: counts by status, low watermark, sequence, owner."""
-        replies = self._client.tc.broadcast(TcOp.STATS, timeout_s=ADMIN_TIMEOUT_S)
+        replies = self._coordinator().broadcast(TcOp.STATS, timeout_s=ADMIN_TIMEOUT_S)
         return [CoordinatorStats(r.tc_id, r.owner_id, dict(r.stats)) for r in replies]
 
     def buffer_stats(self, tp: TopicPartition | str) -> PartitionBufferStats:
@@ -121,7 +129,7 @@ class Admin:
         from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
 
         tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
-        config = self._client.config
+        config = self._config
         follower = BufferStateFollower(config, name="admin")
         try:
             low, high = follower.watermarks(tpp)
@@ -146,7 +154,7 @@ class Admin:
         from txnstream.pendingack.store import PendingAckStore
 
         tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
-        store = PendingAckStore(self._client.config, subscription, "admin")
+        store = PendingAckStore(self._config, subscription, "admin")
         try:
             return store.replay(tpp).stats()
         finally:

@@ -16,7 +16,7 @@ from txnstream.errors import ConfigError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from txnstream.consumer import Message
+    from txnstream.message import Message
 
 __all__ = ["arrow_schema", "to_record_batch"]
 

@@ -6,20 +6,19 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from txnstream import validate
 from txnstream.admin import Admin
 from txnstream.config import Config
+from txnstream.consumer import Consumer
 from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import ConfigError, InvalidTxnStatusError
 from txnstream.producer import Producer
-from txnstream.transaction import RegistrationPipeline, Transaction
+from txnstream.registration import RegistrationPipeline
+from txnstream.transaction import Transaction
 from txnstream.types import TxnID, TxnStatus
-
-if TYPE_CHECKING:
-    from txnstream.consumer import Consumer
 
 __all__ = ["Client"]
 
@@ -55,7 +54,7 @@ class Client:
         self._tc: TransactionCoordinatorClient | None = None
         self._lock = threading.Lock()
         self._registrations = RegistrationPipeline()
-        self.admin = Admin(self)
+        self.admin = Admin(config, lambda: self.tc)
 
     @property
     def tc(self) -> TransactionCoordinatorClient:
@@ -176,14 +175,13 @@ class Client:
 
     def create_producer(self, topic: str, **kafka: Any) -> Producer:
         """A producer for ``topic``; extra librdkafka settings apply to it alone."""
-        return Producer(self, topic, **kafka)
+        return Producer(self.config, topic, **kafka)
 
     def subscribe(self, topics: str | Sequence[str], subscription: str,
                   initial_position: str = "earliest", **options: Any) -> Consumer:
         """A committed-only consumer; ``subscription`` is its Kafka consumer group."""
-        from txnstream.consumer import Consumer
-
-        return Consumer(self, topics, subscription, initial_position, **options)
+        return Consumer(self.config, self.admin, topics, subscription, initial_position,
+                        **options)
 
     def close(self) -> None:
         """Release Kafka clients.

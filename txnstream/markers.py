@@ -21,11 +21,18 @@ import enum
 import hashlib
 import hmac
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
+from txnstream.message import (
+    RESERVED_HEADERS,
+    TXN_ID_HEADER,
+    TXN_MAC_HEADER,
+    TXN_MARKER_HEADER,
+    Headers,
+    split_headers,
+)
 from txnstream.types import TxnID
 
 __all__ = [
@@ -40,16 +47,8 @@ __all__ = [
     "classify_headers",
 ]
 
-TXN_ID_HEADER = "txn.id"
-TXN_MARKER_HEADER = "txn.marker"
-TXN_MAC_HEADER = "txn.mac"
-RESERVED_HEADERS = frozenset((TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_MAC_HEADER))
-"""Header names a user's record may not carry."""
 MAC_BYTES = 16
 """HMAC-SHA256 truncated to 128 bits, as the line's frame tags."""
-
-Headers = Sequence[tuple[str, bytes | None]] | None
-
 
 class MarkerKind(enum.Enum):
     """What a marker says about its transaction."""
@@ -145,15 +144,7 @@ def classify_headers(headers: Headers) -> tuple[RecordKind, TxnID | None]:
     Raises ``CorruptRecordError`` for a malformed ``txn.id`` header or a ``txn.marker``
     header without a valid ``txn.id``; callers log the position and skip the record.
     """
-    if not headers:
-        return RecordKind.PLAIN, None
-    txn_raw: bytes | None = None
-    is_marker = False
-    for key, value in headers:
-        if key == TXN_ID_HEADER:
-            txn_raw = value
-        elif key == TXN_MARKER_HEADER:
-            is_marker = True
+    txn_raw, is_marker, _ = split_headers(headers)
     if txn_raw is None:
         if is_marker:
             raise CorruptRecordError("marker record without a txn.id header")

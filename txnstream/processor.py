@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from txnstream.client import Client
-from txnstream.consumer import Message
 from txnstream.errors import TransactionOutcomeUnknownError, TxnStreamError
+from txnstream.message import Message
 from txnstream.types import TxnStatus
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from txnstream.markers import RESERVED_HEADERS, TXN_ID_HEADER
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
-    from txnstream.client import Client
+    from txnstream.config import Config
     from txnstream.transaction import Transaction
 
 __all__ = ["Producer", "murmur2_partition"]
@@ -67,15 +67,14 @@ class _BatchSends:
 class Producer:
     """Sends to one topic; thread-safe; use ``client.create_producer(topic)``."""
 
-    def __init__(self, client: Client, topic: str, **kafka: object) -> None:
+    def __init__(self, config: Config, topic: str, **kafka: object) -> None:
         self.topic = topic
-        self._client = client
-        self._kafka = KafkaProducer(client.config.producer(**kafka))
-        meta = self._kafka.list_topics(topic, timeout=client.config.admin_timeout_s)
+        self._kafka = KafkaProducer(config.producer(**kafka))
+        meta = self._kafka.list_topics(topic, timeout=config.admin_timeout_s)
         tmeta = meta.topics.get(topic)
         if tmeta is None or tmeta.error is not None or not tmeta.partitions:
             raise ConfigError(f"topic {topic!r} does not exist on "
-                              f"{client.config.bootstrap_servers}")
+                              f"{config.bootstrap_servers}")
         self.num_partitions = len(tmeta.partitions)
         self._rr = itertools.count()
         self._lock = threading.Lock()

@@ -5,18 +5,10 @@ per transaction, cached here). ``commit()`` first waits for the transaction's
 outstanding registrations and sends; a failed one makes the transaction abort-only, so
 its commit raises and aborts instead.
 
-Pipelined registration (:class:`RegistrationPipeline`, one per ``Client``): a new
-partition's ``ADD_PARTITIONS`` goes out on a background thread and the write proceeds
-at once, except the first registration of a topic by this client, which the writer
-waits for: the coordinator writes the topic's buffer registration (every partition of
-it) before it confirms that first request, and readers rely on a registration
-preceding every txn record of a partition. A pipelined registration that fails (the txn
-timed out, or an admin aborted it) leaves records in a partition the coordinator does
-not know; its ABORT markers miss it, and the buffer's owner aborts the txn there once
-the coordinator's low watermark passes it (docs/buffer.md, "Unblocking"): nothing of it
-is ever delivered. Subscriptions are always registered before the ack: the pending-ack
-log has no such low-watermark rule, so an ack whose txn ended without a mark for its
-subscription would stay pending on every replay.
+Pipelined registration: a new partition's ``ADD_PARTITIONS`` goes out in the
+background (:mod:`txnstream.registration`) and the write proceeds at once, except a
+topic's first registration by the client; subscriptions are always registered before
+the ack.
 
 The deadline: a transaction knows its timeout and when it opened (when the reply to
 NEW arrived, so the client's deadline is never earlier than the coordinator's, which
@@ -48,8 +40,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -64,12 +55,13 @@ from txnstream.errors import (
     TransactionTimeoutError,
     TxnStreamError,
 )
+from txnstream.registration import BackgroundRequests, RegistrationPipeline
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.coordinator.client import TransactionCoordinatorClient
 
-__all__ = ["Transaction", "RegistrationPipeline"]
+__all__ = ["Transaction"]
 
 log = logging.getLogger(__name__)
 
@@ -82,79 +74,6 @@ them too); their records are dropped by readers either way, so it need not wait 
 SEND_DRAIN_TIMEOUT_S = 30.0
 """How long an end waits for sends that passed the OPEN check to reach librdkafka; a
 send holds the guard only for one ``produce()`` call (plus librdkafka back-pressure)."""
-END_THREADS = 16
-"""Threads for commits in the background (:meth:`Transaction.commit_async`)."""
-REGISTRATION_THREADS = 64
-"""Threads (made on demand) sending a client's pipelined requests: activations and
-registrations. Each holds its thread for one coordinator round trip while it only
-waits, so they must not queue behind each other: with 4, sixteen concurrent txns (two
-background requests each) waited through eight round trips in a row at every commit
-(py-spy: half the client's thread time in commit's wait). Waiting threads cost no CPU."""
-
-
-class RegistrationPipeline:
-    """A client's background registrations, and the topics it may pipeline.
-
-    A topic becomes pipelinable once this client saw a registration of one of its
-    partitions succeed (:meth:`confirm`): the coordinator registered the whole topic
-    for the buffer before confirming it. Threads start on first use.
-    """
-
-    def __init__(self, threads: int = REGISTRATION_THREADS) -> None:
-        self._threads = threads
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
-        self._ends: ThreadPoolExecutor | None = None
-        """Commits in the background (``commit_async``): their own threads, since a
-        commit waits for registrations sent on the other pool."""
-        self._topics: set[str] = set()
-        self._closed = False
-
-    def knows(self, topic: str) -> bool:
-        """Whether a registration of ``topic`` succeeded through this client."""
-        return topic in self._topics
-
-    def confirm(self, topics: Iterable[str]) -> None:
-        """Registrations of ``topics`` succeeded: later ones may be pipelined."""
-        with self._lock:
-            self._topics.update(topics)
-
-    def submit(self, fn: Callable[[], None]) -> Future[None] | None:
-        """Run ``fn`` on a pipeline thread; None once closed (the caller runs it)."""
-        with self._lock:
-            if self._closed:
-                return None
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self._threads,
-                                                    thread_name_prefix="txnstream-register")
-            return self._executor.submit(fn)
-
-    def submit_end(self, fn: Callable[[], None]) -> Future[None] | None:
-        """Run an end (a commit) on its own thread; None once closed."""
-        with self._lock:
-            if self._closed:
-                return None
-            if self._ends is None:
-                self._ends = ThreadPoolExecutor(END_THREADS,
-                                                thread_name_prefix="txnstream-commit")
-            return self._ends.submit(fn)
-
-    def close(self, wait: bool = False) -> None:
-        """Stop.
-
-        Background commits already asked for finish first; registrations not sent yet
-        are cancelled (their transactions become abort-only).
-        """
-        with self._lock:
-            self._closed = True
-            executor, self._executor = self._executor, None
-            ends, self._ends = self._ends, None
-        if ends is not None:
-            ends.shutdown(wait=True)
-        if executor is not None:
-            executor.shutdown(wait=wait, cancel_futures=True)
-
-
 class Transaction:
     """One open transaction; usable from many threads, producers and consumers at once."""
 
@@ -176,8 +95,7 @@ class Transaction:
         self.deadline_s = (clock() if opened_at is None else opened_at) + timeout_s
         """When the coordinator will have aborted it if still open (on ``clock``)."""
         self._pipeline = pipeline
-        self._registering: list[Future[None]] = []
-        self._registration_error: BaseException | None = None
+        self._requests = BackgroundRequests(txn_id, pipeline, self._request_failed)
         self._timed_out = False
         """commit() found the deadline passed: every later commit() says so again."""
         self._status = TxnStatus.OPEN
@@ -299,48 +217,17 @@ class Transaction:
         abort-only (the commit raises that error). False if there is no pipeline (the
         caller sends it itself).
         """
-        pipeline = self._pipeline
-        if pipeline is None:
-            return False
-
-        def run() -> None:
-            try:
-                request()
-            except BaseException as exc:
-                with self._state_lock:
-                    if self._registration_error is None:
-                        self._registration_error = exc
-                self.mark_abort_only(exc)
-                if isinstance(exc, _ENDED_ERRORS):
-                    self.ended_remotely(exc)
-                raise
-
-        future = pipeline.submit(run)
-        if future is None:
-            return False
-        with self._state_lock:
-            self._registering = [f for f in self._registering if not f.done()]
-            self._registering.append(future)
-        return True
+        return self._requests.send(request)
 
     def _await_registrations(self, timeout_s: float | None = None) -> None:
         """Wait for the pipelined registrations sent so far (``timeout_s``: at most)."""
-        with self._state_lock:
-            futures, self._registering = self._registering, []
-        if not futures:
-            return
-        _, not_done = wait_futures(futures, timeout_s)
-        cancelled = [f for f in futures if f.cancelled()]
-        if cancelled or not_done:
-            # Never sent (the client closed) or not answered in time: not known to be in.
-            exc = TxnStreamError(f"{len(cancelled) + len(not_done)} partition registrations "
-                                 f"of {self.id} were not confirmed (the client closed, or "
-                                 f"no answer within {timeout_s}s)", self.id)
-            with self._state_lock:
-                if self._registration_error is None:
-                    self._registration_error = exc
-                self._registering.extend(not_done)
-            self.mark_abort_only(exc)
+        self._requests.wait(timeout_s)
+
+    def _request_failed(self, exc: BaseException) -> None:
+        """A background request failed or was not confirmed: the txn can only abort."""
+        self.mark_abort_only(exc)
+        if isinstance(exc, _ENDED_ERRORS):
+            self.ended_remotely(exc)
 
     def register_subscriptions(self, subs: Iterable[SubscriptionRef]) -> None:
         """Tell the coordinator about acked subscriptions (before acking on them).
@@ -382,8 +269,7 @@ class Transaction:
                 return  # this handle is ending it itself (its own abort's notice)
             if self._remote_end is None:
                 self._remote_end = error
-            if self._registration_error is None:
-                self._registration_error = error
+            self._requests.keep(error)
             if self._abort_only is None:
                 self._abort_only = error
 
@@ -393,11 +279,24 @@ class Transaction:
             if self._abort_only is None:
                 self._abort_only = cause
 
-    def _run_flushers(self) -> None:
+    def _run_flushers(self, deadline: float | None = None) -> None:
+        """Wait for every producer's and consumer's sends and acks of this txn.
+
+        With ``deadline`` (an abort's): until then at most, and failures are ignored
+        (an aborted txn's records are dropped by readers either way).
+        """
         with self._state_lock:
             flushers = list(self._flushers.values())
         for flush in flushers:
-            flush()
+            if deadline is None:
+                flush()
+                continue
+            if time.monotonic() > deadline:
+                return
+            try:
+                flush()
+            except Exception:  # noqa: BLE001 - failed sends are dropped anyway
+                pass
 
     def flush(self) -> None:
         """Wait for the txn's registrations and sends; ``TxnStreamError`` if one failed.
@@ -457,7 +356,7 @@ class Transaction:
                     cause = self._abort_only
                     self._set_status(TxnStatus.ABORTING)
                     self._send_abort()
-                    failed = self._registration_error
+                    failed = self._requests.error
                     if isinstance(failed, TxnStreamError) and not isinstance(
                             failed, RequestTimeoutError):
                         raise failed  # the coordinator's verdict: timed out, aborted, ...
@@ -512,16 +411,7 @@ class Transaction:
                 self._leave_open(TxnStatus.ABORTING)
                 # Registrations first, so the ABORT markers reach every partition written.
                 self._await_registrations(ABORT_FLUSH_TIMEOUT_S)
-                deadline = time.monotonic() + ABORT_FLUSH_TIMEOUT_S
-                with self._state_lock:
-                    flushers = list(self._flushers.values())
-                for flush in flushers:
-                    if time.monotonic() > deadline:
-                        break
-                    try:
-                        flush()
-                    except Exception:  # noqa: BLE001 - failed sends are dropped anyway
-                        pass
+                self._run_flushers(deadline=time.monotonic() + ABORT_FLUSH_TIMEOUT_S)
             self._send_abort()
 
     def _time_out(self) -> None:
@@ -576,7 +466,7 @@ class Transaction:
             listeners = list(self._end_listeners.values())
             self._end_listeners.clear()
             self._flushers.clear()
-            self._registering.clear()
+            self._requests.clear()
         for listener in listeners:
             listener(status is TxnStatus.COMMITTED)
 

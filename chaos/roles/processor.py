@@ -27,8 +27,9 @@ from typing import Any
 from chaos.roles.common import RoleArgs, commit_outcome, run_role
 from chaos.truth import TruthLog, decode_value, encode_value
 from txnstream import Client
-from txnstream.consumer import Consumer, Message
+from txnstream.consumer import Consumer
 from txnstream.errors import TxnStreamError
+from txnstream.message import Message
 
 log = logging.getLogger("chaos.processor")
 

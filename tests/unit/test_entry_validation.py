@@ -374,8 +374,7 @@ def producer(monkeypatch):
     import txnstream.producer as prod
 
     monkeypatch.setattr(prod, "KafkaProducer", FakeKafkaProducer)
-    client = SimpleNamespace(config=Config(bootstrap_servers="127.0.0.1:1"))
-    return prod.Producer(client, "out")  # type: ignore[arg-type]
+    return prod.Producer(Config(bootstrap_servers="127.0.0.1:1"), "out")
 
 
 @pytest.mark.parametrize("partition, says", [
@@ -567,3 +566,11 @@ def test_sink_clients_are_cached_per_secret_too():
     pw1 = sink(**{"kafka.sasl.password": "p1"}).config
     pw2 = sink(**{"kafka.sasl.password": "p2"}).config
     assert src._client_key(pw1) != src._client_key(pw2)
+
+
+def test_the_removed_max_buffered_bytes_is_refused_naming_what_to_use():
+    from txnstream.consumer import Consumer
+
+    with pytest.raises(ConfigError, match="max_buffered_bytes was removed.*fetch.max.bytes"):
+        Consumer(Config(bootstrap_servers="127.0.0.1:1"), None, "t", "s",  # type: ignore[arg-type]
+                 max_buffered_bytes=3_000)

@@ -17,7 +17,8 @@ import pytest
 
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
-from txnstream.transaction import RegistrationPipeline, Transaction
+from txnstream.registration import RegistrationPipeline
+from txnstream.transaction import Transaction
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 

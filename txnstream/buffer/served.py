@@ -35,7 +35,7 @@ from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
 from txnstream.types import TopicPartition, TxnID
 
-__all__ = ["BufferStateKind", "BufferStateRecord", "BufferView", "take_delta"]
+__all__ = ["BufferStateKind", "BufferStateRecord", "BufferView", "ServeStatus", "take_delta"]
 
 
 class BufferStateKind(enum.Enum):
@@ -43,6 +43,16 @@ class BufferStateKind(enum.Enum):
 
     OWNER = "OWNER"
     DELTA = "DELTA"
+
+
+class ServeStatus(enum.Enum):
+    """What a reader knows of a partition."""
+
+    PLAIN = "plain"
+    """Never registered in a txn: every record is visible (until a txn record appears)."""
+    WAITING = "waiting"
+    """Registered, but no served state yet (no buffer owner, or a gap being reloaded)."""
+    SERVED = "served"
 
 
 @dataclass(frozen=True, slots=True)

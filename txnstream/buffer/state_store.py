@@ -23,7 +23,6 @@ Start-up cost is the snapshot partition's scan plus the deltas since the snapsho
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 import uuid
@@ -33,7 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferView
+from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferView, ServeStatus
 from txnstream.buffer.snapshot_store import LatestSnapshotFinder, TransactionBufferSnapshotStore
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
@@ -52,16 +51,6 @@ moving) is retried before the error is raised (``follow``) or the partition wait
 the next rescan (``poll``)."""
 WAIT_WARN_AFTER_S = 10.0
 """A partition registered but not served for this long is logged as a warning."""
-
-
-class ServeStatus(enum.Enum):
-    """What a reader knows of a partition."""
-
-    PLAIN = "plain"
-    """Never registered in a txn: every record is visible (until a txn record appears)."""
-    WAITING = "waiting"
-    """Registered, but no served state yet (no buffer owner, or a gap being reloaded)."""
-    SERVED = "served"
 
 
 class BufferStateFollower:

@@ -58,13 +58,13 @@ from txnstream.buffer.offset_runs import OffsetRuns
 from txnstream.errors import CorruptRecordError
 from txnstream.markers import (
     TXN_ID_HEADER,
-    TXN_MARKER_HEADER,
     MarkerKind,
     MarkerSigner,
     RecordKind,
     TxnMarker,
     classify_headers,
 )
+from txnstream.message import split_headers
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
@@ -391,7 +391,7 @@ class TransactionBuffer:
                     run_raw, run = ((raw, self.ongoing[txn_id])
                                     if verdict is Verdict.TXN_PENDING else (None, None))
                     continue
-            is_marker = headers is not None and any(k == TXN_MARKER_HEADER for k, _ in headers)
+            is_marker = split_headers(headers)[1]  # the value is read for markers only
             ts = m.timestamp()[1]
             verdict = self.fold(offset, headers, m.value() if is_marker else None,
                                 ts if ts > 0 else None)

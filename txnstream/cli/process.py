@@ -8,7 +8,7 @@ import signal
 from txnstream.cli import console
 from txnstream.cli._common import add_topic_flags, config_from_args, table
 from txnstream.client import Client
-from txnstream.consumer import Message
+from txnstream.message import Message
 from txnstream.processor import ExactlyOnceProcessor
 
 

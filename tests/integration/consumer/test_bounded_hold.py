@@ -40,7 +40,7 @@ def test_overflowed_txn_committed_in_the_same_batch_as_later_records_is_delivere
     producer.flush()
 
     sub = f"hold-{uuid.uuid4().hex[:6]}"
-    consumer = client.subscribe(topic, subscription=sub, max_buffered_bytes=3_000)
+    consumer = client.subscribe(topic, subscription=sub)
     got = drain(consumer, 14)
     offsets = [m.offset for m in got]
     assert offsets == [*range(10), *range(11, 15)], f"delivered {offsets}"
@@ -66,7 +66,7 @@ def test_cursor_never_passes_records_not_yet_delivered(config, worker, client):
     producer.flush()
 
     sub = f"hold-{uuid.uuid4().hex[:6]}"
-    consumer = client.subscribe(topic, subscription=sub, max_buffered_bytes=3_000)
+    consumer = client.subscribe(topic, subscription=sub)
     first = drain(consumer, 3)
     assert [m.offset for m in first] == [0, 1, 2]
     for m in first:

@@ -202,7 +202,7 @@ def test_redelivery_after_abort_is_in_offset_order(config, worker, client):
     p.flush()
     c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
     first = receive_n(c, 3)
-    wait_until(lambda: len(c._ready) == 2, 10, "3 and 4 fetched")
+    wait_until(lambda: len(c._queue.ready) == 2, 10, "3 and 4 fetched")
     txn = client.new_transaction(timeout_s=30)
     for m in first:
         c.acknowledge(m, txn=txn)

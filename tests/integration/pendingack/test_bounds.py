@@ -57,7 +57,7 @@ def test_a_new_owner_replays_from_the_latest_checkpoint_not_the_log_start(config
 
 
 def test_per_txn_bookkeeping_ends_with_the_txn(config, worker, client):
-    """Consumer._txns, the store's written/failed maps and the producer's per-txn maps
+    """Consumer.tracked_txns(), the store's written/failed maps and the producer's per-txn maps
     are emptied when a txn ends: committed, aborted, or aborted at its timeout."""
     src, dst = make_topic(config, 1), make_topic(config, 2)
     fill(client, src, 150)
@@ -77,10 +77,10 @@ def test_per_txn_bookkeeping_ends_with_the_txn(config, worker, client):
         else:
             txn.flush()                 # abandoned: the coordinator aborts it at 1.5 s
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (c._txns or c._acks.tracked_txns()):
+    while time.monotonic() < deadline and (c.tracked_txns() or c._acks.tracked_txns()):
         c.receive(timeout_s=0.5)        # marks of timed-out txns arrive here
     producer.send_batch([b"z"], [0], client.new_transaction(timeout_s=30))  # sweeps
-    assert len(c._txns) == 0 and len(c._txn_tps) == 0, len(c._txns)
+    assert c.tracked_txns() == 0, c.tracked_txns()
     assert c._acks.tracked_txns() == 0
     assert producer.tracked_txns() <= 1
     c.close()

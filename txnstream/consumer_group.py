@@ -1,0 +1,456 @@
+"""A consumer's membership in its subscription: Kafka's group, pending-ack ownership.
+
+The subscription is a Kafka consumer group (``cooperative-sticky``): the group assigns
+partitions, and the member that is assigned one becomes its owner in the pending-ack
+log before delivering anything (DESIGN.md section 7):
+
+1. **take**: read the committed cursor and its checkpoint pointer (offset metadata),
+   replay the partition's pending acks from that checkpoint, write an ``OWNER`` record
+   of a new generation and fold the log up to it (a zombie's late ack included), end
+   at once the txns of fenced or dead owners that hold acks there, and start fetching
+   at the cursor;
+2. **retake**: a take that failed (the log not readable yet) or a claim a newer owner
+   fenced while the group still assigns the partition here is tried again later;
+3. **release**: a clean revoke flushes the acks and commits the cursor first; a lost
+   partition commits nothing (another member may own it already);
+4. **cursor commits** (batched, twice a second) carry the latest pending-ack checkpoint
+   as offset metadata, so lag tools keep working and a new owner replays seconds of the
+   log, never all of it;
+5. **pause and resume**: a partition waits (paused, sought back) at the first record
+   past the served max read position, and resumes when the position reaches it.
+
+:class:`GroupMember` does all of this for the :class:`~txnstream.consumer.Consumer`,
+under the consumer's lock, and tells it through :class:`DeliveryOwner` when a partition
+stops being delivered here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
+
+from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
+from txnstream.delivery import PartitionDelivery
+from txnstream.errors import (
+    KafkaErrorKind,
+    NotAuthorizedError,
+    TransactionNotFoundError,
+    TxnStreamError,
+    classify_kafka_error,
+)
+from txnstream.pendingack.handle import PendingAckHandle
+from txnstream.pendingack.store import Checkpointed, PendingAckStore
+from txnstream.types import TopicPartition, TxnStatus
+
+if TYPE_CHECKING:
+    from txnstream.admin import Admin
+    from txnstream.config import Config
+
+__all__ = ["DeliveryOwner", "GroupMember"]
+
+log = logging.getLogger("txnstream.consumer")
+
+DATA_FETCH_WAIT_MS = 5
+"""The broker's long-poll wait for data fetches. A reader pauses a partition at the max
+read position and resumes it when a commit moves it: a fetch still parked on the broker
+(librdkafka's default 500 ms) would delay the records the commit made visible."""
+COMMIT_INTERVAL_S = 0.5
+"""Cursor commits are batched: at most two offset commits a second per consumer."""
+RETAKE_AFTER_S = 10.0
+"""After a newer owner fenced this member on a partition the group still assigns to it,
+wait this long (about a session timeout: the group settles who owns it meanwhile, and
+a revoke cancels the retake) before replaying and claiming it again."""
+CHECKPOINT_INTERVAL_S = 10.0
+"""How often an owner checkpoints a partition's pending acks (when they changed): a new
+owner replays the pending-ack log from the latest checkpoint, so its replay reads about
+this many seconds of the log, never the whole log."""
+CLAIM_RETRY_S = 1.0
+"""A takeover that failed (log not readable yet) is tried again after this long."""
+
+
+class DeliveryOwner(Protocol):
+    """What the member tells the consumer it serves."""
+
+    def partition_dropped(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
+        """``tp`` is no longer delivered here: forget its waiting messages.
+
+        With ``fence_txns``, make the txns holding acks on it abort-only.
+        """
+
+
+class GroupMember:
+    """One member of a subscription's group: takes, keeps and releases its partitions.
+
+    Every method but the Kafka callbacks runs under ``lock`` (the consumer's), and so
+    do the callbacks where they touch shared state.
+    """
+
+    def __init__(self, config: Config, admin: Admin, topics: Sequence[str],
+                 subscription: str, member_id: str, *, owner: DeliveryOwner,
+                 lock: threading.RLock, acks: PendingAckStore,
+                 follower: BufferStateFollower, initial_position: str,
+                 checkpoint_interval_s: float, abort_predecessor_txns: bool,
+                 kafka: dict[str, object]) -> None:
+        self._config = config
+        self._admin = admin
+        self.subscription = subscription
+        self.member_id = member_id
+        self._owner = owner
+        self._lock = lock
+        self._acks = acks
+        self._follower = follower
+        self._initial = initial_position
+        self._checkpoint_interval = checkpoint_interval_s
+        self._abort_predecessors = abort_predecessor_txns
+        self.readers: dict[TopicPartition, PartitionDelivery] = {}
+        """The partitions taken (claimed) here."""
+        self._owned: set[TopicPartition] = set()
+        """Partitions the group assigns to this member (whether or not claimed yet)."""
+        self._retake: dict[TopicPartition, float] = {}
+        """Owned partitions to (re)claim, with when: failed takeovers and fenced ones."""
+        self._last_commit = 0.0
+        self.kafka = KafkaConsumer(config.consumer(
+            subscription, **{"auto.offset.reset": initial_position,
+                             "partition.assignment.strategy": "cooperative-sticky",
+                             "fetch.wait.max.ms": DATA_FETCH_WAIT_MS}, **kafka))
+        self.kafka.subscribe(list(topics), on_assign=self._on_assign,
+                             on_revoke=self._on_revoke, on_lost=self._on_lost)
+
+    def drop(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
+        """Stop delivering ``tp`` (lock held)."""
+        self.readers.pop(tp, None)
+        self._follower.unfollow(tp)
+        self._owner.partition_dropped(tp, why, fence_txns)
+
+    def fenced(self, tp: TopicPartition) -> None:
+        """A newer owner claimed ``tp`` (lock held): stop delivering it here.
+
+        It stays paused in the assignment and is claimed again later if the group still
+        assigns it here (the other claim was a zombie's); a revoke cancels that.
+        """
+        self.drop(tp, "fenced", fence_txns=False)
+        try:  # stays in librdkafka's assignment (it is the group's), paused
+            self.kafka.pause([KafkaTP(tp.topic, tp.partition)])
+        except KafkaException as exc:
+            log.debug("pause %s: %s", tp, exc)
+        if tp in self._owned:
+            self._retake[tp] = time.monotonic() + RETAKE_AFTER_S
+
+    def close(self) -> None:
+        """Leave the group (the cursor is committed by the caller first)."""
+        try:
+            self.kafka.close()
+        except KafkaException as exc:  # the group is gone already: nothing left to leave
+            log.info("%s: close: %s", self.member_id, exc)
+
+    def _on_assign(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
+        # A rebalance callback must never raise (it would surface from poll() and end the
+        # caller): a takeover that fails is retried from receive(). librdkafka's
+        # assignment always equals the group's (a partition not taken yet, or fenced,
+        # stays assigned but paused), else its automatic unassign on the next revoke
+        # fails inside poll().
+        ready, waiting = [], []
+        for p in parts:
+            tp = TopicPartition(p.topic, p.partition)
+            with self._lock:
+                self._owned.add(tp)
+            try:
+                ready.append(self._take(tp))
+            except (TxnStreamError, KafkaException) as exc:
+                log.warning("%s: cannot take %s yet (%s); retrying in %.0fs", self.member_id,
+                            tp, exc, CLAIM_RETRY_S)
+                waiting.append(KafkaTP(p.topic, p.partition))
+                with self._lock:
+                    self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
+        consumer.incremental_assign([*ready, *waiting])
+        if ready:  # a partition paused (not taken, fenced) before a revoke stays paused
+            consumer.resume(ready)
+        if waiting:
+            consumer.pause(waiting)
+
+    def _take(self, tp: TopicPartition) -> KafkaTP:
+        """Become the owner of ``tp``: replay its pending acks, claim it.
+
+        Returns where to start fetching (the caller assigns it). Nothing is delivered
+        before the claim's OWNER record is in the log and every record before it is
+        folded (a zombie's late ack included).
+        """
+        timeout = self._config.admin_timeout_s
+        ktp = KafkaTP(tp.topic, tp.partition)
+        found = self.kafka.committed([ktp], timeout=timeout)[0]
+        committed = found.offset
+        pointer = Checkpointed.from_metadata(found.metadata)
+        with self._lock:
+            status = self._follower.follow(tp)
+        low, high = self.kafka.get_watermark_offsets(ktp, timeout=timeout)
+        if committed >= 0:
+            start = committed
+        elif self._initial == "earliest":
+            start = low
+        else:  # latest: the committed end (Kafka's LSO) as of now
+            start = high
+            if status is not ServeStatus.PLAIN:
+                start = self._committed_end(tp, high, low, timeout)
+        # Rebuild the pending acks before delivering anything, then claim the partition.
+        handle = self._acks.replay(tp, pointer)
+        start = max(start, handle.cursor, low)
+        owner_at = self._acks.claim(handle, cursor=start)
+        self._end_predecessors(tp, handle)
+        reader = PartitionDelivery(tp, self._follower.status.get(tp, status), deliver_pos=start,
+                                  committed=committed, handle=handle, checkpoint=pointer)
+        with self._lock:
+            self.readers[tp] = reader
+            self._retake.pop(tp, None)
+            # The tail passes what follows the OWNER to this reader from now on: under
+            # the consumer lock, as every reader of the tail runs.
+            self._acks.resume_tail(tp, owner_at + 1)
+        return KafkaTP(tp.topic, tp.partition, start)
+
+    def _end_predecessors(self, tp: TopicPartition, handle: PendingAckHandle) -> None:
+        """After a claim, end at once the txns of fenced owners that hold acks on ``tp``.
+
+        (Step 1, the abort of an OPEN txn, only with ``abort_predecessor_txns``: the
+        exactly-once processor's setting.)
+
+        Every txn pending in ``handle`` now acked under an older generation than this
+        claim's OWNER: its member is fenced (it can only abort: its read-back meets this
+        OWNER) or dead. Waiting for its timeout would hold those inputs back while later
+        ones are processed (input order broken, a stall of the txn timeout); Kafka's
+        ``initTransactions`` aborts a predecessor's txn at once, and so does this. Per
+        txn, before anything of ``tp`` is delivered:
+
+        1. an OPEN txn is aborted through its coordinator (``admin.abort_transaction``;
+           the reply comes once its ABORT marks are written) and its acks are dropped
+           here, so its inputs are delivered first, in offset order;
+        2. an ended txn (a late ack of it outlived ``CHECKPOINT_ENDED_MAX``, or its mark
+           is still on the way) gets its outcome applied; one the coordinator no longer
+           knows ended long ago: its acks here are late ones and are dropped;
+        3. a COMMITTING/ABORTING txn is left to its mark (the coordinator is ending it).
+
+        The abort is authorized like any other: the principal that opened the txn or an
+        admin. A member whose principal differs (and is no admin) gets
+        ``NotAuthorizedError``: it logs a warning and the txn ends at its timeout, as
+        before. Any other failure (a coordinator not answering) falls back the same way;
+        nothing here raises.
+        """
+        admin = self._admin
+        for txn_id in sorted(handle.pending_txns()):
+            try:
+                info = admin.get_transaction(txn_id)
+                if info.status is TxnStatus.OPEN and not self._abort_predecessors:
+                    continue  # its client may still commit it: its acks stay pending
+                if info.status is TxnStatus.OPEN:
+                    log.warning("%s: %s is held by %s of a fenced or dead owner; aborting it",
+                                self.member_id, tp, txn_id)
+                    info = admin.abort_transaction(txn_id)
+            except TransactionNotFoundError:
+                handle.abort(txn_id)
+                continue
+            except NotAuthorizedError as exc:
+                log.warning("%s: %s holds acks on %s but this member may not abort it (%s); "
+                            "its inputs wait for its timeout", self.member_id, txn_id, tp, exc)
+                continue
+            except TxnStreamError as exc:
+                log.warning("%s: could not end %s, which holds acks on %s (%s); its inputs "
+                            "wait for its end", self.member_id, txn_id, tp, exc)
+                continue
+            if info.status is TxnStatus.ABORTED:
+                handle.abort(txn_id)
+            elif info.status is TxnStatus.COMMITTED:
+                handle.commit(txn_id)
+
+    def _committed_end(self, tp: TopicPartition, high: int, low: int, timeout_s: float) -> int:
+        """Where ``latest`` starts on a served partition: the committed end as of now.
+
+        That is its max read position + 1 once the owner has folded up to ``high``
+        (records before it may belong to a txn still open, which ``high`` itself would
+        skip). An owner that does not get there in ``timeout_s`` leaves the served
+        position so far (a warning says so).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                self._follower.catch_up([tp], timeout_s=max(0.1, deadline - time.monotonic()))
+                view = self._follower.views.get(tp)
+            if view is not None and view.position >= high - 1:
+                return min(high, view.max_read_position + 1)
+            if time.monotonic() >= deadline:
+                at = view.max_read_position + 1 if view is not None else low
+                log.warning("%s: the buffer owner of %s has not folded to its end (%d) in "
+                            "%.0fs; 'latest' starts at the served position %d", self.member_id,
+                            tp, high, timeout_s, at)
+                return max(low, at)
+            time.sleep(0.05)
+
+    def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
+        """A clean revoke: our acks are made durable and the cursor committed first."""
+        self._acks.flush()  # acks land before the next owner's OWNER: they stay valid
+        with self._lock:
+            self.commit(force=True)
+        self._release_partitions(consumer, parts, lost=False)
+
+    def _on_lost(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
+        """Lost (the session timed out, e.g. this process was paused past it).
+
+        Another member may own these already, so nothing is committed for them, and our
+        txns that acked on them can only abort (their acks may land after the new
+        owner's OWNER).
+        """
+        self._release_partitions(consumer, parts, lost=True)
+
+    def _release_partitions(self, consumer: KafkaConsumer, parts: list[KafkaTP],
+                            lost: bool) -> None:
+        tps = {TopicPartition(p.topic, p.partition) for p in parts}
+        with self._lock:
+            for tp in tps:
+                self._owned.discard(tp)
+                self._retake.pop(tp, None)
+                self.drop(tp, f"partition {'lost' if lost else 'revoked'}", fence_txns=lost)
+        try:
+            # librdkafka's assignment is the group's (see _on_assign), so these are all
+            # assigned. Always called: a callback that calls no unassign makes the client
+            # unassign by itself, and that error escapes poll() (or close()). Nothing
+            # else is asked of the handle here: during close() it is being destroyed.
+            consumer.incremental_unassign(parts)
+        except KafkaException as exc:  # librdkafka already dropped them (lost)
+            log.info("%s: unassign %s: %s", self.member_id, parts, exc)
+
+    def unblock(self, moved: set[TopicPartition]) -> None:
+        """Resume partitions whose served max read position reached where they wait."""
+        for r in self.readers.values():
+            if r.status is ServeStatus.WAITING:
+                r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
+            if r.wait_at is None or (r.tp not in moved and r.status is not ServeStatus.SERVED):
+                continue
+            view = self._follower.views.get(r.tp)
+            if view is not None and view.max_read_position >= r.wait_at:
+                # Seek again after the resume: a resumed partition alone is fetched again
+                # only at librdkafka's next periodic fetch decision (~1 s later).
+                ktp = KafkaTP(r.tp.topic, r.tp.partition, r.wait_at)
+                try:
+                    self.kafka.resume([ktp])
+                    self.kafka.seek(ktp)
+                except KafkaException as exc:
+                    log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
+                    continue
+                r.wait_at = None
+
+    def wait_at(self, r: PartitionDelivery, offset: int) -> None:
+        """Stop fetching ``r`` at ``offset`` until the served state covers it.
+
+        The rest of the current fetch batch for it is ignored (``wait_at`` is set); the
+        seek makes the fetcher drop what it prefetched beyond.
+        """
+        r.wait_at = offset
+        ktp = KafkaTP(r.tp.topic, r.tp.partition, offset)
+        try:
+            self.kafka.pause([ktp])
+            self.kafka.seek(ktp)
+        except KafkaException as exc:
+            log.warning("%s: pause %s at %d: %s", self.member_id, r.tp, offset, exc)
+
+    def retake_due(self) -> None:
+        """(Re)claim owned partitions whose takeover failed or whose claim was fenced."""
+        if not self._retake:
+            return
+        now = time.monotonic()
+        with self._lock:
+            due = [tp for tp, at in self._retake.items() if at <= now and tp in self._owned]
+            for tp in due:
+                self._retake[tp] = now + CLAIM_RETRY_S  # until _take succeeds
+        for tp in due:
+            try:
+                start = self._take(tp)
+            except (TxnStreamError, KafkaException) as exc:
+                log.warning("%s: cannot take %s yet (%s)", self.member_id, tp, exc)
+                continue
+            # It is in librdkafka's assignment, paused: assign it again at the start.
+            with self._lock:
+                if tp not in self._owned:  # revoked meanwhile (inside a poll)
+                    self.readers.pop(tp, None)
+                    continue
+                try:
+                    self.kafka.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
+                    self.kafka.incremental_assign([start])
+                    self.kafka.resume([start])  # a partition's pause outlives unassign
+                    log.warning("%s: took %s again", self.member_id, tp)
+                except KafkaException as exc:
+                    log.warning("%s: cannot assign %s again (%s)", self.member_id, tp, exc)
+                    self.readers.pop(tp, None)
+                    self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
+                    self._keep_assigned_paused(tp)
+
+    def _keep_assigned_paused(self, tp: TopicPartition) -> None:
+        """Put ``tp`` back in librdkafka's assignment, paused (it is the group's)."""
+        ktp = KafkaTP(tp.topic, tp.partition)
+        try:
+            if (tp.topic, tp.partition) not in {(p.topic, p.partition)
+                                                for p in self.kafka.assignment()}:
+                self.kafka.incremental_assign([ktp])
+            self.kafka.pause([ktp])
+        except KafkaException as exc:
+            log.warning("%s: cannot keep %s assigned (%s)", self.member_id, tp, exc)
+
+    def commit(self, force: bool = False) -> None:
+        """Commit the cursors: at most every ``COMMIT_INTERVAL_S`` unless ``force``.
+
+        Each carries its partition's latest pending-ack checkpoint as offset metadata.
+        """
+        now = time.monotonic()
+        if not force and now - self._last_commit < COMMIT_INTERVAL_S:
+            return
+        offsets = []
+        for r in self.readers.values():
+            c = r.cursor()
+            self._maybe_checkpoint(r, now)
+            if c > r.committed or r.pointer_dirty:
+                offsets.append((r, c))
+        self._last_commit = now
+        if not offsets:
+            return
+        try:
+            tps = [KafkaTP(r.tp.topic, r.tp.partition, max(c, r.committed),
+                           metadata=r.checkpoint.to_metadata() if r.checkpoint else None)
+                   for r, c in offsets]
+            if force:
+                self.kafka.commit(offsets=tps, asynchronous=False)
+            else:
+                self.kafka.commit(offsets=tps, asynchronous=True)
+        except KafkaException as exc:
+            # The group moved on (member unknown, rebalance in progress): the next owner
+            # starts from the last committed cursor and the pending-ack log, so nothing
+            # is lost; a fatal error still surfaces.
+            if classify_kafka_error(exc) is KafkaErrorKind.FATAL and exc.args[0].fatal():
+                raise
+            log.warning("%s: cursor commit failed (%s); the next commit retries",
+                        self.member_id, exc)
+            return
+        for r, c in offsets:
+            r.committed = max(c, r.committed)
+            r.pointer_dirty = False
+
+    def _maybe_checkpoint(self, r: PartitionDelivery, now: float) -> None:
+        """Checkpoint ``r``'s pending acks when due (consumer lock held).
+
+        Under the lock the handle reflects every record the tail has read (each
+        ``poll_marks`` batch is applied in the same locked call), so the tail position
+        is the checkpoint's replay position.
+        """
+        if r.handle is None or now < r.checkpoint_due:
+            return
+        r.checkpoint_due = now + self._checkpoint_interval
+        position = self._acks.tail_position(r.tp)
+        if position < 0 or (r.checkpoint is not None and r.checkpoint.position >= position):
+            return  # nothing new in the log since the last one
+        done = self._acks.checkpoint(r.handle, position)
+        if done is not None:
+            r.checkpoint = done
+            r.pointer_dirty = True
+

@@ -1,0 +1,167 @@
+"""The txns that acked through one consumer: what their commits wait for, and their ends.
+
+A transactional ack is logged to the pending-ack log; before its txn commits, the
+consumer confirms the log has it (:meth:`TxnAcks.confirm`, the txn's flusher: flushed
+and read back, which also passes any newer ``OWNER`` that fences this member). When the
+txn ends (the coordinator's reply to this client's END, or its mark in the log for a
+txn ended elsewhere) its acks are applied: a commit acks the records for good, an abort
+redelivers them in offset order. A newer owner's ``OWNER`` record, or a lost partition,
+makes every txn holding acks there abort-only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+from txnstream.errors import TxnStreamError
+from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
+from txnstream.types import TopicPartition, TxnID
+
+if TYPE_CHECKING:
+    from txnstream.consumer_group import GroupMember
+    from txnstream.delivery import ReadyQueue
+    from txnstream.pendingack.store import PendingAckStore
+    from txnstream.transaction import Transaction
+
+__all__ = ["TxnAcks"]
+
+log = logging.getLogger("txnstream.consumer")
+
+READ_BACK_TIMEOUT_S = 30.0
+"""How long a commit waits to read its own ack records back; a healthy tail takes ms."""
+
+
+class TxnAcks:
+    """The txns that acked through one consumer, until they end.
+
+    Bounded by the txns in flight: ended ones are dropped at their mark or at their
+    local end. Every method but :meth:`confirm` runs under the consumer's lock.
+    """
+
+    def __init__(self, acks: PendingAckStore, group: GroupMember, queue: ReadyQueue,
+                 lock: threading.RLock) -> None:
+        self._acks = acks
+        self._group = group
+        self._queue = queue
+        self._lock = lock
+        self._txns: dict[TxnID, Transaction] = {}
+        self._tps: dict[TxnID, set[TopicPartition]] = {}
+        self.closed = False
+        """The consumer closed: a commit can only confirm acks already read back."""
+
+    def tracked(self) -> tuple[int, int]:
+        """``(txns, txns with partitions)`` tracked now (a bound test reads it)."""
+        return len(self._txns), len(self._tps)
+
+    def joined(self, txn: Transaction, tp: TopicPartition) -> None:
+        """``txn`` acked on ``tp``: its commit waits for the acks, its end applies here.
+
+        (:meth:`confirm` is its flusher, :meth:`ended` its end listener.)
+        """
+        self._tps.setdefault(txn.id, set()).add(tp)
+        if txn.id not in self._txns:
+            self._txns[txn.id] = txn
+            txn.add_flusher(partial(self.confirm, txn.id), key=self)
+            txn.add_end_listener(partial(self.ended, txn.id), key=self)
+
+    def fence(self, tp: TopicPartition, why: str) -> None:
+        """Every txn holding acks on ``tp`` can only abort now."""
+        for txn_id, tps in self._tps.items():
+            txn = self._txns.get(txn_id)
+            if tp in tps and txn is not None:
+                txn.mark_abort_only(TxnStreamError(
+                    f"{why} while {txn_id} held acks on it", txn_id))
+
+    def confirm(self, txn_id: TxnID) -> None:
+        """Before ``txn_id`` commits: its ack records are durable and were read back.
+
+        Reading them back passes every record before them; a newer OWNER among those
+        fences this member and makes the txn abort-only (its commit then aborts), the
+        same read-back rule the coordinator applies to its own log.
+        """
+        self._acks.flush_txn(txn_id)
+        if self.closed:
+            if not self._acks.read_back(txn_id):
+                raise TxnStreamError(f"acks of {txn_id} cannot be confirmed: the consumer "
+                                     f"of {self._group.subscription!r} that made them is closed",
+                                     txn_id)
+            return  # confirmed before the close: the next owner knows them
+        deadline = time.monotonic() + READ_BACK_TIMEOUT_S
+        while not self._acks.read_back(txn_id):
+            if time.monotonic() > deadline:
+                raise TxnStreamError(f"acks of {txn_id} were not read back in "
+                                     f"{READ_BACK_TIMEOUT_S:.0f}s", txn_id)
+            with self._lock:
+                self.apply_marks()
+            time.sleep(0.002)
+        with self._lock:
+            self.apply_marks()
+        self._acks.confirmed(txn_id)
+
+    def ended(self, txn_id: TxnID, committed: bool) -> None:
+        """The coordinator confirmed ``txn_id``'s end, after writing its marks.
+
+        Applied now, so the next ack or receive sees it; the mark read later is a no-op.
+        """
+        with self._lock:
+            for tp in self._tps.get(txn_id, ()):
+                self.end_acks(tp, txn_id, committed)
+            self._forget(txn_id)
+
+    def end_acks(self, tp: TopicPartition, txn_id: TxnID, committed: bool) -> None:
+        """Apply ``txn_id``'s outcome to the acks it holds on ``tp`` (idempotent).
+
+        An abort's inputs come back in offset order, ahead of later records.
+        """
+        r = self._group.readers.get(tp)
+        if r is not None:
+            self._queue.redeliver(r.end_txn(txn_id, committed))
+
+    def _forget(self, txn_id: TxnID) -> None:
+        self._txns.pop(txn_id, None)
+        self._tps.pop(txn_id, None)
+        self._acks.forget(txn_id)
+
+    def apply_marks(self) -> None:
+        """Coordinator marks end pending acks; a newer OWNER fences this member."""
+        for e in self._acks.poll_marks():
+            if e.kind is PendingAckKind.OWNER:
+                if e.member_id != self._group.member_id:
+                    self._fenced(e)
+                continue
+            if e.txn_id is None or e.kind not in (PendingAckKind.COMMIT_MARK,
+                                                  PendingAckKind.ABORT_MARK):
+                continue
+            self.end_acks(e.tp, e.txn_id, e.kind is PendingAckKind.COMMIT_MARK)
+            tps = self._tps.get(e.txn_id)
+            if tps is not None:
+                tps.discard(e.tp)
+                if not tps:
+                    self._forget(e.txn_id)
+
+    def _fenced(self, owner: PendingAckEntry) -> None:
+        """Another member claimed ``owner.tp``: our txns that acked there can only abort.
+
+        That is every txn with an individual or a cumulative pending ack there, or acks
+        not yet read back; this member stops delivering the partition. If the group
+        still assigns the partition here after ``RETAKE_AFTER_S``, it is replayed
+        and claimed again (the other claim was a zombie's); a revoke cancels that.
+        """
+        tp = owner.tp
+        r = self._group.readers.get(tp)
+        mine = r is not None and r.handle is not None and owner.generation > r.handle.generation
+        for txn_id, tps in self._tps.items():
+            txn = self._txns.get(txn_id)
+            if tp in tps and txn is not None and (mine or r is None):
+                txn.mark_abort_only(TxnStreamError(
+                    f"consumer lost {tp} to a newer owner {owner.member_id} "
+                    f"(generation {owner.generation})", txn_id))
+        if not mine:
+            return
+        log.warning("%s: fenced on %s by %s (generation %d)", self._group.member_id, tp,
+                    owner.member_id, owner.generation)
+        self._group.fenced(tp)

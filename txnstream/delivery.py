@@ -1,0 +1,225 @@
+"""What the consumer may deliver, and what comes back: its decisions, with no Kafka.
+
+Per assigned partition a :class:`PartitionDelivery` holds where delivery stands and the
+messages in each state a delivered record passes through:
+
+=============  =====================================================================
+``unacked``    delivered (or queued to be) and not acked: the cursor stays below it
+``inflight``   acked in a txn still open: redelivered if it aborts, gone if it commits
+``held_back``  acked by an earlier owner's open txn: delivered only if that txn aborts
+=============  =====================================================================
+
+and the partition's :class:`~txnstream.pendingack.handle.PendingAckHandle` (Pulsar's
+pending-ack state: the cursor, individual acks above it, acks pending in txns).
+:class:`ReadyQueue` is the consumer's queue of messages to hand out: new ones in fetch
+order, nacked ones after their delay, and redeliveries after an abort in offset order
+ahead of later ones (Pulsar redelivers 0, 1, 2 before 3, 4).
+
+Nothing here locks, fetches or logs: the consumer calls it under its lock, and
+``tests/unit/test_delivery.py`` checks the decisions without a broker.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from txnstream.message import Message
+from txnstream.types import TopicPartition, TxnID
+
+if TYPE_CHECKING:
+    from txnstream.buffer.served import BufferView, ServeStatus
+    from txnstream.pendingack.handle import PendingAckHandle
+    from txnstream.pendingack.store import Checkpointed
+
+__all__ = ["PartitionDelivery", "ReadyQueue", "Verdict", "message_order", "verdict"]
+
+
+class Verdict(enum.Enum):
+    """What a reader does with a fetched record of a transactional partition."""
+
+    WAIT = "wait"
+    """Past the served max read position (or no served state yet): pause here."""
+    SKIP = "skip"
+    """A marker, or a record the fold hides (aborted, straggler, forged): never shown."""
+    DELIVER = "deliver"
+    """Committed (or plain) and at or below the max read position."""
+
+
+def verdict(view: BufferView | None, offset: int, txn_raw: bytes | None,
+            marker: bool) -> Verdict:
+    """The served view's word on the record at ``offset`` (its ``txn.id``, if a marker)."""
+    if view is None or offset > view.max_read_position:
+        return Verdict.WAIT
+    if marker or not view.visible(offset, txn_raw):
+        return Verdict.SKIP
+    return Verdict.DELIVER
+
+
+def message_order(m: Message) -> tuple[str, int, int]:
+    """Offset order within a partition (partitions by name)."""
+    return (m.topic, m.partition, m.offset)
+
+
+@dataclass
+class PartitionDelivery:
+    """Position filter and in-order delivery state of one partition."""
+
+    tp: TopicPartition
+    status: ServeStatus
+    deliver_pos: int
+    """Next offset to deliver (or skip)."""
+    wait_at: int | None = None
+    """Paused here (sought back) until the served max read position reaches it."""
+    unacked: dict[int, Message] = field(default_factory=dict)
+    """Delivered (or queued) and not yet acked, by offset."""
+    committed: int = -1
+    handle: PendingAckHandle | None = None
+    inflight: dict[int, Message] = field(default_factory=dict)
+    """Delivered messages acked in a still-open txn: redelivered if it aborts."""
+    held_back: dict[int, Message] = field(default_factory=dict)
+    """Messages a previous owner's open txn acked: delivered only if that txn aborts."""
+    checkpoint: Checkpointed | None = None
+    """The latest pending-ack checkpoint; committed with the cursor as offset metadata."""
+    checkpoint_due: float = 0.0
+    pointer_dirty: bool = False
+
+    def cursor(self) -> int:
+        """The group offset to commit: below every unacked or pending offset."""
+        lows = [self.deliver_pos]
+        if self.unacked:
+            lows.append(min(self.unacked))
+        if self.handle is not None and (held := self.handle.lowest_held()) is not None:
+            lows.append(held)
+        return min(lows)
+
+    def quiet(self) -> bool:
+        """No pending or individual acks here (the fetch loop's fast path).
+
+        Then every record at or above the cursor is deliverable, without asking the
+        handle per record.
+        """
+        h = self.handle
+        return h is None or (not h.pending and h.cumulative is None and not h.acked)
+
+    def offer(self, msg: Message) -> bool:
+        """A fetched, visible record: whether to deliver it now (it is then unacked).
+
+        One acked in an open txn (an earlier owner's) is held back for its outcome; one
+        already acked is dropped.
+        """
+        off = msg.offset
+        if self.handle is not None and self.handle.pending_txn(off) is not None:
+            self.held_back[off] = msg
+            return False
+        if self.handle is None or self.handle.is_deliverable(off):
+            self.unacked[off] = msg  # queued counts as unacked: the cursor stays below it
+            return True
+        return False
+
+    def covered_by(self, last: int) -> list[int]:
+        """The unacked offsets a cumulative ack of ``last`` takes (redeliveries too)."""
+        return sorted(o for o in self.unacked if o <= last)
+
+    def cumulative_is_exact(self, offsets: list[int], txn_id: TxnID | None) -> bool:
+        """Whether a cumulative ack of ``offsets[-1]`` acks exactly ``offsets`` now.
+
+        It does if no other delivered record below it is unacked (queued, nacked or
+        redelivered after an abort), none is held back or pending in another txn, and
+        no other txn's cumulative ack is pending. Records below it that are acked
+        already, or invisible (markers, aborted), change nothing.
+        """
+        h = self.handle
+        assert h is not None
+        last = offsets[-1]
+        if last < h.cursor or (h.cumulative is not None and h.cumulative[0] != txn_id):
+            return False
+        mine = set(offsets)
+        return (all(o in mine for o in self.unacked if o <= last)
+                and not any(o <= last for o in self.held_back)
+                and not any(o <= last and t != txn_id for o, t in h.pending.items()))
+
+    def acked(self, offsets: Iterable[int], in_txn: bool) -> None:
+        """``offsets`` were acked: in a txn they wait in ``inflight`` for its outcome."""
+        for o in offsets:
+            m = self.unacked.pop(o, None)
+            if m is not None and in_txn:
+                self.inflight[o] = m
+
+    def end_txn(self, txn_id: TxnID, committed: bool) -> list[Message]:
+        """Apply ``txn_id``'s outcome (idempotent); the messages to deliver again.
+
+        A commit drops what it acked from ``inflight`` and ``held_back``; an abort makes
+        every message its acks covered unacked again, to be redelivered.
+        """
+        h = self.handle
+        if h is None:
+            return []
+        if committed:
+            eff = h.commit(txn_id)
+            for o in [o for o in self.inflight if o < eff.cursor or o in eff.acked
+                      or o in h.acked]:
+                del self.inflight[o]
+            for o in [o for o in self.held_back if not h.is_deliverable(o)
+                      and h.pending_txn(o) is None]:
+                del self.held_back[o]
+            return []
+        back = []
+        for o in h.abort(txn_id).redeliver:
+            m = self.inflight.pop(o, None) or self.held_back.pop(o, None)
+            if m is not None:
+                back.append(m)
+                self.unacked[o] = m
+        return back
+
+
+class ReadyQueue:
+    """Messages to hand out: fetched ones in order, nacked ones when their delay is up."""
+
+    def __init__(self) -> None:
+        self.ready: deque[Message] = deque()
+        """In delivery order (the fetch loop appends here directly)."""
+        self._nacked: list[tuple[float, int, Message]] = []
+        self._seq = 0
+
+    def take(self, n: int, now: float) -> list[Message]:
+        """Up to ``n``: nacked ones due first, then the ready ones."""
+        out: list[Message] = []
+        nacked = self._nacked
+        while nacked and nacked[0][0] <= now and len(out) < n:
+            out.append(heapq.heappop(nacked)[2])
+        ready = self.ready
+        if len(out) + len(ready) <= n:
+            out.extend(ready)
+            ready.clear()
+        else:
+            while ready and len(out) < n:
+                out.append(ready.popleft())
+        return out
+
+    def nack(self, msg: Message, due: float) -> None:
+        """Hand ``msg`` out again at ``due`` (monotonic seconds)."""
+        self._seq += 1
+        heapq.heappush(self._nacked, (due, self._seq, msg))
+
+    def redeliver(self, msgs: Iterable[Message]) -> int:
+        """Queue ``msgs`` again in offset order, ahead of later ones; how many were new.
+
+        One already waiting (ready or nacked) is not queued twice.
+        """
+        waiting = {message_order(m) for m in self.ready}
+        waiting.update(message_order(n[2]) for n in self._nacked)
+        back = {message_order(m): m for m in msgs if message_order(m) not in waiting}
+        if back:
+            self.ready = deque(sorted([*self.ready, *back.values()], key=message_order))
+        return len(back)
+
+    def drop(self, tp: TopicPartition) -> None:
+        """Forget every waiting message of ``tp`` (no longer delivered here)."""
+        self.ready = deque(m for m in self.ready if m.tp != tp)
+        self._nacked = [n for n in self._nacked if n[2].tp != tp]
+        heapq.heapify(self._nacked)

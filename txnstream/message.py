@@ -1,0 +1,66 @@
+"""A delivered record (:class:`Message`) and the one rule that reads txn headers.
+
+Every record of a data topic is one of three kinds, told by its headers alone (DESIGN.md
+section 3): a **plain** record (no ``txn.id``), a **txn record** (``txn.id``: the TxnID
+of the txn that wrote it) or a **marker** (``txn.id`` and ``txn.marker``: a commit or
+abort written by a coordinator, tagged with ``txn.mac``). :func:`split_headers` is that
+rule for every reader (the consumer, the buffer's fold, the Spark task filter): the
+reserved headers out, the user's headers kept in their order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from txnstream.types import TopicPartition, TxnID
+
+__all__ = ["Headers", "Message", "RESERVED_HEADERS", "TXN_ID_HEADER", "TXN_MAC_HEADER",
+           "TXN_MARKER_HEADER", "split_headers"]
+
+TXN_ID_HEADER = "txn.id"
+TXN_MARKER_HEADER = "txn.marker"
+TXN_MAC_HEADER = "txn.mac"
+RESERVED_HEADERS = frozenset((TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_MAC_HEADER))
+"""Header names a user's record may not carry."""
+
+Headers = Sequence[tuple[str, bytes | None]] | None
+"""A record's headers as confluent-kafka hands them out (None: none)."""
+
+
+def split_headers(headers: Headers) -> tuple[bytes | None, bool, list[tuple[str, bytes]]]:
+    """``(txn.id value or None, has a txn.marker header, the user's headers)``.
+
+    The values are not parsed here: a reader that needs the TxnID parses (and caches)
+    it, and the buffer's fold has already hidden a record whose ``txn.id`` is garbage.
+    """
+    txn_raw: bytes | None = None
+    marker = False
+    user: list[tuple[str, bytes]] = []
+    for k, v in headers or ():
+        if k == TXN_ID_HEADER:
+            txn_raw = v
+        elif k == TXN_MARKER_HEADER:
+            marker = True
+        else:
+            user.append((k, v))  # type: ignore[arg-type]  # a user header's value as sent
+    return txn_raw, marker, user
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A delivered record: only user headers; ``txn_id`` if it was written in a txn."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+    txn_id: TxnID | None = None
+
+    @property
+    def tp(self) -> TopicPartition:
+        """Where it came from."""
+        return TopicPartition(self.topic, self.partition)

@@ -1,0 +1,171 @@
+"""A client's pipelined registrations (:class:`RegistrationPipeline`, one per ``Client``).
+
+A new partition's ``ADD_PARTITIONS`` goes out on a background thread and the write
+proceeds at once, except the first registration of a topic by this client, which the
+writer waits for: the coordinator writes the topic's buffer registration (every
+partition of it) before it confirms that first request, and readers rely on a
+registration preceding every txn record of a partition.
+
+A pipelined registration that fails (the txn timed out, or an admin aborted it) leaves
+records in a partition the coordinator does not know; its ABORT markers miss it, and
+the buffer's owner, which asks the coordinator about every txn that stays ongoing on a
+partition, writes the ABORT there itself (docs/buffer.md, "Unblocking"): nothing of it
+is ever delivered. Subscriptions are always registered before the ack: the pending-ack
+log has no such check, so an ack whose txn ended without a mark for its subscription
+would stay pending on every replay.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+
+from txnstream.errors import TxnStreamError
+from txnstream.types import TxnID
+
+__all__ = ["BackgroundRequests", "RegistrationPipeline"]
+
+END_THREADS = 16
+"""Threads for commits in the background (:meth:`Transaction.commit_async`)."""
+REGISTRATION_THREADS = 64
+"""Threads (made on demand) sending a client's pipelined requests: activations and
+registrations. Each holds its thread for one coordinator round trip while it only
+waits, so they must not queue behind each other: with 4, sixteen concurrent txns (two
+background requests each) waited through eight round trips in a row at every commit
+(py-spy: half the client's thread time in commit's wait). Waiting threads cost no CPU."""
+
+
+class RegistrationPipeline:
+    """A client's background registrations, and the topics it may pipeline.
+
+    A topic becomes pipelinable once this client saw a registration of one of its
+    partitions succeed (:meth:`confirm`): the coordinator registered the whole topic
+    for the buffer before confirming it. Threads start on first use.
+    """
+
+    def __init__(self, threads: int = REGISTRATION_THREADS) -> None:
+        self._threads = threads
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._ends: ThreadPoolExecutor | None = None
+        """Commits in the background (``commit_async``): their own threads, since a
+        commit waits for registrations sent on the other pool."""
+        self._topics: set[str] = set()
+        self._closed = False
+
+    def knows(self, topic: str) -> bool:
+        """Whether a registration of ``topic`` succeeded through this client."""
+        return topic in self._topics
+
+    def confirm(self, topics: Iterable[str]) -> None:
+        """Registrations of ``topics`` succeeded: later ones may be pipelined."""
+        with self._lock:
+            self._topics.update(topics)
+
+    def submit(self, fn: Callable[[], None]) -> Future[None] | None:
+        """Run ``fn`` on a pipeline thread; None once closed (the caller runs it)."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._threads,
+                                                    thread_name_prefix="txnstream-register")
+            return self._executor.submit(fn)
+
+    def submit_end(self, fn: Callable[[], None]) -> Future[None] | None:
+        """Run an end (a commit) on its own thread; None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._ends is None:
+                self._ends = ThreadPoolExecutor(END_THREADS,
+                                                thread_name_prefix="txnstream-commit")
+            return self._ends.submit(fn)
+
+    def close(self, wait: bool = False) -> None:
+        """Stop.
+
+        Background commits already asked for finish first; registrations not sent yet
+        are cancelled (their transactions become abort-only).
+        """
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+            ends, self._ends = self._ends, None
+        if ends is not None:
+            ends.shutdown(wait=True)
+        if executor is not None:
+            executor.shutdown(wait=wait, cancel_futures=True)
+
+
+class BackgroundRequests:
+    """One txn's coordinator requests sent on the pipeline (activation, registrations).
+
+    The txn's commit and flush :meth:`wait` for them. The first failure is kept
+    (:attr:`error`: the coordinator's verdict a commit raises) and handed to
+    ``on_failure``, which makes the txn abort-only.
+    """
+
+    def __init__(self, txn_id: TxnID, pipeline: RegistrationPipeline | None,
+                 on_failure: Callable[[BaseException], None]) -> None:
+        self._txn_id = txn_id
+        self._pipeline = pipeline
+        self._on_failure = on_failure
+        self._lock = threading.Lock()
+        self._futures: list[Future[None]] = []
+        self.error: BaseException | None = None
+
+    def send(self, request: Callable[[], object]) -> bool:
+        """Run ``request`` on the pipeline; False if there is none (the caller runs it)."""
+        if self._pipeline is None:
+            return False
+
+        def run() -> None:
+            try:
+                request()
+            except BaseException as exc:
+                self.failed(exc)
+                raise
+
+        future = self._pipeline.submit(run)
+        if future is None:
+            return False
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            self._futures.append(future)
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Wait for the requests sent so far (``timeout_s``: at most)."""
+        with self._lock:
+            futures, self._futures = self._futures, []
+        if not futures:
+            return
+        _, not_done = wait_futures(futures, timeout_s)
+        cancelled = [f for f in futures if f.cancelled()]
+        if cancelled or not_done:
+            # Never sent (the client closed) or not answered in time: not known to be in.
+            with self._lock:
+                self._futures.extend(not_done)
+            self.failed(TxnStreamError(
+                f"{len(cancelled) + len(not_done)} partition registrations of "
+                f"{self._txn_id} were not confirmed (the client closed, or no answer "
+                f"within {timeout_s}s)", self._txn_id))
+
+    def failed(self, exc: BaseException) -> None:
+        """A request failed: keep the first error, and tell the txn."""
+        self.keep(exc)
+        self._on_failure(exc)
+
+    def keep(self, exc: BaseException) -> None:
+        """Keep ``exc`` as the error a commit raises, unless one came first."""
+        with self._lock:
+            if self.error is None:
+                self.error = exc
+
+    def clear(self) -> None:
+        """The txn ended: nothing is waited for any more."""
+        with self._lock:
+            self._futures.clear()
