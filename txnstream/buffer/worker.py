@@ -24,19 +24,12 @@ Serving a partition, every turn: fold the new records; publish a DELTA (what was
 or aborted since the last one, and the new max read position) at once, so readers see
 a commit within a fetch round trip; every ``snapshot_interval_s`` trim below the log
 start and publish a snapshot that names the state offset of its last delta (readers
-start from it). Every ``lwm_check_interval_s``: ask the coordinator of each txn still
-ongoing here about it and write the marker its answer calls for
-(:mod:`txnstream.buffer.vouch`): a txn that ended without a marker here, or that no
-coordinator issued or registered here (a forged or copied ``txn.id``), stops holding
-the partition back.
-
-Why writing ABORT there is safe: a coordinator's txn that registered here gets its
-markers here before it is COMMITTED or ABORTED; if it *did* commit here, its COMMIT
-marker is at a lower offset than the ABORT this worker appends, and the fold keeps the
-first marker.
-
-With the workers' secret, every marker this worker writes is signed and only signed
-markers count in its folds (:class:`~txnstream.markers.MarkerSigner`).
+start from it). Every ``lwm_check_interval_s``: the ongoing-txn check
+(:mod:`txnstream.buffer.ongoing`) asks the coordinator of each txn still ongoing here
+about it and writes the marker its answer calls for, so a txn that ended without a
+marker here, or that no coordinator issued or registered here, stops holding the
+partition back. With the workers' secret, every marker this worker writes is signed
+and only signed markers count in its folds (:mod:`txnstream.buffer.marker_writer`).
 
 The worker thread outlives every Kafka error: each step fails alone, is logged, and
 runs again at its next turn. A delta that is not delivered leaves readers a gap: they
@@ -57,38 +50,32 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream import metrics
-from txnstream.buffer.served import BufferStateKind, BufferStateRecord, take_delta
-from txnstream.buffer.snapshot import restore, take_snapshot
+from txnstream.buffer.gauges import BufferGauges
+from txnstream.buffer.marker_writer import MarkerWriter
+from txnstream.buffer.ongoing import OngoingTxnCheck
+from txnstream.buffer.publisher import BufferPublisher, OwnedSlot, ServedPartition
+from txnstream.buffer.served import BufferStateKind, BufferStateRecord
+from txnstream.buffer.snapshot import restore
 from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapshotStore
 from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
-from txnstream.buffer.vouch import Action, TxnAnswer, judge
 from txnstream.config import Config
-from txnstream.coordinator.client import TransactionCoordinatorClient
-from txnstream.coordinator.protocol import TcOp
-from txnstream.errors import (
-    KafkaClientError,
-    TransactionNotFoundError,
-    TxnStreamError,
-    message_error,
-)
+from txnstream.errors import KafkaClientError, message_error
 from txnstream.kafka.fetch import KafkaRecord, consume, delivered_offset, drain
 from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
     NO_AUTO_CREATE,
     PartitionCatalog,
     metadata_lookup,
-    says_gone,
 )
-from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
+from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
-from txnstream.types import TopicPartition, TxnID
+from txnstream.types import TopicPartition
 
 __all__ = ["BufferWorker"]
 
@@ -100,39 +87,8 @@ ERROR_BACKOFF_S = 1.0
 to the session timeout, so the group keeps the member."""
 FOLD_WAIT_S = 0.005
 """How long one turn waits for data records: the latency a commit's marker sees."""
-METRICS_EXPORT_S = 1.0
-MAX_TXNS_ASKED = 2_000
-"""Ongoing txns one check asks coordinators about (one GET each); the rest wait for the
-next check. Bounds a check's time when many txns are open."""
-ASK_TIMEOUT_S = 5.0
-"""How often the per-partition gauges are recomputed."""
 CLAIM_TIMEOUT_S = 10.0
 """How long the OWNER record of a claim may take to be written."""
-
-
-@dataclass
-class _Served:
-    """One data partition this owner serves."""
-
-    buf: TransactionBuffer
-    slot: int
-    next_from: int
-    """``from_position`` of the next delta: one after what the last delta covered."""
-    delta_offset: int = -1
-    """State-topic offset of the latest delivered delta of this owner for it."""
-    produced: int = 0
-    """Deltas produced; ``delivered`` catches up as the producer reports."""
-    delivered: int = 0
-    snapshot_due: bool = True
-    dirty: bool = False
-    snapshots_at: int = 0
-    """``produced`` when the last snapshot was taken: no new snapshot without new deltas."""
-
-
-@dataclass
-class _Slot:
-    generation: int
-    served: set[TopicPartition] = field(default_factory=set)
 
 
 class BufferWorker:
@@ -142,9 +98,6 @@ class BufferWorker:
                  snapshot_interval_s: float = 10.0, lwm_check_interval_s: float = 5.0,
                  member: str | None = None, session_timeout_ms: int | None = None) -> None:
         self.config = config
-        self._metrics_at = 0.0
-        self._blocked_series: set[tuple[str, str, str]] = set()
-        self._lag_series: set[tuple[str, str]] = set()
         self.topics = topics
         """Serve only these topics (names, or regexes starting with ``^``); None: all."""
         self._topic_res = [re.compile(t) for t in topics or () if t.startswith("^")]
@@ -152,8 +105,8 @@ class BufferWorker:
         self.lwm_check_interval_s = lwm_check_interval_s
         self.member = member or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self._session_timeout_ms = session_timeout_ms
-        self.slots: dict[int, _Slot] = {}
-        self.served: dict[TopicPartition, _Served] = {}
+        self.slots: dict[int, OwnedSlot] = {}
+        self.served: dict[TopicPartition, ServedPartition] = {}
         self._store = TransactionBufferSnapshotStore(config)
         self._state_topic = config.topics.buffer_state
         self._group = self._new_group_consumer()
@@ -166,21 +119,18 @@ class BufferWorker:
         # Its markers go to data topics that may be deleted: it never creates a topic.
         self._producer = Producer(config.producer(**NO_AUTO_CREATE, **{
             "linger.ms": 0, "client.id": f"tb-{self.member}"}))
-        self._partitions = PartitionCatalog(metadata_lookup(
+        partitions = PartitionCatalog(metadata_lookup(
             self._data, min(LOOKUP_TIMEOUT_S, config.admin_timeout_s)))
-        """Confirms that a partition a marker failed on no longer exists."""
+        self._markers = MarkerWriter(self._producer, partitions)
+        self._ongoing = OngoingTxnCheck(config, self._data, partitions, self._markers)
+        self._gauges = BufferGauges(self._data)
+        self._publisher = BufferPublisher(self._producer, self._state_topic, self._store,
+                                          self._data, self.member, config.admin_timeout_s)
         self._retry_claim: dict[int, float] = {}
         self._signer: MarkerSigner | None = None
         """Signs this worker's markers and checks folded ones (the workers' secret)."""
-        self._tc: TransactionCoordinatorClient | None = None
-        """Asks coordinators about txns that stay ongoing (made at the first check)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.markers_written = 0
-        self.snapshots_published = 0
-        self.snapshot_failures = 0
-        self.deltas_published = 0
-        self.delta_failures = 0
         self.consumers_renewed = 0
 
     def _new_group_consumer(self) -> Consumer:
@@ -190,6 +140,31 @@ class BufferWorker:
             extra["session.timeout.ms"] = self._session_timeout_ms
             extra["heartbeat.interval.ms"] = max(100, self._session_timeout_ms // 6)
         return Consumer(self.config.consumer(f"{self.config.topics.prefix}-buffers", **extra))
+
+    @property
+    def markers_written(self) -> int:
+        """Markers this worker has produced."""
+        return self._markers.written
+
+    @property
+    def snapshots_published(self) -> int:
+        """Snapshots this worker published."""
+        return self._publisher.snapshots_published
+
+    @property
+    def snapshot_failures(self) -> int:
+        """Snapshots this worker could not publish."""
+        return self._publisher.snapshot_failures
+
+    @property
+    def deltas_published(self) -> int:
+        """Deltas delivered to the buffer-state topic."""
+        return self._publisher.deltas_published
+
+    @property
+    def delta_failures(self) -> int:
+        """Deltas the buffer-state topic did not take."""
+        return self._publisher.delta_failures
 
     def serves_topic(self, topic: str) -> bool:
         """Whether ``topics`` lets this worker serve ``topic``."""
@@ -240,7 +215,7 @@ class BufferWorker:
                     if due:
                         next_snap = now + self.snapshot_interval_s
                 if now >= next_lwm:
-                    self._step("ongoing txns check", self._check_ongoing)
+                    self._step("ongoing txns check", lambda: self._ongoing.run(self.served))
                     next_lwm = now + self.lwm_check_interval_s
         finally:
             self._step("final deltas", self._publish_deltas)
@@ -250,7 +225,7 @@ class BufferWorker:
                                 ("group close", self._group.close),
                                 ("data close", self._data.close),
                                 ("registry close", self._registry.close),
-                                ("coordinator client close", self._close_tc)):
+                                ("coordinator client close", self._ongoing.close)):
                 self._step(what, close)
 
     def _make_signer(self) -> None:
@@ -258,12 +233,8 @@ class BufferWorker:
         cluster = self._producer.list_topics(timeout=self.config.admin_timeout_s).cluster_id
         if not cluster:
             raise RuntimeError("the broker reported no cluster id: markers cannot be signed")
-        self._signer = MarkerSigner.from_secret(self.config.tc_secret, cluster)
-
-    def _close_tc(self) -> None:
-        if self._tc is not None:
-            self._tc.close()
-            self._tc = None
+        self._signer = self._markers.signer = MarkerSigner.from_secret(
+            self.config.tc_secret, cluster)
 
     def _step(self, what: str, fn: Callable[[], object]) -> bool:
         """Run one step; a failure is logged, never raised. Whether it succeeded."""
@@ -326,7 +297,7 @@ class BufferWorker:
             self._retry_claim[slot] = time.monotonic() + ERROR_BACKOFF_S
             return
         self._retry_claim.pop(slot, None)
-        self.slots[slot] = _Slot(generation)
+        self.slots[slot] = OwnedSlot(generation)
         for tp, found in scan.finders.items():
             if found.registered and self.serves_topic(tp.topic):
                 self._serve(tp, slot, found.best)
@@ -404,7 +375,7 @@ class BufferWorker:
         buf.signer = self._signer
         # A partition with a usable snapshot needs none now (readers start from it and
         # follow the deltas); one without gets its first at once, so readers can start.
-        self.served[tp] = _Served(buf, slot, next_from=buf.last_offset + 1,
+        self.served[tp] = ServedPartition(buf, slot, next_from=buf.last_offset + 1,
                                   snapshot_due=snap is None or snap.position < low - 1)
         self.slots[slot].served.add(tp)
         ktp.offset = buf.last_offset + 1
@@ -461,255 +432,14 @@ class BufferWorker:
                 s.dirty = True
                 metrics.BUFFER_RECORDS_FOLDED.inc(n)
                 if s.buf.journal is not None and s.buf.journal.unmarked:
-                    self._mark_ended(TopicPartition(topic, partition),
-                                     s.buf.journal.take_unmarked())
-
-    def _mark_ended(self, tp: TopicPartition, txns: dict[TxnID, int]) -> None:
-        """ABORT markers for txns the fold ended here without one.
-
-        The module docstring's argument for the ongoing-txn check makes them safe.
-        """
-        for txn_id, lwm in txns.items():
-            self._write_marker(tp, TxnMarker(txn_id, MarkerKind.ABORT, lwm))
-        self._producer.poll(0)
-
-    def _write_marker(self, tp: TopicPartition, marker: TxnMarker) -> None:
-        """Produce ``marker`` at ``tp`` (signed with the workers' key, if any).
-
-        Never creates the topic (:data:`~txnstream.kafka.topics.NO_AUTO_CREATE`); a marker
-        that fails is reported by :meth:`_marker_failed`.
-        """
-        value = marker.encode()
-        headers = (marker.headers() if self._signer is None
-                   else self._signer.headers(marker, tp.topic, tp.partition, value))
-
-        def delivered(err: KafkaError | None, _m: Message) -> None:
-            if err is not None:
-                self._marker_failed(tp, marker, err)
-        try:
-            self._producer.produce(tp.topic, value, partition=tp.partition, headers=headers,
-                                   on_delivery=delivered)
-            self.markers_written += 1
-        except (KafkaException, BufferError) as exc:
-            self._marker_failed(tp, marker, exc)
-
-    def _marker_failed(self, tp: TopicPartition, marker: TxnMarker, err: object) -> None:
-        """A marker not written: dropped if its partition is gone, else written next check.
-
-        Gone: the error says the partition does not exist and the cluster confirms it.
-        """
-        if says_gone(err) and self._partitions.gone(tp):
-            _rate_limited.warning(f"gone {tp}", "%s: %s marker of %s dropped: the partition "
-                                  "no longer exists", tp, marker.kind.value, marker.txn_id)
-            return
-        _rate_limited.warning(f"marker {tp}", "%s: %s marker of %s not written: %s", tp,
-                              marker.kind.value, marker.txn_id, err)
+                    self._markers.abort_ended(TopicPartition(topic, partition),
+                                              s.buf.journal.take_unmarked())
 
     def _publish_deltas(self) -> None:
         """One DELTA per partition that folded something since the last one."""
-        now_ms = int(time.time() * 1000)
-        for tp, s in list(self.served.items()):
-            if not s.dirty:
-                continue
-            self._produce_delta(tp, s, now_ms)
-        self._producer.poll(0)
-        if time.monotonic() >= self._metrics_at:
-            self._metrics_at = time.monotonic() + METRICS_EXPORT_S
-            self._export_metrics()
-
-    def _export_metrics(self) -> None:
-        """Per-partition gauges, once a second: lag, and which txn blocks it since when.
-
-        Series of partitions no longer served, or no longer blocked, are removed: one
-        ``blocked_seconds`` series per blocked partition at most.
-        """
-        metrics.BUFFER_SLOTS.set(len(self.slots))
-        metrics.BUFFER_PARTITIONS.set(len(self.served))
-        now_ms = int(time.time() * 1000)
-        lag_series: set[tuple[str, str]] = set()
-        blocked_series: set[tuple[str, str, str]] = set()
-        for tp, s in self.served.items():
-            st = s.buf.stats(now_ms)
-            labels = (tp.topic, str(tp.partition))
-            lag_series.add(labels)
-            metrics.BUFFER_READ_LAG.labels(*labels).set(st.last_offset - st.max_read_position)
-            try:
-                _, high = self._data.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
-                                                           cached=True)
-            except KafkaException:
-                high = -1
-            if high is not None and high >= 0:  # high: the log end offset (exclusive)
-                metrics.BUFFER_FOLD_LAG.labels(*labels).set(max(0, high - 1 - st.last_offset))
-                metrics.BUFFER_LAG.labels(*labels).set(
-                    max(0, high - 1 - st.max_read_position))
-            if st.blocking_txn is not None:
-                key = (*labels, str(st.blocking_txn))
-                blocked_series.add(key)
-                metrics.BUFFER_BLOCKED_SECONDS.labels(*key).set(st.blocked_for_s or 0.0)
-        metrics.BUFFER_BLOCKED.set(len(blocked_series))
-        metrics.remove_series(metrics.BUFFER_BLOCKED_SECONDS, self._blocked_series - blocked_series)
-        for gauge in (metrics.BUFFER_LAG, metrics.BUFFER_READ_LAG, metrics.BUFFER_FOLD_LAG):
-            metrics.remove_series(gauge, self._lag_series - lag_series)
-        self._blocked_series = blocked_series
-        self._lag_series = lag_series
-
-    def _produce_delta(self, tp: TopicPartition, s: _Served, now_ms: int) -> None:
-        slot = self.slots.get(s.slot)
-        if slot is None:
-            return
-        low = s.buf.trimmed_below
-        rec = take_delta(s.buf, self.member, slot.generation, s.next_from, low, now_ms)
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                self.delta_failures += 1
-                metrics.BUFFER_DELTAS.labels("failed").inc()
-                s.snapshot_due = True  # readers see a gap and reload from a snapshot
-                _rate_limited.error(f"delta {tp}", "buffer worker: delta of %s at %d not "
-                                    "written (%s): publishing a snapshot", tp, rec.position,
-                                    err)
-                return
-            s.delivered += 1
-            s.delta_offset = max(s.delta_offset, delivered_offset(msg))
-            self.deltas_published += 1
-            metrics.BUFFER_DELTAS.labels("ok").inc()
-
-        self._producer.produce(self._state_topic, rec.encode(), key=str(tp).encode(),
-                               partition=s.slot, on_delivery=delivered)
-        s.produced += 1
-        s.next_from = rec.position + 1
-        s.dirty = False
-
-    def _log_start(self, tp: TopicPartition) -> int:
-        """The partition's log start: the fetcher's cached value, else asked of the broker."""
-        ktp = KafkaTP(tp.topic, tp.partition)
-        low = self._data.get_watermark_offsets(ktp, cached=True)[0]
-        if low < 0:
-            low = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)[0]
-        return max(low, 0)
+        self._publisher.deltas(self.served, self.slots)
+        self._gauges.turn(self.slots, self.served)
 
     def _publish_snapshots(self, force: bool, slots: set[int] | None = None) -> None:
-        """Snapshot partitions that changed (``force``) or are due; one that fails stays due.
-
-        A snapshot names the state offset of its last delta, so every delta it includes
-        must be delivered first: the pending ones are flushed (an empty delta anchors a
-        partition this owner has published nothing of yet).
-        """
-        try:
-            for tp in self._store.take_failed():
-                if tp in self.served:
-                    self.served[tp].snapshot_due = True
-        except Exception:
-            log.exception("buffer worker: reading snapshot deliveries failed")
-        todo = [(tp, s) for tp, s in self.served.items()
-                if (slots is None or s.slot in slots)
-                and (s.snapshot_due or (force and s.delta_offset >= 0
-                                        and s.produced > s.snapshots_at))]
-        if not todo:
-            return
-        now_ms = int(time.time() * 1000)
-        for tp, s in todo:
-            if s.dirty or s.delivered == 0:
-                s.dirty = True
-                self._produce_delta(tp, s, now_ms)
-        self._producer.flush(self.config.admin_timeout_s)
-        for tp, s in todo:
-            slot = self.slots.get(s.slot)
-            if slot is None or s.delivered < s.produced or s.delta_offset < 0:
-                s.snapshot_due = True  # a delta is missing: next turn
-                continue
-            try:
-                low = self._log_start(tp)
-                s.buf.trim(low)
-                self._store.publish(take_snapshot(s.buf, min_offset=low,
-                                                  generation=slot.generation,
-                                                  state_offset=s.delta_offset), tp)
-            except Exception as exc:
-                self.snapshot_failures += 1
-                _rate_limited.error(f"snapshot {tp}", "buffer worker: snapshot of %s at %d "
-                                    "not published (%r); retrying at the next interval", tp,
-                                    s.buf.last_offset, exc)
-                s.snapshot_due = True
-                continue
-            self.snapshots_published += 1
-            s.snapshot_due = False
-            s.snapshots_at = s.produced
-
-    # ------------------------------------------------------------ ongoing-txn check
-
-    def _check_ongoing(self) -> None:
-        """Ask each ongoing txn's coordinator about it; write the marker the answer needs.
-
-        Only partitions whose fold reached the end read after the answers are judged: a
-        marker the coordinator wrote before answering is then already folded.
-        """
-        stuck = {tp: s.buf.ongoing_txns() for tp, s in self.served.items() if s.buf.ongoing}
-        if not stuck:
-            return
-        if self._tc is None:
-            self._tc = TransactionCoordinatorClient(self.config, signer=self._signer)
-        answers: dict[TxnID, TxnAnswer] = {}
-        next_seq: dict[int, int | None] = {}
-        asked = 0
-        for txns in stuck.values():
-            for txn_id in txns:
-                if txn_id in answers or asked >= MAX_TXNS_ASKED:
-                    continue
-                asked += 1
-                answer = self._ask(txn_id, next_seq)
-                if answer is not None:
-                    answers[txn_id] = answer
-        for tp, txns in stuck.items():  # each partition alone: one gone stops no other
-            try:
-                high = self._data.get_watermark_offsets(
-                    KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)[1]
-            except KafkaException as exc:
-                gone = says_gone(exc) and self._partitions.gone(tp)
-                _rate_limited.warning(f"check {tp}", "%s: end unknown (%s): its ongoing txns "
-                                      "are not checked%s", tp, exc,
-                                      " (the partition no longer exists)" if gone else "")
-                continue
-            s = self.served.get(tp)
-            if s is None or s.buf.last_offset < high - 1:
-                continue
-            for txn_id in txns:
-                answer = answers.get(txn_id)
-                if answer is None or txn_id not in s.buf.ongoing:
-                    continue
-                action, why = judge(tp, txn_id, answer)
-                if action is Action.KEEP:
-                    continue
-                kind = MarkerKind.COMMIT if action is Action.COMMIT else MarkerKind.ABORT
-                self._write_marker(tp, TxnMarker(txn_id, kind, 0))
-                _rate_limited.warning(f"ended {tp}", "%s: txn %s is ongoing here but %s: "
-                                      "wrote its %s marker", tp, txn_id, why, kind.value)
-        self._producer.flush(10)
-
-    def _ask(self, txn_id: TxnID, next_seq: dict[int, int | None]) -> TxnAnswer | None:
-        """The coordinator's answer about ``txn_id``; None if it cannot be had now."""
-        assert self._tc is not None
-        tc_id = txn_id.tc_id
-        if not 0 <= tc_id < self._tc.num_coordinators:
-            return TxnAnswer(None, no_coordinator=True)
-        try:
-            reply = self._tc.request(TcOp.GET, tc_id, txn_seq=txn_id.least_bits,
-                                     timeout_s=ASK_TIMEOUT_S)
-            info = reply.txns[0]
-            return TxnAnswer(info.status,
-                             frozenset(TopicPartition.parse(p) for p in info.partitions))
-        except TransactionNotFoundError:
-            if tc_id not in next_seq:
-                try:
-                    stats = self._tc.request(TcOp.STATS, tc_id, timeout_s=ASK_TIMEOUT_S).stats
-                    next_seq[tc_id] = int(stats["next_sequence"])
-                except (TxnStreamError, KeyError, ValueError) as exc:
-                    _rate_limited.warning(f"stats {tc_id}", "coordinator %d: no STATS for the "
-                                          "ongoing-txn check: %s", tc_id, exc)
-                    next_seq[tc_id] = None
-            if next_seq[tc_id] is None:
-                return None
-            return TxnAnswer(None, next_sequence=next_seq[tc_id])
-        except TxnStreamError as exc:  # not served now, not an admin, ...: next check
-            _rate_limited.warning(f"ask {tc_id} {type(exc).__name__}", "coordinator %d: "
-                                  "cannot ask about ongoing txn %s: %s", tc_id, txn_id, exc)
-            return None
+        """Snapshot partitions (of ``slots``) that changed (``force``) or are due."""
+        self._publisher.snapshots(self.served, self.slots, force, slots)

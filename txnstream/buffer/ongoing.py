@@ -1,0 +1,152 @@
+"""``OngoingTxnCheck``: a buffer owner asks the coordinators about txns that stay ongoing.
+
+Every ``lwm_check_interval_s`` the owner asks the coordinator of each txn still ongoing
+at a partition it serves about that txn and writes the marker its answer calls for
+(:mod:`txnstream.buffer.vouch` has the table): a txn that ended without a marker here,
+or that no coordinator issued or registered here (a forged or copied ``txn.id``), stops
+holding the partition back.
+
+Why writing ABORT there is safe: a coordinator's txn that registered here gets its
+markers here before it is COMMITTED or ABORTED; if it *did* commit here, its COMMIT
+marker is at a lower offset than the ABORT the owner appends, and the fold keeps the
+first marker. Only partitions whose fold reached the end read after the answers are
+judged, so a marker the coordinator wrote before answering is already folded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol
+
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
+
+from txnstream.buffer.marker_writer import MarkerWriter
+from txnstream.buffer.transaction_buffer import TransactionBuffer
+from txnstream.buffer.vouch import Action, TxnAnswer, judge
+from txnstream.config import Config
+from txnstream.coordinator.client import TransactionCoordinatorClient
+from txnstream.coordinator.protocol import TcOp
+from txnstream.errors import TransactionNotFoundError, TxnStreamError
+from txnstream.kafka.topics import PartitionCatalog, says_gone
+from txnstream.markers import MarkerKind, TxnMarker
+from txnstream.ratelog import RateLimitedLog
+from txnstream.types import TopicPartition, TxnID
+
+__all__ = ["ASK_TIMEOUT_S", "MAX_TXNS_ASKED", "OngoingTxnCheck"]
+
+log = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(log)
+
+MAX_TXNS_ASKED = 2_000
+"""Ongoing txns one check asks coordinators about (one GET each); the rest wait for the
+next check. Bounds a check's time when many txns are open."""
+ASK_TIMEOUT_S = 5.0
+"""How long one question to a coordinator may take (a GET, or the STATS after a not
+found); one not answered in time is asked again at the next check."""
+
+
+class Served(Protocol):
+    """A partition the owner serves, as the check sees it: its fold."""
+
+    @property
+    def buf(self) -> TransactionBuffer:
+        """The partition's transaction buffer."""
+
+
+class OngoingTxnCheck:
+    """Asks coordinators about the ongoing txns of the partitions an owner serves."""
+
+    def __init__(self, config: Config, data: Consumer, partitions: PartitionCatalog,
+                 markers: MarkerWriter) -> None:
+        """``data``: the owner's data consumer (partition ends); ``markers`` writes."""
+        self.config = config
+        self._data = data
+        self._partitions = partitions
+        self._markers = markers
+        self._tc: TransactionCoordinatorClient | None = None
+        """Asks coordinators about txns that stay ongoing (made at the first check)."""
+
+    def close(self) -> None:
+        """Close the coordinator client, if one was made."""
+        if self._tc is not None:
+            self._tc.close()
+            self._tc = None
+
+    def run(self, served: Mapping[TopicPartition, Served]) -> None:
+        """Ask each ongoing txn's coordinator about it; write the marker the answer needs.
+
+        Only partitions whose fold reached the end read after the answers are judged: a
+        marker the coordinator wrote before answering is then already folded.
+        """
+        stuck = {tp: s.buf.ongoing_txns() for tp, s in served.items() if s.buf.ongoing}
+        if not stuck:
+            return
+        if self._tc is None:
+            self._tc = TransactionCoordinatorClient(self.config, signer=self._markers.signer)
+        answers: dict[TxnID, TxnAnswer] = {}
+        next_seq: dict[int, int | None] = {}
+        asked = 0
+        for txns in stuck.values():
+            for txn_id in txns:
+                if txn_id in answers or asked >= MAX_TXNS_ASKED:
+                    continue
+                asked += 1
+                answer = self._ask(txn_id, next_seq)
+                if answer is not None:
+                    answers[txn_id] = answer
+        for tp, txns in stuck.items():  # each partition alone: one gone stops no other
+            try:
+                high = self._data.get_watermark_offsets(
+                    KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)[1]
+            except KafkaException as exc:
+                gone = says_gone(exc) and self._partitions.gone(tp)
+                _rate_limited.warning(f"check {tp}", "%s: end unknown (%s): its ongoing txns "
+                                      "are not checked%s", tp, exc,
+                                      " (the partition no longer exists)" if gone else "")
+                continue
+            s = served.get(tp)
+            if s is None or s.buf.last_offset < high - 1:
+                continue
+            for txn_id in txns:
+                answer = answers.get(txn_id)
+                if answer is None or txn_id not in s.buf.ongoing:
+                    continue
+                action, why = judge(tp, txn_id, answer)
+                if action is Action.KEEP:
+                    continue
+                kind = MarkerKind.COMMIT if action is Action.COMMIT else MarkerKind.ABORT
+                self._markers.write(tp, TxnMarker(txn_id, kind, 0))
+                _rate_limited.warning(f"ended {tp}", "%s: txn %s is ongoing here but %s: "
+                                      "wrote its %s marker", tp, txn_id, why, kind.value)
+        self._markers.flush(10)
+
+    def _ask(self, txn_id: TxnID, next_seq: dict[int, int | None]) -> TxnAnswer | None:
+        """The coordinator's answer about ``txn_id``; None if it cannot be had now."""
+        assert self._tc is not None
+        tc_id = txn_id.tc_id
+        if not 0 <= tc_id < self._tc.num_coordinators:
+            return TxnAnswer(None, no_coordinator=True)
+        try:
+            reply = self._tc.request(TcOp.GET, tc_id, txn_seq=txn_id.least_bits,
+                                     timeout_s=ASK_TIMEOUT_S)
+            info = reply.txns[0]
+            return TxnAnswer(info.status,
+                             frozenset(TopicPartition.parse(p) for p in info.partitions))
+        except TransactionNotFoundError:
+            if tc_id not in next_seq:
+                try:
+                    stats = self._tc.request(TcOp.STATS, tc_id, timeout_s=ASK_TIMEOUT_S).stats
+                    next_seq[tc_id] = int(stats["next_sequence"])
+                except (TxnStreamError, KeyError, ValueError) as exc:
+                    _rate_limited.warning(f"stats {tc_id}", "coordinator %d: no STATS for the "
+                                          "ongoing-txn check: %s", tc_id, exc)
+                    next_seq[tc_id] = None
+            if next_seq[tc_id] is None:
+                return None
+            return TxnAnswer(None, next_sequence=next_seq[tc_id])
+        except TxnStreamError as exc:  # not served now, not an admin, ...: next check
+            _rate_limited.warning(f"ask {tc_id} {type(exc).__name__}", "coordinator %d: "
+                                  "cannot ask about ongoing txn %s: %s", tc_id, txn_id, exc)
+            return None

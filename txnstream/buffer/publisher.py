@@ -1,0 +1,181 @@
+"""``BufferPublisher``: what a buffer owner tells readers, in the buffer-state topic.
+
+For each data partition it serves (:class:`ServedPartition`), the owner publishes:
+
+* a DELTA as soon as its fold moved (:meth:`BufferPublisher.deltas`): what was hidden or
+  aborted since the last one, and the new max read position, so readers see a commit
+  within a fetch round trip. A delta that is not delivered leaves readers a gap: they
+  reload from a snapshot, and the partition's next snapshot is due at once;
+* every ``snapshot_interval_s``, or when one is due, a snapshot
+  (:meth:`BufferPublisher.snapshots`), trimmed below the log start, naming the state
+  offset of its last delta: readers start from it and follow the deltas after it.
+
+Each record carries the generation of the owner's claim of the slot (its OWNER record's
+offset), so readers refuse those of a fenced owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from txnstream import metrics
+from txnstream.buffer.served import take_delta
+from txnstream.buffer.snapshot import take_snapshot
+from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+from txnstream.buffer.transaction_buffer import TransactionBuffer
+from txnstream.kafka.fetch import delivered_offset
+from txnstream.ratelog import RateLimitedLog
+from txnstream.types import TopicPartition
+
+__all__ = ["BufferPublisher", "OwnedSlot", "ServedPartition"]
+
+log = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(log)
+
+
+@dataclass
+class ServedPartition:
+    """One data partition this owner serves."""
+
+    buf: TransactionBuffer
+    slot: int
+    next_from: int
+    """``from_position`` of the next delta: one after what the last delta covered."""
+    delta_offset: int = -1
+    """State-topic offset of the latest delivered delta of this owner for it."""
+    produced: int = 0
+    """Deltas produced; ``delivered`` catches up as the producer reports."""
+    delivered: int = 0
+    snapshot_due: bool = True
+    dirty: bool = False
+    snapshots_at: int = 0
+    """``produced`` when the last snapshot was taken: no new snapshot without new deltas."""
+
+
+@dataclass
+class OwnedSlot:
+    """A buffer slot this owner claimed: its generation and the partitions it serves."""
+
+    generation: int
+    served: set[TopicPartition] = field(default_factory=set)
+
+
+class BufferPublisher:
+    """Publishes the deltas and snapshots of one owner's served partitions."""
+
+    def __init__(self, producer: Producer, state_topic: str,
+                 store: TransactionBufferSnapshotStore, data: Consumer, member: str,
+                 admin_timeout_s: float) -> None:
+        """``data``: the owner's data consumer (the partitions' log starts)."""
+        self._producer = producer
+        self._state_topic = state_topic
+        self._store = store
+        self._data = data
+        self._member = member
+        self._admin_timeout_s = admin_timeout_s
+        self.snapshots_published = 0
+        self.snapshot_failures = 0
+        self.deltas_published = 0
+        self.delta_failures = 0
+
+    def deltas(self, served: Mapping[TopicPartition, ServedPartition],
+               slots: Mapping[int, OwnedSlot]) -> None:
+        """One DELTA per partition that folded something since the last one."""
+        now_ms = int(time.time() * 1000)
+        for tp, s in list(served.items()):
+            if not s.dirty:
+                continue
+            self.delta(tp, s, slots, now_ms)
+        self._producer.poll(0)
+
+    def delta(self, tp: TopicPartition, s: ServedPartition, slots: Mapping[int, OwnedSlot],
+              now_ms: int) -> None:
+        """Produce the DELTA of ``tp`` (nothing if its slot is no longer owned)."""
+        slot = slots.get(s.slot)
+        if slot is None:
+            return
+        low = s.buf.trimmed_below
+        rec = take_delta(s.buf, self._member, slot.generation, s.next_from, low, now_ms)
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                self.delta_failures += 1
+                metrics.BUFFER_DELTAS.labels("failed").inc()
+                s.snapshot_due = True  # readers see a gap and reload from a snapshot
+                _rate_limited.error(f"delta {tp}", "buffer worker: delta of %s at %d not "
+                                    "written (%s): publishing a snapshot", tp, rec.position,
+                                    err)
+                return
+            s.delivered += 1
+            s.delta_offset = max(s.delta_offset, delivered_offset(msg))
+            self.deltas_published += 1
+            metrics.BUFFER_DELTAS.labels("ok").inc()
+
+        self._producer.produce(self._state_topic, rec.encode(), key=str(tp).encode(),
+                               partition=s.slot, on_delivery=delivered)
+        s.produced += 1
+        s.next_from = rec.position + 1
+        s.dirty = False
+
+    def _log_start(self, tp: TopicPartition) -> int:
+        """The partition's log start: the fetcher's cached value, else asked of the broker."""
+        ktp = KafkaTP(tp.topic, tp.partition)
+        low = self._data.get_watermark_offsets(ktp, cached=True)[0]
+        if low < 0:
+            low = self._data.get_watermark_offsets(ktp, timeout=self._admin_timeout_s)[0]
+        return max(low, 0)
+
+    def snapshots(self, served: Mapping[TopicPartition, ServedPartition],
+                  slots: Mapping[int, OwnedSlot], force: bool,
+                  only: set[int] | None = None) -> None:
+        """Snapshot partitions that changed (``force``) or are due; one that fails stays due.
+
+        A snapshot names the state offset of its last delta, so every delta it includes
+        must be delivered first: the pending ones are flushed (an empty delta anchors a
+        partition this owner has published nothing of yet).
+        """
+        try:
+            for tp in self._store.take_failed():
+                if tp in served:
+                    served[tp].snapshot_due = True
+        except Exception:
+            log.exception("buffer worker: reading snapshot deliveries failed")
+        todo = [(tp, s) for tp, s in served.items()
+                if (only is None or s.slot in only)
+                and (s.snapshot_due or (force and s.delta_offset >= 0
+                                        and s.produced > s.snapshots_at))]
+        if not todo:
+            return
+        now_ms = int(time.time() * 1000)
+        for tp, s in todo:
+            if s.dirty or s.delivered == 0:
+                s.dirty = True
+                self.delta(tp, s, slots, now_ms)
+        self._producer.flush(self._admin_timeout_s)
+        for tp, s in todo:
+            slot = slots.get(s.slot)
+            if slot is None or s.delivered < s.produced or s.delta_offset < 0:
+                s.snapshot_due = True  # a delta is missing: next turn
+                continue
+            try:
+                low = self._log_start(tp)
+                s.buf.trim(low)
+                self._store.publish(take_snapshot(s.buf, min_offset=low,
+                                                  generation=slot.generation,
+                                                  state_offset=s.delta_offset), tp)
+            except Exception as exc:
+                self.snapshot_failures += 1
+                _rate_limited.error(f"snapshot {tp}", "buffer worker: snapshot of %s at %d "
+                                    "not published (%r); retrying at the next interval", tp,
+                                    s.buf.last_offset, exc)
+                s.snapshot_due = True
+                continue
+            self.snapshots_published += 1
+            s.snapshot_due = False
+            s.snapshots_at = s.produced
