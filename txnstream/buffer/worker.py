@@ -52,7 +52,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream import metrics
@@ -66,7 +66,8 @@ from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapsho
 from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
-from txnstream.kafka.fetch import KafkaRecord, consume, delivered_offset, drain
+from txnstream.fencing import supersedes, write_owner_record
+from txnstream.kafka.fetch import KafkaRecord, consume, drain
 from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
     NO_AUTO_CREATE,
@@ -318,20 +319,14 @@ class BufferWorker:
 
     def _write_owner(self, slot: int) -> int:
         """Append this owner's OWNER record to state partition ``slot``; its offset."""
-        got: list[Message] = []
-        errors: list[KafkaError] = []
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            (errors.append(err) if err is not None else got.append(msg))
-
         rec = BufferStateRecord(BufferStateKind.OWNER, self.member, -1, "", slot,
                                 ts_ms=int(time.time() * 1000))
-        self._producer.produce(self._state_topic, rec.encode(), key=str(slot).encode(),
-                               partition=slot, on_delivery=delivered)
-        self._producer.flush(CLAIM_TIMEOUT_S)
-        if not got:
-            raise KafkaException(errors[0] if errors else "OWNER record not delivered in time")
-        return delivered_offset(got[0])
+        w = write_owner_record(self._producer, self._state_topic, slot, str(slot).encode(),
+                               rec.encode(), CLAIM_TIMEOUT_S)
+        if w.offset is None:
+            raise KafkaException(w.error if w.error is not None
+                                 else "OWNER record not delivered in time")
+        return w.offset
 
     def _drop_slot(self, slot: int, why: str) -> None:
         self._retry_claim.pop(slot, None)
@@ -387,7 +382,7 @@ class BufferWorker:
             if message_error(m, "buffer worker group", log):
                 continue
             slot = self.slots.get(m.partition())
-            if slot is None or m.offset() <= slot.generation:
+            if slot is None or not supersedes(m.offset(), slot.generation):
                 continue
             try:
                 rec = BufferStateRecord.decode(m.value())

@@ -32,6 +32,7 @@ import logging
 
 from txnstream.coordinator.log_entry import LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.txn_table import TxnMetaTable
+from txnstream.fencing import admits
 
 __all__ = ["EpochFencedTable"]
 
@@ -79,7 +80,7 @@ class EpochFencedTable(TxnMetaTable):
         """
         if entry.kind is LogEntryKind.EPOCH and (entry.epoch_offset < 0 or self.epoch_offset < 0):
             return True
-        return entry.epoch_offset == self.epoch_offset
+        return admits(entry.epoch_offset, self.epoch_offset)
 
     def replay(self, offset: int, entry: TransactionLogEntry,
                timestamp_ms: int | None = None) -> bool:

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from txnstream.errors import InvalidTxnStatusError, TransactionConflictError
+from txnstream.fencing import admits, supersedes
 from txnstream.pendingack.records import PendingAckCheckpoint, PendingAckEntry, PendingAckKind
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
@@ -207,7 +208,7 @@ class PendingAckHandle:
         """Fold one log record; False if it was ignored (stale generation, conflict)."""
         k = entry.kind
         if k is PendingAckKind.OWNER:
-            if entry.generation <= self.generation:
+            if not supersedes(entry.generation, self.generation):
                 return False
             self.generation = entry.generation
             self.owner = entry.member_id
@@ -220,7 +221,7 @@ class PendingAckHandle:
         if k is PendingAckKind.ABORT_MARK and entry.txn_id is not None:
             self.abort(entry.txn_id)
             return True
-        if entry.generation != self.generation:
+        if not admits(entry.generation, self.generation):
             return False  # written by a fenced owner
         if entry.txn_id is None and k is not PendingAckKind.ACK_INDIVIDUAL:
             return False

@@ -34,6 +34,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
+from txnstream.fencing import write_owner_record
 from txnstream.kafka.fetch import KafkaRecord, consume, delivered_at, delivered_offset, read_to
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.pendingack.handle import PendingAckHandle
@@ -276,21 +277,12 @@ class PendingAckStore:
                                 handle.tp.partition,
                                 generation=max(handle.generation + 1, floor),
                                 member_id=self.member_id, cursor=cursor)
-        written: list[int] = []
-        failed: list[KafkaError] = []
-
-        def delivered(err: KafkaError | None, m: Message) -> None:
-            if err is not None:
-                failed.append(err)
-            else:
-                written.append(delivered_offset(m))
-
-        self._producer.produce(self.topic, entry.encode(), key=entry.key(), partition=part,
-                               on_delivery=delivered)
-        if self._producer.flush(FLUSH_TIMEOUT_S) or failed or not written:
-            raise TxnStreamError(f"could not claim {handle.tp} in {self.topic}: "
-                                 f"{failed[0] if failed else 'not acknowledged in time'}")
-        owner_at = written[0]
+        w = write_owner_record(self._producer, self.topic, part, entry.key(), entry.encode(),
+                               FLUSH_TIMEOUT_S)
+        if w.undelivered or w.error is not None or w.offset is None:
+            why = w.error if w.error is not None else "not acknowledged in time"
+            raise TxnStreamError(f"could not claim {handle.tp} in {self.topic}: {why}")
+        owner_at = w.offset
         self._fold_range(handle, part, start, owner_at)
         if handle.generation != entry.generation or handle.owner != self.member_id:
             raise TxnStreamError(f"claim of {handle.tp} lost to a concurrent owner "
