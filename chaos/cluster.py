@@ -10,6 +10,7 @@ failure or Ctrl-C (the caller's ``finally``).
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import time
 from dataclasses import dataclass
@@ -51,14 +52,29 @@ def _free(port: int) -> bool:
     return True
 
 
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default otherwise)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port_block(n: int = 3) -> int:
-    """A port p with p..p+n-1 and p+100..p+100+n-1 free on 127.0.0.1."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + CONTROLLER_OFFSET + n > 65535:
-            continue
+    """A port p with p..p+n-1 and p+100..p+100+n-1 free on 127.0.0.1.
+
+    Below the ephemeral range: a broker the nemesis killed must get its ports back when
+    it restarts, and a port in that range can meanwhile be taken by any outgoing
+    connection (a 30-minute soak lost a broker for its second half that way).
+    """
+    low, _ = ephemeral_ports()
+    top = min(low, 65536) - CONTROLLER_OFFSET - n
+    if top <= 1024:
+        raise RuntimeError(f"no room for broker ports below the ephemeral range ({low})")
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(1024, top)
         ports = [base + i for i in range(n)] + [base + CONTROLLER_OFFSET + i for i in range(n)]
         if all(_free(p) for p in ports):
             return base
@@ -66,10 +82,17 @@ def free_port_block(n: int = 3) -> int:
 
 
 def free_port() -> int:
-    """One free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """One free TCP port on 127.0.0.1, below the ephemeral range.
+
+    A role restarted by the nemesis listens on it again.
+    """
+    low, _ = ephemeral_ports()
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(1024, low)
+        if _free(port):
+            return port
+    raise RuntimeError("no free port on 127.0.0.1 below the ephemeral range")
 
 
 @dataclass(frozen=True, slots=True)
