@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from txnstream.message import Message
 
-__all__ = ["arrow_schema", "to_record_batch"]
+__all__ = ["arrow_schema", "metadata_fields", "to_record_batch"]
 
 
 def _pa() -> Any:
@@ -29,16 +29,24 @@ def _pa() -> Any:
     return pyarrow
 
 
-def arrow_schema() -> pa.Schema:
-    """The columns of :func:`to_record_batch`."""
+def metadata_fields() -> list[pa.Field]:
+    """The columns after key and value: origin, time, user headers, txn.
+
+    The Spark source's rows end with the same (``spark/schema.py``).
+    """
     pa = _pa()
     headers = pa.list_(pa.field("element", pa.struct([("key", pa.string()),
                                                       ("value", pa.binary())])))
+    return [pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+            pa.field("offset", pa.int64()), pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+            pa.field("headers", headers), pa.field("txn_id", pa.string())]
+
+
+def arrow_schema() -> pa.Schema:
+    """The columns of :func:`to_record_batch`: key, value, then :func:`metadata_fields`."""
+    pa = _pa()
     return pa.schema([pa.field("key", pa.binary()), pa.field("value", pa.binary()),
-                      pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
-                      pa.field("offset", pa.int64()),
-                      pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-                      pa.field("headers", headers), pa.field("txn_id", pa.string())])
+                      *metadata_fields()])
 
 
 def to_record_batch(msgs: Sequence[Message]) -> pa.RecordBatch:
