@@ -13,6 +13,8 @@ from functools import cache
 import pyarrow as pa
 from pyspark.sql import types as T
 
+from txnstream.arrow import metadata_fields
+
 from .avro import ValueSchema, load_value_schema
 
 __all__ = ["SCHEMA", "RowColumns", "UserHeaders", "cached_value_schema", "layout"]
@@ -22,11 +24,7 @@ SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
           "txn_id string")
 """The source's columns without ``valueSchema``; with it, the record's fields replace value."""
 
-_HEADERS = pa.list_(pa.field("element", pa.struct([("key", pa.string()),
-                                                   ("value", pa.binary())])))
-_META_ARROW = [pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
-               pa.field("offset", pa.int64()), pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-               pa.field("headers", _HEADERS), pa.field("txn_id", pa.string())]
+_META_ARROW = metadata_fields()
 _META_SPARK = [T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
                T.StructField("offset", T.LongType()), T.StructField("timestamp", T.TimestampType()),
                T.StructField("headers", T.ArrayType(T.StructType([
