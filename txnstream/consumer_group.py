@@ -46,7 +46,8 @@ from txnstream.errors import (
     classify_kafka_error,
 )
 from txnstream.pendingack.handle import PendingAckHandle
-from txnstream.pendingack.store import Checkpointed, PendingAckStore
+from txnstream.pendingack.records import Checkpointed
+from txnstream.pendingack.store import PendingAckStore
 from txnstream.types import TopicPartition, TxnStatus
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from txnstream.types import TopicPartition, TxnID
 if TYPE_CHECKING:
     from txnstream.buffer.served import BufferView, ServeStatus
     from txnstream.pendingack.handle import PendingAckHandle
-    from txnstream.pendingack.store import Checkpointed
+    from txnstream.pendingack.records import Checkpointed
 
 __all__ = ["PartitionDelivery", "ReadyQueue", "Verdict", "message_order", "verdict"]
 

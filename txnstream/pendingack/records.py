@@ -17,7 +17,7 @@ from txnstream.errors import CorruptRecordError
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["PendingAckKind", "PendingAckEntry", "PendingAckCheckpoint", "CHECKPOINT_HEADER",
-           "is_checkpoint"]
+           "Checkpointed", "is_checkpoint"]
 
 CHECKPOINT_HEADER = "txnstream.pa"
 """Header marking a :class:`PendingAckCheckpoint` in the pending-ack log (value
@@ -151,3 +151,33 @@ def is_checkpoint(headers: list[tuple[str, bytes]] | None) -> bool:
 def key_of(subscription: str, tp: TopicPartition) -> bytes:
     """The log key of a subscription partition."""
     return f"{subscription}|{tp.topic}|{tp.partition}".encode()
+
+
+METADATA_PREFIX = "txnstream-pa1:"
+"""Committed offset metadata naming the partition's latest pending-ack checkpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpointed:
+    """Where a subscription partition's latest checkpoint is.
+
+    Replay from ``position``; the checkpoint record itself is at ``at`` (>= position).
+    """
+
+    position: int
+    at: int
+
+    def to_metadata(self) -> str:
+        """Kept in the group's committed offset metadata (a few bytes of its 4 KiB)."""
+        return f"{METADATA_PREFIX}{self.position}:{self.at}"
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> Checkpointed | None:
+        """Parse; None when there is none (or another tool's metadata)."""
+        if not text or not text.startswith(METADATA_PREFIX):
+            return None
+        try:
+            pos, at = text[len(METADATA_PREFIX):].split(":")
+            return cls(int(pos), int(at))
+        except ValueError:
+            return None

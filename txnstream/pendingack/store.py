@@ -27,7 +27,6 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
@@ -40,6 +39,7 @@ from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
     CHECKPOINT_HEADER,
+    Checkpointed,
     PendingAckCheckpoint,
     PendingAckEntry,
     PendingAckKind,
@@ -54,37 +54,9 @@ log = logging.getLogger(__name__)
 
 FLUSH_TIMEOUT_S = 30.0
 """How long a commit waits for its ack records to be durable."""
-METADATA_PREFIX = "txnstream-pa1:"
-"""Committed offset metadata naming the partition's latest pending-ack checkpoint."""
 REPLAY_TIMEOUT_S = 120.0
 """How long a new owner may take to fold its log range before it gives the claim up
 (and retries it); replay is bounded by the log's retention and checkpoints."""
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpointed:
-    """Where a subscription partition's latest checkpoint is.
-
-    Replay from ``position``; the checkpoint record itself is at ``at`` (>= position).
-    """
-
-    position: int
-    at: int
-
-    def to_metadata(self) -> str:
-        """Kept in the group's committed offset metadata (a few bytes of its 4 KiB)."""
-        return f"{METADATA_PREFIX}{self.position}:{self.at}"
-
-    @classmethod
-    def from_metadata(cls, text: str | None) -> Checkpointed | None:
-        """Parse; None when there is none (or another tool's metadata)."""
-        if not text or not text.startswith(METADATA_PREFIX):
-            return None
-        try:
-            pos, at = text[len(METADATA_PREFIX):].split(":")
-            return cls(int(pos), int(at))
-        except ValueError:
-            return None
 
 
 class _CheckpointGone(TxnStreamError):

@@ -5,12 +5,12 @@ import pytest
 from txnstream.errors import CorruptRecordError
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
+    Checkpointed,
     PendingAckCheckpoint,
     PendingAckEntry,
     PendingAckKind,
     is_checkpoint,
 )
-from txnstream.pendingack.store import Checkpointed
 from txnstream.types import TopicPartition, TxnID
 
 TP = TopicPartition("in", 3)
