@@ -15,8 +15,8 @@ from txnstream.consumer import Consumer
 from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import ConfigError, InvalidTxnStatusError
+from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer
-from txnstream.registration import RegistrationPipeline
 from txnstream.transaction import Transaction
 from txnstream.types import TxnID, TxnStatus
 
@@ -53,7 +53,7 @@ class Client:
         self.config = config
         self._tc: TransactionCoordinatorClient | None = None
         self._lock = threading.Lock()
-        self._registrations = RegistrationPipeline()
+        self._registrations = RequestPipeline()
         self.admin = Admin(config, lambda: self.tc)
 
     @property

@@ -6,7 +6,7 @@ outstanding registrations and sends; a failed one makes the transaction abort-on
 its commit raises and aborts instead.
 
 Pipelined registration: a new partition's ``ADD_PARTITIONS`` goes out in the
-background (:mod:`txnstream.registration`) and the write proceeds at once, except a
+background (:mod:`txnstream.pipeline`) and the write proceeds at once, except a
 topic's first registration by the client; subscriptions are always registered before
 the ack.
 
@@ -55,7 +55,7 @@ from txnstream.errors import (
     TransactionTimeoutError,
     TxnStreamError,
 )
-from txnstream.registration import BackgroundRequests, RegistrationPipeline
+from txnstream.pipeline import BackgroundRequests, RequestPipeline
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Transaction:
 
     def __init__(self, tc: TransactionCoordinatorClient, txn_id: TxnID, timeout_s: float,
                  attached: bool = False, *, opened_at: float | None = None,
-                 pipeline: RegistrationPipeline | None = None,
+                 pipeline: RequestPipeline | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """Made by ``Client.new_transaction`` / ``attach_transaction``.
 

@@ -17,7 +17,7 @@ import pytest
 
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
-from txnstream.registration import RegistrationPipeline
+from txnstream.pipeline import RequestPipeline
 from txnstream.transaction import Transaction
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
@@ -64,7 +64,7 @@ class Clock:
 
 
 def make_txn(tc: StubTc, clock: Clock, timeout_s: float = 10.0,
-             pipeline: RegistrationPipeline | None = None) -> Transaction:
+             pipeline: RequestPipeline | None = None) -> Transaction:
     return Transaction(tc, TxnID(1, 7), timeout_s, clock=clock, pipeline=pipeline)  # type: ignore[arg-type]
 
 
@@ -83,7 +83,7 @@ def test_status_reads_timed_out_once_the_deadline_passes_without_any_request():
 
 def test_commit_after_the_deadline_raises_the_timeout_without_a_commit_request():
     tc, clock = StubTc(), Clock()
-    pipeline = RegistrationPipeline()
+    pipeline = RequestPipeline()
     try:
         txn = make_txn(tc, clock, timeout_s=2, pipeline=pipeline)
         ended = []
@@ -173,7 +173,7 @@ def test_registrations_of_a_topic_are_pipelined_only_after_its_first_succeeded()
         return real(op, tc_id, **f)
 
     tc.request = request  # type: ignore[method-assign]
-    pipeline = RegistrationPipeline()
+    pipeline = RequestPipeline()
     try:
         txn = make_txn(tc, clock, pipeline=pipeline)
         txn.register_partitions([TopicPartition("t", 0)])
@@ -193,7 +193,7 @@ def test_registrations_of_a_topic_are_pipelined_only_after_its_first_succeeded()
 
 def test_a_failed_pipelined_registration_aborts_the_commit_with_its_error():
     tc, clock = StubTc(), Clock()
-    pipeline = RegistrationPipeline()
+    pipeline = RequestPipeline()
     try:
         first = make_txn(tc, clock, pipeline=pipeline)
         first.register_partitions([TopicPartition("t", 0)])    # the topic is known now

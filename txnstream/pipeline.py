@@ -1,4 +1,8 @@
-"""A client's pipelined registrations (:class:`RegistrationPipeline`, one per ``Client``).
+"""A client's requests in the background (:class:`RequestPipeline`, one per ``Client``).
+
+Activations of reserved TxnIDs, partition registrations, and commits asked for with
+``commit_async`` go out on its threads; :class:`BackgroundRequests` is one txn's share
+of them, which its commit waits for.
 
 A new partition's ``ADD_PARTITIONS`` goes out on a background thread and the write
 proceeds at once, except the first registration of a topic by this client, which the
@@ -25,7 +29,7 @@ from concurrent.futures import wait as wait_futures
 from txnstream.errors import TxnStreamError
 from txnstream.types import TxnID
 
-__all__ = ["BackgroundRequests", "RegistrationPipeline"]
+__all__ = ["BackgroundRequests", "RequestPipeline"]
 
 END_THREADS = 16
 """Threads for commits in the background (:meth:`Transaction.commit_async`)."""
@@ -37,12 +41,13 @@ background requests each) waited through eight round trips in a row at every com
 (py-spy: half the client's thread time in commit's wait). Waiting threads cost no CPU."""
 
 
-class RegistrationPipeline:
-    """A client's background registrations, and the topics it may pipeline.
+class RequestPipeline:
+    """A client's background requests: registrations, activations, commits.
 
-    A topic becomes pipelinable once this client saw a registration of one of its
-    partitions succeed (:meth:`confirm`): the coordinator registered the whole topic
-    for the buffer before confirming it. Threads start on first use.
+    It also knows the topics whose registrations may be pipelined: a topic becomes
+    pipelinable once this client saw a registration of one of its partitions succeed
+    (:meth:`confirm`): the coordinator registered the whole topic for the buffer
+    before confirming it. Threads start on first use.
     """
 
     def __init__(self, threads: int = REGISTRATION_THREADS) -> None:
@@ -108,7 +113,7 @@ class BackgroundRequests:
     ``on_failure``, which makes the txn abort-only.
     """
 
-    def __init__(self, txn_id: TxnID, pipeline: RegistrationPipeline | None,
+    def __init__(self, txn_id: TxnID, pipeline: RequestPipeline | None,
                  on_failure: Callable[[BaseException], None]) -> None:
         self._txn_id = txn_id
         self._pipeline = pipeline
