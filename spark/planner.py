@@ -109,7 +109,7 @@ class Planner:
     """
 
     def __init__(self, opts: SourceOptions) -> None:
-        from txnstream.buffer.state_store import BufferStateFollower
+        from txnstream.buffer.follower import BufferStateFollower
 
         self.opts = opts
         self.follower = BufferStateFollower(opts.config, name="spark")
@@ -148,7 +148,7 @@ class Planner:
         ``fresh_s > 0``: the ends hold everything committed before this call: wait up to
         that long for each partition's owner to have served it up to the end read now.
         """
-        from txnstream.buffer.state_store import ServeStatus
+        from txnstream.buffer.follower import ServeStatus
 
         f = self.follower
         marks = {tp: f.watermarks(tp) for tp in self.tps}  # first: see PLAIN

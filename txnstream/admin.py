@@ -13,7 +13,7 @@ from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
     from txnstream.config import Config
-    from txnstream.coordinator.client import TransactionCoordinatorClient
+    from txnstream.coordinator.tc_client import TransactionCoordinatorClient
     from txnstream.pendingack.handle import PendingAckStats
 
 __all__ = ["Admin", "CoordinatorStats", "PartitionBufferStats"]
@@ -126,7 +126,7 @@ class Admin:
         ``"waiting"`` (readers wait for a buffer owner: is a ``txnstream worker`` with
         the buffer role running?). See :class:`PartitionBufferStats`.
         """
-        from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
+        from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 
         tpp = TopicPartition.parse(tp) if isinstance(tp, str) else tp
         config = self._config

@@ -12,8 +12,8 @@ from txnstream import validate
 from txnstream.admin import Admin
 from txnstream.config import Config
 from txnstream.consumer import Consumer
-from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.protocol import TcOp
+from txnstream.coordinator.tc_client import TransactionCoordinatorClient
 from txnstream.errors import ConfigError, InvalidTxnStatusError
 from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer

@@ -2,7 +2,7 @@
 
 Reads filter by position (DESIGN.md section 6): the buffer role of ``txnstream worker``
 folds each transactional partition once and serves its state; a
-:class:`~txnstream.buffer.state_store.BufferStateFollower` keeps this consumer's view of
+:class:`~txnstream.buffer.follower.BufferStateFollower` keeps this consumer's view of
 it. Per assigned partition the consumer delivers, in offset order, only records at or
 below the served ``max_read_position`` that the view does not skip (markers, aborted
 txns' records, stragglers). It never holds or re-reads: at the first record past the
@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
+from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.consumer_group import CHECKPOINT_INTERVAL_S, GroupMember
 from txnstream.consumer_txns import TxnAcks
 from txnstream.coordinator.log_entry import SubscriptionRef

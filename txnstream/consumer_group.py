@@ -36,7 +36,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
-from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
+from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.delivery import PartitionDelivery
 from txnstream.errors import (
     KafkaErrorKind,

@@ -5,7 +5,7 @@ Three parts, kept apart so the middle one is pure and tested alone:
 1. :class:`Sampler` reads a :class:`Sample`: each coordinator's STATS (open txns, the
    txns it finalized since its owner took it), every txn still known (LIST), and the
    served buffer state of every partition an unfinished txn wrote to, from one
-   long-lived :class:`~txnstream.buffer.state_store.BufferStateFollower`.
+   long-lived :class:`~txnstream.buffer.follower.BufferStateFollower`.
 2. :func:`build_view` turns the previous and the current sample into rows: per
    coordinator the open txns, commit and abort rates, the oldest open txn; per partition
    how far committed readers lag (folded but not readable) and the txn blocking them.
@@ -171,7 +171,7 @@ class Sampler:
     """Reads samples; keeps one buffer-state follower across refreshes."""
 
     def __init__(self, client: Client) -> None:
-        from txnstream.buffer.state_store import BufferStateFollower
+        from txnstream.buffer.follower import BufferStateFollower
 
         self.client = client
         self.follower = BufferStateFollower(client.config, name="top")
@@ -179,7 +179,7 @@ class Sampler:
 
     def sample(self) -> Sample:
         """One refresh: STATS, LIST, and the served state of the txns' partitions."""
-        from txnstream.buffer.state_store import ServeStatus
+        from txnstream.buffer.follower import ServeStatus
 
         admin = self.client.admin
         coordinators = admin.coordinator_stats()

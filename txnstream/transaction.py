@@ -59,7 +59,7 @@ from txnstream.pipeline import BackgroundRequests, RequestPipeline
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 if TYPE_CHECKING:
-    from txnstream.coordinator.client import TransactionCoordinatorClient
+    from txnstream.coordinator.tc_client import TransactionCoordinatorClient
 
 __all__ = ["Transaction"]
 

@@ -30,12 +30,12 @@ LAYERS: dict[str, int] = {
     "txnstream.pendingack": 2, "txnstream.delivery": 2, "txnstream.fencing": 2,
     # 3. storage on Kafka
     "txnstream.coordinator.txn_log": 3, "txnstream.buffer.snapshot_store": 3,
-    "txnstream.buffer.state_store": 3, "txnstream.pendingack.store": 3,
+    "txnstream.buffer.follower": 3, "txnstream.pendingack.store": 3,
     "txnstream.admin_topics": 3,
     # 4. the line
     "txnstream.coordinator.line_security": 4, "txnstream.coordinator.transport": 4,
     "txnstream.coordinator.endpoints": 4, "txnstream.coordinator.txn_ids": 4,
-    "txnstream.coordinator.client": 4,
+    "txnstream.coordinator.tc_client": 4,
     # 5. server roles (the rest of coordinator/ and buffer/)
     "txnstream.coordinator": 5, "txnstream.buffer": 5,
     # 6. client API

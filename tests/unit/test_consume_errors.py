@@ -124,8 +124,8 @@ class FakeConsumer:
 
 @pytest.fixture
 def fake_consumer(monkeypatch):
+    import txnstream.buffer.follower as state_store
     import txnstream.buffer.snapshot_store as snapshot_store
-    import txnstream.buffer.state_store as state_store
     import txnstream.buffer.worker as worker
 
     FakeConsumer.made = []
@@ -176,7 +176,7 @@ def test_snapshot_store_raises_on_a_fatal_consumed_error(fake_consumer):
 
 def test_buffer_state_follower_logs_consumed_errors_and_raises_on_a_fatal_one(
         fake_consumer, caplog):
-    from txnstream.buffer.state_store import BufferStateFollower
+    from txnstream.buffer.follower import BufferStateFollower
 
     follower = BufferStateFollower(CONFIG)
     follower._apply(Rec(err=denied(retriable=True)))

@@ -26,8 +26,8 @@ from txnstream.buffer.marker_writer import MarkerWriter
 from txnstream.buffer.transaction_buffer import TransactionBuffer
 from txnstream.buffer.vouch import Action, TxnAnswer, judge
 from txnstream.config import Config
-from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.protocol import TcOp
+from txnstream.coordinator.tc_client import TransactionCoordinatorClient
 from txnstream.errors import TransactionNotFoundError, TxnStreamError
 from txnstream.kafka.topics import PartitionCatalog, says_gone
 from txnstream.markers import MarkerKind, TxnMarker

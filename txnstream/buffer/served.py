@@ -12,7 +12,7 @@ and only compares positions:
 * never a record whose ``txn.id`` is an aborted txn whose span ``[first, last]`` holds
   the offset (Kafka's aborted-transaction index: a span and an id, not every offset).
 
-Both are pure: the I/O is in :mod:`txnstream.buffer.state_store`. A view is sized by
+Both are pure: the I/O is in :mod:`txnstream.buffer.follower`. A view is sized by
 markers and aborted txns above the reader's position (:meth:`BufferView.trim`), never
 by committed records.
 

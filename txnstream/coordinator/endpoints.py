@@ -5,7 +5,7 @@ topic (partition ``p`` for TC ``p``) once its EPOCH has read back, and writes it
 every ``endpoint_republish_s``; an :class:`EndpointDirectory` tails that topic for a
 client, so a failover reaches every client within a fetch. The record is written by the
 worker (:mod:`txnstream.coordinator.endpoint_publisher`) and read by every
-:class:`~txnstream.coordinator.client.TransactionCoordinatorClient`.
+:class:`~txnstream.coordinator.tc_client.TransactionCoordinatorClient`.
 """
 
 from __future__ import annotations

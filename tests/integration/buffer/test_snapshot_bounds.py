@@ -10,8 +10,8 @@ from confluent_kafka import TopicPartition as KafkaTP
 from tests.integration.buffer.conftest import make_topic, read_all, wait_until
 from txnstream import TopicPartition
 from txnstream.buffer import TransactionBuffer, take_snapshot
+from txnstream.buffer.follower import BufferStateFollower
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore, registration_key
-from txnstream.buffer.state_store import BufferStateFollower
 from txnstream.buffer.worker import BufferWorker
 from txnstream.markers import TXN_ID_HEADER, MarkerKind, TxnMarker
 from txnstream.types import TxnID

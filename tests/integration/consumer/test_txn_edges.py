@@ -10,7 +10,8 @@ import pytest
 
 from tests.integration.consumer.conftest import fill, make_topic, receive_n, wait_until
 from txnstream import Client
-from txnstream.coordinator.worker import CoordinatorWorker, WorkerSettings
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import InvalidTxnStatusError, TxnStreamError
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import Client, TxnStatus
 from txnstream.config import Config
-from txnstream.coordinator.client import TransactionCoordinatorClient
 from txnstream.coordinator.endpoints import CANDIDATES_PER_TC, TcEndpoint
 from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.tc_client import TransactionCoordinatorClient
 from txnstream.coordinator.transport import Endpoint, Listener
 from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.markers import MarkerSigner

@@ -12,9 +12,9 @@ import logging
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from txnstream.buffer import state_store
+from txnstream.buffer import follower as state_store
+from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.buffer.snapshot_store import LatestSnapshotFinder
-from txnstream.buffer.state_store import BufferStateFollower, ServeStatus
 from txnstream.config import Config, TopicNames
 from txnstream.types import TopicPartition
 
