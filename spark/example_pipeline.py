@@ -82,7 +82,11 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from .datasource import TxnStreamDataSource
+    # By its installed name: spark-submit runs this file as a script, outside the package
+    # (mypy checks spark/ as the package ``spark``, so it cannot follow this name).
+    from txnstream_spark.datasource import (  # type: ignore[import-not-found]
+        TxnStreamDataSource,
+    )
 
     builder = SparkSession.builder.appName("txnstream-example")
     if args.master or not submitted:  # else spark-submit's --master and --conf hold
