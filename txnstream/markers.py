@@ -21,7 +21,10 @@ import enum
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message, Producer
 
 from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
@@ -33,7 +36,7 @@ from txnstream.message import (
     Headers,
     split_headers,
 )
-from txnstream.types import TxnID
+from txnstream.types import TopicPartition, TxnID
 
 __all__ = [
     "TXN_ID_HEADER",
@@ -45,6 +48,7 @@ __all__ = [
     "TxnMarker",
     "RecordKind",
     "classify_headers",
+    "produce_marker",
 ]
 
 MAC_BYTES = 16
@@ -154,3 +158,24 @@ def classify_headers(headers: Headers) -> tuple[RecordKind, TxnID | None]:
     except ValueError as exc:
         raise CorruptRecordError(f"malformed txn.id header: {exc}") from exc
     return (RecordKind.MARKER if is_marker else RecordKind.TXN), txn_id
+
+
+def produce_marker(producer: Producer, tp: TopicPartition, marker: TxnMarker,
+                   signer: MarkerSigner | None, value: bytes | None = None,
+                   on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+                   ) -> None:
+    """Produce ``marker`` to ``tp``: the one way a marker is written.
+
+    Signed with the workers' key when there is a ``signer`` (an unsigned marker counts
+    nowhere once the workers have a secret). ``value``: the marker already encoded (one
+    encoding for all of a txn's partitions). Raises what ``Producer.produce`` raises;
+    the caller decides what a failure means (retry, drop, or leave it to the check).
+    """
+    value = marker.encode() if value is None else value
+    headers = (marker.headers() if signer is None
+               else signer.headers(marker, tp.topic, tp.partition, value))
+    if on_delivery is None:
+        producer.produce(tp.topic, value, partition=tp.partition, headers=headers)
+    else:
+        producer.produce(tp.topic, value, partition=tp.partition, headers=headers,
+                         on_delivery=on_delivery)

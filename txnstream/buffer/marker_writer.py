@@ -16,7 +16,7 @@ import logging
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from txnstream.kafka.topics import PartitionCatalog, says_gone
-from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
+from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker, produce_marker
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
@@ -53,16 +53,11 @@ class MarkerWriter:
 
         Never creates the topic; a marker that fails is reported by :meth:`_failed`.
         """
-        value = marker.encode()
-        headers = (marker.headers() if self.signer is None
-                   else self.signer.headers(marker, tp.topic, tp.partition, value))
-
         def delivered(err: KafkaError | None, _m: Message) -> None:
             if err is not None:
                 self._failed(tp, marker, err)
         try:
-            self._producer.produce(tp.topic, value, partition=tp.partition, headers=headers,
-                                   on_delivery=delivered)
+            produce_marker(self._producer, tp, marker, self.signer, on_delivery=delivered)
             self.written += 1
         except (KafkaException, BufferError) as exc:
             self._failed(tp, marker, exc)

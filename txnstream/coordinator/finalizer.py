@@ -47,7 +47,7 @@ from txnstream.coordinator.protocol import ENDED_NOTICE, TcReply, TcRequest
 from txnstream.coordinator.txn_log import KafkaClients
 from txnstream.errors import TxnStreamError
 from txnstream.kafka.topics import PartitionCatalog, says_gone
-from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
+from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker, produce_marker
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnStatus
 
@@ -142,12 +142,6 @@ class TxnFinalizer:
             weakref.WeakKeyDictionary())
         """Per incarnation (forgotten with it), per decided txn: what is written."""
 
-    def _headers(self, marker: TxnMarker, topic: str, partition: int,
-                 value: bytes) -> list[tuple[str, str | bytes | None]]:
-        if self.signer is None:
-            return marker.headers()
-        return self.signer.headers(marker, topic, partition, value)
-
     def finalize(self, now_ms: int) -> None:
         """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED.
 
@@ -215,9 +209,8 @@ class TxnFinalizer:
             marking.inflight.add(tp)
             marking.fresh.add(tp)
             try:
-                producer.produce(tp.topic, value, partition=tp.partition,
-                                 headers=self._headers(marker, tp.topic, tp.partition, value),
-                                 on_delivery=marking.on_delivery(tp))
+                produce_marker(producer, tp, marker, self.signer, value,
+                               on_delivery=marking.on_delivery(tp))
             except (KafkaException, BufferError) as exc:
                 marking.report(tp, exc)
         for sub in sorted(meta.subscriptions - marking.done - marking.inflight):
@@ -299,9 +292,7 @@ class TxnFinalizer:
             value = marker.encode()
             for tp in partitions:
                 try:
-                    self.clients.producer.produce(
-                        tp.topic, value, partition=tp.partition,
-                        headers=self._headers(marker, tp.topic, tp.partition, value))
+                    produce_marker(self.clients.producer, tp, marker, self.signer, value)
                 except (KafkaException, BufferError) as exc:
                     _rate_limited.warning(f"late {tc.tc_id}", "tc %d: no ABORT marker for "
                                           "late partition %s of txn %s: %s", tc.tc_id, tp,
