@@ -241,13 +241,24 @@ class FakeProducer:
         return 0
 
 
-def _worker(monkeypatch, store):
-    import txnstream.buffer.worker as worker
+class FakeKafka:
+    """The buffer worker's client factory: these fakes, no admin client."""
 
-    monkeypatch.setattr(worker, "TransactionBufferSnapshotStore", lambda config: store)
-    monkeypatch.setattr(worker, "Producer", FakeProducer)
-    return worker.BufferWorker(CONFIG, [TP.topic], snapshot_interval_s=0.05,
-                               lwm_check_interval_s=3600)
+    def consumer(self, conf):
+        return FakeConsumer(conf)
+
+    def producer(self, conf):
+        return FakeProducer(conf)
+
+    def admin(self, conf):
+        raise AssertionError("the buffer worker makes no admin client")
+
+
+def _worker(monkeypatch, store):
+    from txnstream.buffer.worker import BufferWorker
+
+    return BufferWorker(CONFIG, [TP.topic], snapshot_interval_s=0.05,
+                        lwm_check_interval_s=3600, kafka=FakeKafka(), store=store)
 
 
 def _wait(cond, timeout_s=10.0):

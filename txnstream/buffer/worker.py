@@ -52,7 +52,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream import metrics
@@ -67,6 +67,7 @@ from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.fencing import supersedes, write_owner_record
+from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory
 from txnstream.kafka.fetch import KafkaRecord, consume, drain
 from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
@@ -97,8 +98,16 @@ class BufferWorker:
 
     def __init__(self, config: Config, topics: list[str] | None = None,
                  snapshot_interval_s: float = 10.0, lwm_check_interval_s: float = 5.0,
-                 member: str | None = None, session_timeout_ms: int | None = None) -> None:
+                 member: str | None = None, session_timeout_ms: int | None = None, *,
+                 kafka: KafkaClientFactory = CONFLUENT_KAFKA,
+                 store: TransactionBufferSnapshotStore | None = None) -> None:
+        """A buffer role member; nothing runs before :meth:`start`.
+
+        ``kafka`` makes its Kafka clients and ``store`` is its snapshot store (defaults:
+        the real ones; a test gives fakes).
+        """
         self.config = config
+        self._kafka = kafka
         self.topics = topics
         """Serve only these topics (names, or regexes starting with ``^``); None: all."""
         self._topic_res = [re.compile(t) for t in topics or () if t.startswith("^")]
@@ -108,17 +117,17 @@ class BufferWorker:
         self._session_timeout_ms = session_timeout_ms
         self.slots: dict[int, OwnedSlot] = {}
         self.served: dict[TopicPartition, ServedPartition] = {}
-        self._store = TransactionBufferSnapshotStore(config)
+        self._store = store if store is not None else TransactionBufferSnapshotStore(config)
         self._state_topic = config.topics.buffer_state
         self._group = self._new_group_consumer()
-        self._data = Consumer(config.consumer(
+        self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 5, "client.id": f"tb-data-{self.member}"}))
-        self._registry = Consumer(config.consumer(
+        self._registry = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))
         # Its markers go to data topics that may be deleted: it never creates a topic.
-        self._producer = Producer(config.producer(**NO_AUTO_CREATE, **{
+        self._producer = kafka.producer(config.producer(**NO_AUTO_CREATE, **{
             "linger.ms": 0, "client.id": f"tb-{self.member}"}))
         partitions = PartitionCatalog(metadata_lookup(
             self._data, min(LOOKUP_TIMEOUT_S, config.admin_timeout_s)))
@@ -140,7 +149,8 @@ class BufferWorker:
         if self._session_timeout_ms:
             extra["session.timeout.ms"] = self._session_timeout_ms
             extra["heartbeat.interval.ms"] = max(100, self._session_timeout_ms // 6)
-        return Consumer(self.config.consumer(f"{self.config.topics.prefix}-buffers", **extra))
+        return self._kafka.consumer(self.config.consumer(f"{self.config.topics.prefix}-buffers",
+                                                         **extra))
 
     @property
     def markers_written(self) -> int:

@@ -1,56 +1,17 @@
-"""Where a coordinator worker's Kafka clients come from: a factory it is given.
+"""A coordinator worker's Kafka clients, made by the factory it is given.
 
 :class:`CoordinatorWorker` renders each client's librdkafka settings and asks a
-:class:`KafkaClientFactory` for the client: :data:`CONFLUENT_KAFKA` (the default) makes
-the real confluent-kafka ones; a test passes a factory of fakes instead, so no test
-reaches into the worker to swap a client after it was made.
+:class:`~txnstream.kafka.clients.KafkaClientFactory` for the client (see that module).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient
-
 from txnstream.config import Config
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.txn_log import PRODUCER_SETTINGS, KafkaClients
+from txnstream.kafka.clients import KafkaClientFactory
 
-__all__ = ["CONFLUENT_KAFKA", "ConfluentKafka", "KafkaClientFactory", "worker_clients"]
-
-
-class KafkaClientFactory(Protocol):
-    """Makes Kafka clients from their librdkafka settings."""
-
-    def consumer(self, conf: dict[str, Any]) -> Consumer:
-        """A consumer configured by ``conf``."""
-
-    def producer(self, conf: dict[str, Any]) -> Producer:
-        """A producer configured by ``conf``."""
-
-    def admin(self, conf: dict[str, Any]) -> AdminClient:
-        """An admin client configured by ``conf``."""
-
-
-class ConfluentKafka:
-    """The real clients of confluent-kafka."""
-
-    def consumer(self, conf: dict[str, Any]) -> Consumer:
-        """``confluent_kafka.Consumer(conf)``."""
-        return Consumer(conf)
-
-    def producer(self, conf: dict[str, Any]) -> Producer:
-        """``confluent_kafka.Producer(conf)``."""
-        return Producer(conf)
-
-    def admin(self, conf: dict[str, Any]) -> AdminClient:
-        """``confluent_kafka.admin.AdminClient(conf)``."""
-        return AdminClient(conf)
-
-
-CONFLUENT_KAFKA = ConfluentKafka()
-"""The factory a worker uses unless it is given another."""
+__all__ = ["worker_clients"]
 
 
 def worker_clients(config: Config, worker_id: str, settings: WorkerSettings,

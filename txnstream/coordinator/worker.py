@@ -87,11 +87,7 @@ from txnstream.coordinator.endpoint_publisher import EndpointPublisher
 from txnstream.coordinator.finalizer import TxnFinalizer
 from txnstream.coordinator.gauges import TcGauges
 from txnstream.coordinator.handlers import Caller, TcRequestHandler
-from txnstream.coordinator.kafka_clients import (
-    CONFLUENT_KAFKA,
-    KafkaClientFactory,
-    worker_clients,
-)
+from txnstream.coordinator.kafka_clients import worker_clients
 from txnstream.coordinator.line_security import is_loopback, line_users, server_ssl_context
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
@@ -106,6 +102,7 @@ from txnstream.errors import (
     NotCoordinatorError,
     TooManyRequestsError,
 )
+from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory
 from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.markers import MarkerSigner
 

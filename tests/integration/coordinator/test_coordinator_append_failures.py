@@ -25,12 +25,12 @@ from tests.integration.coordinator.conftest import (
     wait_until,
 )
 from txnstream import Client, Config, TopicPartition, TxnStatus
-from txnstream.coordinator.kafka_clients import ConfluentKafka
 from txnstream.coordinator.log_entry import LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import RequestTimeoutError
+from txnstream.kafka.clients import ConfluentKafka
 from txnstream.markers import MarkerKind, RecordKind, TxnMarker, classify_headers
 
 pytestmark = pytest.mark.integration
