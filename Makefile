@@ -32,11 +32,13 @@ demo: $(STAMP)
 
 # The test session starts (and stops) its own broker unless TXNSTREAM_BOOTSTRAP is set.
 test: $(STAMP)
+	tools/fetch-prometheus
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos" --durations=25 tests
 
 # The nemesis harness's hostile profile, short length, as a test (asserts 0 anomalies and
 # that every intruder was refused); CI runs it after `make test`.
 chaos-test: $(STAMP)
+	tools/fetch-prometheus
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/fault/test_chaos.py
 
 bench: $(STAMP)
