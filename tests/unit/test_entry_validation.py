@@ -574,3 +574,11 @@ def test_the_removed_max_buffered_bytes_is_refused_naming_what_to_use():
     with pytest.raises(ConfigError, match="max_buffered_bytes was removed.*fetch.max.bytes"):
         Consumer(Config(bootstrap_servers="127.0.0.1:1"), None, "t", "s",  # type: ignore[arg-type]
                  max_buffered_bytes=3_000)
+
+
+def test_ending_offsets_earliest_is_refused_naming_the_option():
+    """Kafka's source: "ending offset can't be earliest for batch queries". It used to be
+    accepted here and crash planning with AttributeError."""
+    with pytest.raises(ConfigError) as err:
+        source(endingOffsets="earliest")
+    assert str(err.value).startswith("option 'endingOffsets' must be 'latest' or JSON")
