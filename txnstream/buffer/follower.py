@@ -36,6 +36,7 @@ from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferVi
 from txnstream.buffer.snapshot_store import LatestSnapshotFinder, TransactionBufferSnapshotStore
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
+from txnstream.fencing import supersedes
 from txnstream.kafka.fetch import drain
 from txnstream.types import TopicPartition
 
@@ -247,7 +248,8 @@ class BufferStateFollower:
         if rec.kind is BufferStateKind.OWNER:
             # A new owner claimed the slot: older owners' deltas are fenced from now on.
             for tp, view in self.views.items():
-                if self._slot.get(tp) == m.partition() and view.generation < m.offset():
+                if self._slot.get(tp) == m.partition() and supersedes(m.offset(),
+                                                                      view.generation):
                     view.generation = m.offset()
             return
         tp = rec.tp
