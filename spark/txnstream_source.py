@@ -1,4 +1,4 @@
-"""The import path README.md shows: the data source now lives in :mod:`.datasource`.
+"""The data source's former import path, kept for existing code: see :mod:`.datasource`.
 
 Split into :mod:`.schema` (the rows' columns), :mod:`.planner` (the driver's plan),
 :mod:`.source` (the readers and the task-side filter) and :mod:`.sink` (the writers).
