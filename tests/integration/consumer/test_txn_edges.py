@@ -129,7 +129,10 @@ def test_commit_without_an_answer_is_unknown_not_aborted(config, client):
             wait_until(lambda: len(w2.serving()) == config.num_coordinators, 60, "serving")
             txn.commit()
             assert txn.status.value == "COMMITTED"
-            assert committed_values(client, topic, 1) == [b"r"]
+            # The restarted worker's buffer role must claim the topic's slot before any
+            # reader sees the commit; a slot holding a multi-MB snapshot of an earlier
+            # test took 8.7 s to scan in a full run, past the default 5 s wait.
+            assert committed_values(client, topic, 1, timeout_s=30.0) == [b"r"]
         finally:
             w2.stop()
     finally:
