@@ -124,12 +124,11 @@ class FakeConsumer:
 
 @pytest.fixture
 def fake_consumer(monkeypatch):
-    import txnstream.buffer.follower as state_store
+    import txnstream.buffer.follower as follower
     import txnstream.buffer.snapshot_store as snapshot_store
-    import txnstream.buffer.worker as worker
 
-    FakeConsumer.made = []
-    for mod in (state_store, snapshot_store, worker):
+    FakeConsumer.made = []  # the buffer worker's consumers come from FakeKafka
+    for mod in (follower, snapshot_store):
         monkeypatch.setattr(mod, "Consumer", FakeConsumer)
     return FakeConsumer
 
@@ -254,7 +253,7 @@ class FakeKafka:
         raise AssertionError("the buffer worker makes no admin client")
 
 
-def _worker(monkeypatch, store):
+def _worker(store):
     from txnstream.buffer.worker import BufferWorker
 
     return BufferWorker(CONFIG, [TP.topic], snapshot_interval_s=0.05,
@@ -272,7 +271,7 @@ def test_buffer_worker_survives_failed_snapshot_publishes_and_retries_them(
         fake_consumer, monkeypatch):
     fake_consumer.script = _records()
     store = FakeStore(fail=3)
-    bw = _worker(monkeypatch, store).start()
+    bw = _worker(store).start()
     try:
         assert _wait(lambda: store.published), "no snapshot after the failures"
         assert bw._thread.is_alive(), "the buffer worker died on a publish failure"
@@ -284,7 +283,7 @@ def test_buffer_worker_survives_failed_snapshot_publishes_and_retries_them(
 def test_buffer_worker_renews_its_consumer_after_a_fatal_consumer_error(
         fake_consumer, monkeypatch, caplog):
     fake_consumer.group_script = [Rec(err=denied(fatal=True))]
-    bw = _worker(monkeypatch, FakeStore(fail=0)).start()
+    bw = _worker(FakeStore(fail=0)).start()
 
     def groups():
         return [c for c in fake_consumer.made if c.role == "group"]
@@ -303,7 +302,7 @@ def test_buffer_worker_renews_its_consumer_after_a_fatal_consumer_error(
 def test_buffer_worker_logs_consumed_errors(fake_consumer, monkeypatch, caplog):
     fake_consumer.script = [Rec(err=denied(retriable=True)), *_records()]
     store = FakeStore(fail=0)
-    bw = _worker(monkeypatch, store).start()
+    bw = _worker(store).start()
     try:
         assert _wait(lambda: store.published and store.published[-1].position == 2)
         assert any(r.levelno == logging.WARNING and "denied-by-acl" in r.getMessage()

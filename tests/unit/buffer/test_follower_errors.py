@@ -12,7 +12,7 @@ import logging
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from txnstream.buffer import follower as state_store
+from txnstream.buffer import follower as follower_module
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.buffer.snapshot_store import LatestSnapshotFinder
 from txnstream.config import Config, TopicNames
@@ -45,7 +45,7 @@ class FlakyStore:
 
 @pytest.fixture
 def follower(monkeypatch):
-    monkeypatch.setattr(state_store, "SCAN_RETRY_S", 1.0)
+    monkeypatch.setattr(follower_module, "SCAN_RETRY_S", 1.0)
     f = BufferStateFollower(CONFIG)
     yield f
     f.close()
