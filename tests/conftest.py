@@ -23,7 +23,11 @@ from txnstream import Config, TopicNames
 
 log = logging.getLogger(__name__)
 
-KAFKA_IMAGE = "apache/kafka:4.4.0"  # the version the local broker runs (cluster/jars.py)
+KAFKA_IMAGE_ENV = "TXNSTREAM_TEST_KAFKA_IMAGE"
+"""Names a Confluent Platform image (``confluentinc/cp-kafka:7.9.0``: testcontainers'
+KafkaContainer runs that distribution) to test against in Docker instead of the local
+broker. Opt-in: a Docker engine that merely answers (one started for ``make
+compose-test``, say) must not change which broker the suite uses."""
 
 
 def _free_port_pair() -> int:
@@ -61,10 +65,14 @@ def kafka_bootstrap() -> Iterator[str]:
     if env:
         yield env
         return
-    if _docker_answers():
+    image = os.environ.get(KAFKA_IMAGE_ENV)
+    if image:
+        if not _docker_answers():
+            raise pytest.UsageError(f"${KAFKA_IMAGE_ENV} is set ({image}) but no Docker "
+                                    "engine answers")
         from testcontainers.kafka import KafkaContainer
 
-        container = KafkaContainer(KAFKA_IMAGE).with_kraft()
+        container = KafkaContainer(image).with_kraft()
         container.start()
         try:
             yield container.get_bootstrap_server()
