@@ -10,7 +10,7 @@ BOOTSTRAP ?= $(or $(TXNSTREAM_BOOTSTRAP),127.0.0.1:9092)
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test chaos-test venv bench chaos lint clean
+.PHONY: demo test chaos-test compose-test venv bench chaos lint clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,12 @@ test: $(STAMP)
 chaos-test: $(STAMP)
 	tools/fetch-prometheus
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/fault/test_chaos.py
+
+# The compose stack for real, on stand-ins for the public images (docs/compose.md):
+# a Docker engine (installed and started if none answers), images, `docker compose up`,
+# the demo's and the pipeline's checks, Prometheus, a worker killed, `down -v`. Root.
+compose-test:
+	tools/compose-test
 
 bench: $(STAMP)
 	$(PY) -m bench

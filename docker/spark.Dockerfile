@@ -1,6 +1,7 @@
 # The Spark example pipeline (committed-only source -> exactly-once sink), local[2] Spark
 # in one container: Java 17 for Spark, txnstream[spark] from the project's wheel.
-FROM python:3.11-slim-bookworm AS build
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY txnstream ./txnstream
@@ -8,7 +9,7 @@ COPY spark ./spark
 RUN pip install --no-cache-dir build==1.2.2.post1 \
     && python -m build --wheel --outdir /dist
 
-FROM python:3.11-slim-bookworm
+FROM ${PYTHON_IMAGE}
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless=17.* \
     && rm -rf /var/lib/apt/lists/*
