@@ -10,6 +10,12 @@ ABORT marker drops it.
 Many transactions may be open at once on one producer: outstanding sends are counted
 per transaction, and ``Transaction.commit()`` waits only for its own. A failed send makes
 its transaction abort-only.
+
+The per-record cost is kept close to a plain ``produce()``: each transaction's sends
+through a producer share one :class:`_TxnSends` (its ``txn.id`` header list, one delivery
+callback, the partitions already registered), so a send builds no closure and no header
+list, skips ``register_partitions`` for a known partition, and takes the producer's lock
+once (to count itself); a delivery report only appends to a list.
 """
 
 from __future__ import annotations
@@ -17,9 +23,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -30,7 +34,7 @@ from txnstream import validate
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.markers import RESERVED_HEADERS, TXN_ID_HEADER
-from txnstream.types import TopicPartition, TxnID
+from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:
     from txnstream.config import Config
@@ -56,12 +60,39 @@ POLL_EVERY = 256
 more than the produce itself, and commit() serves the rest while it waits."""
 
 
-@dataclass(slots=True)
-class _BatchSends:
-    """The sends of one ``send_batch``: all acknowledged when ``len(acks) == expected``."""
+class _TxnSends:
+    """One transaction's sends through one producer, and what each of them reuses.
 
-    expected: int
-    acks: list[KafkaError | None] = field(default_factory=list)
+    ``sent`` counts the records handed to librdkafka (changed under the producer's
+    lock); each delivery report appends to ``acks`` (``list.append`` is atomic, so a
+    report takes no lock), and :meth:`outstanding` folds them into ``acked``.
+    """
+
+    __slots__ = ("headers", "registered", "sent", "acked", "acks", "delivered")
+
+    def __init__(self, topic: str, txn: Transaction) -> None:
+        self.headers: KafkaHeaders = [(TXN_ID_HEADER, txn.id.to_bytes())]
+        self.registered: set[int] = set()
+        """Partitions ``txn.register_partitions`` accepted: later sends skip the call."""
+        self.sent = 0
+        self.acked = 0
+        self.acks: list[KafkaError | None] = []
+        ack = self.acks.append
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            ack(err)
+            if err is not None:
+                txn.mark_abort_only(TxnStreamError(
+                    f"send to {topic}-{msg.partition()} failed: {err}", txn.id))
+
+        self.delivered = delivered
+
+    def outstanding(self) -> int:
+        """Sends not acknowledged yet (producer lock held); keeps ``acks`` short."""
+        n = len(self.acks)
+        del self.acks[:n]  # reports appended meanwhile stay, after the n deleted
+        self.acked += n
+        return self.sent - self.acked
 
 
 class Producer:
@@ -78,8 +109,9 @@ class Producer:
         self.num_partitions = len(tmeta.partitions)
         self._rr = itertools.count()
         self._lock = threading.Lock()
-        self._outstanding: dict[TxnID, int] = defaultdict(int)
-        self._batches: dict[TxnID, list[_BatchSends]] = defaultdict(list)
+        self._outstanding: dict[Transaction, _TxnSends] = {}
+        """Per transaction handle (an identity hash: cheaper than a TxnID's); dropped once
+        all its sends are acknowledged, by its flush or by the next txn's first send."""
         self._sends = 0
 
     def _partition_for(self, key: bytes | None, partition: int | None) -> int:
@@ -108,25 +140,29 @@ class Producer:
         """
         kbytes = key.encode() if isinstance(key, str) else key
         part = self._partition_for(kbytes, partition)
-        hdrs: KafkaHeaders = list(headers or [])
-        for name, _ in hdrs:
-            if name in RESERVED_HEADERS:
-                raise ConfigError(f"header {name!r} is reserved for txnstream")
+        if headers:
+            for name, _ in headers:
+                if name in RESERVED_HEADERS:
+                    raise ConfigError(f"header {name!r} is reserved for txnstream")
         if txn is None:
-            self._kafka.produce(self.topic, value, kbytes, partition=part, headers=hdrs or None)
+            self._kafka.produce(self.topic, value, kbytes, partition=part,
+                                headers=list(headers) if headers else None)
             self._kafka.poll(0)
             return part
-        txn.register_partitions([TopicPartition(self.topic, part)])
-        hdrs.append((TXN_ID_HEADER, txn.id.to_bytes()))
+        known = self._outstanding.get(txn)  # a dict read: no lock
+        if known is None or part not in known.registered:
+            txn.register_partitions([TopicPartition(self.topic, part)])
         with txn.sending():  # an end waits for this block; none starts after it
-            delivered = self._track(txn, 1)
+            sends = self._count(txn, 1)
             try:
-                self._produce(value, kbytes, part, hdrs, delivered)
+                self._produce(value, kbytes, part,
+                              [*headers, *sends.headers] if headers else sends.headers,
+                              sends.delivered)
             except BaseException:
-                self._untrack(txn.id, 1)  # never handed to librdkafka: not outstanding
+                self._uncount(sends, 1)  # never handed to librdkafka: not outstanding
                 raise
-        self._sends += 1
-        if self._sends % POLL_EVERY == 0:  # callbacks are also served by the txn's flush
+        sends.registered.add(part)
+        if not self._sends % POLL_EVERY:  # callbacks are also served by the txn's flush
             self._kafka.poll(0)
         return part
 
@@ -134,14 +170,16 @@ class Producer:
                  headers: KafkaHeaders,
                  on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
         """``produce()``, waiting while librdkafka's queue is full (up to a deadline)."""
-        deadline = time.monotonic() + QUEUE_FULL_TIMEOUT_S
+        deadline: float | None = None  # taken only once the queue is full: rarely
         while True:
             try:
                 self._kafka.produce(self.topic, value, key, partition=part, headers=headers,
                                     on_delivery=on_delivery)
                 return
             except BufferError:
-                if time.monotonic() > deadline:
+                if deadline is None:
+                    deadline = time.monotonic() + QUEUE_FULL_TIMEOUT_S
+                elif time.monotonic() > deadline:
                     raise
                 self._kafka.poll(0.05)  # let it drain
 
@@ -168,7 +206,7 @@ class Producer:
             raise self._no_partition(used[-1])
         txn.register_partitions([TopicPartition(self.topic, p) for p in used])
         with txn.sending(n):
-            self._send_batch(values, partitions, txn, keys, n)
+            self._send_batch(values, partitions, keys, self._count(txn, n), n)
 
     @staticmethod
     def _checked_partitions(partitions: Sequence[int]) -> Sequence[int]:
@@ -187,14 +225,9 @@ class Producer:
                 for i, p in enumerate(partitions)]
 
     def _send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
-                    txn: Transaction, keys: Sequence[bytes | None] | None, n: int) -> None:
-        hdrs: KafkaHeaders = [(TXN_ID_HEADER, txn.id.to_bytes())]
-        sends = _BatchSends(n)
-        with self._lock:
-            self._sweep_batches()
-            self._batches[txn.id].append(sends)
-        self._add_flusher(txn)
-        delivered = self._batch_callback(txn, sends)
+                    keys: Sequence[bytes | None] | None, sends: _TxnSends, n: int) -> None:
+        """Hand the ``n`` records, counted on ``sends``, to librdkafka."""
+        hdrs, delivered = sends.headers, sends.delivered
         produce, poll, topic = self._kafka.produce, self._kafka.poll, self.topic
         sent = 0
         try:
@@ -211,76 +244,66 @@ class Producer:
                 if sent % POLL_EVERY == 0:
                     poll(0)
         except BaseException:
-            sends.expected = sent
+            self._uncount(sends, n - sent)  # never handed to librdkafka: not outstanding
             raise
 
-    def _batch_callback(self, txn: Transaction, sends: _BatchSends
-                        ) -> Callable[[KafkaError | None, Message], None]:
-        ack = sends.acks.append  # atomic: no lock per record
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            ack(err)
-            if err is not None:
-                txn.mark_abort_only(TxnStreamError(
-                    f"send to {self.topic}-{msg.partition()} failed: {err}", txn.id))
-
-        return delivered
-
-    def _track(self, txn: Transaction, n: int) -> Callable[[KafkaError | None, Message], None]:
-        """Count ``n`` sends of ``txn`` as outstanding; the delivery callback for them."""
-        txn_id = txn.id
+    def _count(self, txn: Transaction, n: int) -> _TxnSends:
+        """Count ``n`` sends of ``txn`` as outstanding (inside ``txn.sending()``)."""
         with self._lock:
-            first_send = txn_id not in self._outstanding
-            self._outstanding[txn_id] += n
-        if first_send:  # one flusher per producer and txn, not one per record
-            self._add_flusher(txn)
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                txn.mark_abort_only(TxnStreamError(
-                    f"send to {self.topic}-{msg.partition()} failed: {err}", txn_id))
-            self._untrack(txn_id, 1)
-
-        return delivered
-
-    def _untrack(self, txn_id: TxnID, n: int) -> None:
-        with self._lock:
-            self._outstanding[txn_id] -= n
-            if self._outstanding[txn_id] <= 0:
-                del self._outstanding[txn_id]
-
-    def _add_flusher(self, txn: Transaction) -> None:
+            sends = self._outstanding.get(txn)
+            if sends is not None:
+                sends.sent += n
+                self._sends += n
+                if len(sends.acks) >= POLL_EVERY:
+                    sends.outstanding()
+                return sends
+            self._sweep()
+            sends = self._outstanding[txn] = _TxnSends(self.topic, txn)
+            sends.sent = n
+            self._sends += n
+        # Inside txn.sending(), so before any end runs the flushers: one per producer and
+        # txn, not one per record.
         txn.add_flusher(partial(self.flush_transaction, txn), key=self)
+        return sends
 
-    def _sweep_batches(self) -> None:
-        """Drop batch bookkeeping of txns whose sends are all acknowledged (lock held).
+    def _uncount(self, sends: _TxnSends, n: int) -> None:
+        with self._lock:
+            sends.sent -= n
 
-        So a txn that is never flushed (abandoned, timed out) leaves nothing behind.
+    def _sweep(self) -> None:
+        """Drop the bookkeeping of txns whose sends are all acknowledged (lock held).
+
+        So a txn that is never flushed (abandoned, timed out) leaves nothing behind. A
+        later send of such a txn counts itself on a new ``_TxnSends``: counting and
+        dropping both happen under the lock, so no send is counted on a dropped one.
         """
-        done = [t for t, bs in self._batches.items()
-                if all(len(b.acks) >= b.expected for b in bs)]
-        for t in done:
-            del self._batches[t]
+        for txn in [t for t, sends in self._outstanding.items() if not sends.outstanding()]:
+            del self._outstanding[txn]
 
     def tracked_txns(self) -> int:
-        """Txns with outstanding sends or batch bookkeeping (a bound test reads it)."""
+        """Txns with send bookkeeping (a bound test reads it)."""
         with self._lock:
-            return len(set(self._outstanding) | set(self._batches))
+            return len({txn.id for txn in self._outstanding})
 
     def flush_transaction(self, txn: Transaction, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait until every send of ``txn`` through this producer is acknowledged.
 
         Waits for this transaction's sends only (serving delivery callbacks meanwhile),
-        not for every send of the producer as ``flush()`` would.
+        not for every send of the producer as ``flush()`` would: those made through any
+        handle on the same TxnID (``attach_transaction``) in this process.
         """
         txn_id = txn.id
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                left = self._outstanding.get(txn_id, 0) + sum(
-                    b.expected - len(b.acks) for b in self._batches.get(txn_id, ()))
-                if not left:
-                    self._batches.pop(txn_id, None)
+                left = 0
+                for handle, sends in list(self._outstanding.items()):
+                    if handle.id == txn_id:
+                        n = sends.outstanding()
+                        if n:
+                            left += n
+                        else:
+                            del self._outstanding[handle]
             if not left:
                 return
             if time.monotonic() > deadline:

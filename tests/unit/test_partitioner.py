@@ -17,6 +17,42 @@ JAVA = {b"21": -973932308, b"foobar": -790332482,
         b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
         b"abc": 479470107}
 
+# Every tail length (0..3 bytes after the 4-byte words) and bytes >= 0x80 (Java's bytes are
+# signed), then keys of many words; computed with the per-word loop that transcribes
+# Java's Utils.murmur2 line by line (``_java_murmur2`` below), before it was sped up.
+MORE = {b"": 275646681, b"a": 2731586172, b"ab": 316155434, b"abc": 479470107,
+        b"abcd": 2971317748, b"abcde": 461995741, b"abcdef": 1870650108,
+        b"abcdefg": 3948500121, b"abcdefgh": 3339539933, b"abcdefghi": 3675287486,
+        b"\xff": 3983499611, b"\xff" * 2: 2652134368, b"\xff" * 3: 1548199422,
+        b"\xff" * 4: 644171429, b"\xff" * 5: 3931128674, b"\xff" * 7: 4223673747,
+        b"\xff" * 8: 185950397, bytes(range(256)) * 4 + b"xyz": 2197618010,
+        b"k" * 1001: 1238844260, bytes(range(200, 256)) * 3: 3593102771}
+
+
+def _java_murmur2(data: bytes) -> int:
+    """Java's ``Utils.murmur2``, one statement per Java statement (the reference)."""
+    length, m, mask = len(data), 0x5BD1E995, 0xFFFFFFFF
+    h = (0x9747B28C ^ length) & mask
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(data[i:i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = (h * m) & mask
+        h ^= k
+    tail = length & ~3
+    if length % 4 == 3:
+        h ^= data[tail + 2] << 16
+    if length % 4 >= 2:
+        h ^= data[tail + 1] << 8
+    if length % 4 >= 1:
+        h ^= data[tail]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h
+
 
 def test_java_vectors_scalar_and_vectorized():
     keys = list(JAVA)
@@ -24,6 +60,21 @@ def test_java_vectors_scalar_and_vectorized():
     for key, h in zip(keys, hashed, strict=True):
         assert h == JAVA[key] & 0xFFFFFFFF, key
         assert _murmur2(key) == JAVA[key] & 0xFFFFFFFF, key
+
+
+def test_every_tail_length_and_long_keys_scalar_and_vectorized():
+    keys = list(MORE)
+    hashed = murmur2_hashes(pa.array(keys, pa.binary())).tolist()
+    for key, h in zip(keys, hashed, strict=True):
+        assert _murmur2(key) == MORE[key] == _java_murmur2(key), key
+        assert h == MORE[key] & 0xFFFFFFFF, key
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=70))
+def test_scalar_equals_the_line_by_line_transcription_of_java(key):
+    assert _murmur2(key) == _java_murmur2(key)
+    assert murmur2_partition(key, 7) == (_java_murmur2(key) & 0x7FFFFFFF) % 7
 
 
 @settings(max_examples=200, deadline=None)

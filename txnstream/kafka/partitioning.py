@@ -2,35 +2,36 @@
 
 from __future__ import annotations
 
+import struct
+
 __all__ = ["murmur2", "murmur2_partition"]
+
+_SEED = 0x9747B28C
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+_WORD = struct.Struct("<I")
+"""Java reads the key as little-endian 4-byte words, then a tail of 0..3 bytes."""
 
 
 def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (``Utils.murmur2``), so keys land where Java clients put them."""
+    """Kafka's murmur2 (``Utils.murmur2``), so keys land where Java clients put them.
+
+    Bit for bit Java's loop (tests/unit/test_partitioner.py holds its line-by-line
+    transcription); the words are unpacked in C, and ``h * m ^ k * m`` is masked once
+    (masking distributes over xor).
+    """
     length = len(data)
-    seed = 0x9747B28C
-    m = 0x5BD1E995
-    h = (seed ^ length) & 0xFFFFFFFF
-    for i in range(0, length - length % 4, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> 24
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    rest = length % 4
-    tail = length - rest
-    if rest == 3:
-        h ^= data[tail + 2] << 16
-    if rest >= 2:
-        h ^= data[tail + 1] << 8
-    if rest >= 1:
-        h ^= data[tail]
-        h = (h * m) & 0xFFFFFFFF
+    h = (_SEED ^ length) & _MASK
+    words = length & ~3
+    if words:
+        for (k,) in _WORD.iter_unpack(data[:words]):
+            k = (k * _M) & _MASK
+            h = ((h * _M) ^ ((k ^ (k >> 24)) * _M)) & _MASK
+    if length & 3:  # the tail, b0 | b1 << 8 | b2 << 16, as Java's switch xors it in
+        h = ((h ^ int.from_bytes(data[words:], "little")) * _M) & _MASK
     h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
+    h = (h * _M) & _MASK
+    return h ^ (h >> 15)
 
 
 def murmur2_partition(key: bytes, num_partitions: int) -> int:
