@@ -16,16 +16,23 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from bench import issue22
 from bench.common import fresh_config, machine
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 console = Console()
 
 
+def _columns(rows: list[dict]) -> list[str]:
+    """The columns shown: the first row's keys, but those starting with ``_`` (figures kept
+    for other tables, e.g. an unrounded ratio)."""
+    return [c for c in rows[0] if not c.startswith("_")]
+
+
 def _md_table(rows: list[dict]) -> str:
     if not rows:
         return "(no rows)\n"
-    cols = list(rows[0])
+    cols = _columns(rows)
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in cols) + " |"
             for r in rows]
@@ -45,16 +52,20 @@ def _show(title: str, rows: list[dict]) -> None:
     if not rows:
         return
     t = Table(title=title)
-    for c in rows[0]:
+    cols = _columns(rows)
+    for c in cols:
         t.add_column(c)
     for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r.values()))
+        t.add_row(*("" if r.get(c) is None else str(r.get(c)) for c in cols))
     console.print(t)
 
 
 GROUPS = {"coordinator": ("txn-rate", "produce", "failover")}
 """``--only coordinator`` runs all of issue 13's coordinator-side measurements."""
 PARTS = ("txn-rate", "produce", "failover", "buffer", "processor", "spark")
+ISSUE22 = "Issue 22 goals"
+"""Every goal of issue 22 beside its anchor (bench.issue22); rewritten by every run, its
+rows of the parts not run saying so."""
 
 
 def main(argv: list[str]) -> int:
@@ -99,6 +110,8 @@ def main(argv: list[str]) -> int:
     sections: list[tuple[str, list[dict]]] = []
     goals: list[dict] = []
     failed: list[str] = []
+    results: dict[str, list[dict]] = {}
+    """Part -> its rows, for issue 22's table (bench.issue22)."""
 
     def section(title: str, rows: list[dict]) -> None:
         sections.append((title, rows))
@@ -121,6 +134,7 @@ def main(argv: list[str]) -> int:
 
         rows = coordinator.run(fresh_config(bootstrap), total=args.txns,
                                progress=lambda r: console.print(r))
+        results["txn-rate"] = rows
         section("Coordinator (issue 3): begin + add partition + commit", rows)
         g = coordinator.goals(rows)
         goals.extend(g)
@@ -129,8 +143,11 @@ def main(argv: list[str]) -> int:
     def produce() -> None:
         from bench import produce as prod
 
+        broker = list(cluster.pids().values()) if cluster is not None else None
         rows = prod.run(fresh_config(bootstrap), records=args.produce_records,
-                        rounds=args.produce_rounds, progress=lambda r: console.print(r))
+                        rounds=args.produce_rounds, progress=lambda r: console.print(r),
+                        broker_pids=broker)
+        results["produce"] = rows
         section("Transactional vs plain produce, same txnstream Producer (issue 13)", rows)
         g = prod.goals(rows)
         goals.extend(g)
@@ -155,6 +172,7 @@ def main(argv: list[str]) -> int:
         cfg = fresh_config(bootstrap)
         rows = buf.run(cfg, records=args.records, txns=args.latency_txns,
                        progress=lambda r: console.print(r))
+        results["buffer"] = rows
         rows += worker_cpu.run(cfg, window_s=args.cpu_window,
                                progress=lambda r: console.print(r))
         section("Transactional produce and committed-only consume (issue 4)", rows)
@@ -164,6 +182,7 @@ def main(argv: list[str]) -> int:
 
         rows = proc.run(fresh_config(bootstrap), records=args.processor_records,
                         progress=lambda r: console.print(r))
+        results["processor"] = rows
         goals.extend(rows)
         section("Exactly-once consume-transform-produce (issue 5)", rows)
 
@@ -171,8 +190,11 @@ def main(argv: list[str]) -> int:
         try:
             from bench import spark_bench
         except ImportError:
+            results["spark"] = []  # pyspark not installed: issue 22's rows say not measured
             return
-        section("Spark source and sink (issue 6)", spark_bench.run(fresh_config(bootstrap)))
+        rows = spark_bench.run(fresh_config(bootstrap))
+        results["spark"] = rows
+        section("Spark source and sink (issue 6)", rows)
 
     try:
         part("txn-rate", "coordinator: begin + one send + commit ...", txn_rate)
@@ -186,6 +208,7 @@ def main(argv: list[str]) -> int:
         if cluster is not None:
             cluster.down()
     _show("Issue 13 goals, this run", goals)
+    section(ISSUE22, issue22.table(results, failed))
     path = args.out
     text = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
@@ -197,6 +220,7 @@ def main(argv: list[str]) -> int:
     kept = _sections(old)  # a partial run (--only) keeps the other sections' last results
     for title, rows in sections:
         kept[title] = run + "\n" + _md_table(rows)
+    kept = {ISSUE22: kept.pop(ISSUE22), **kept}  # the summary first
     body = [BEGIN, ""] + [f"### {title}\n\n{text}" for title, text in kept.items()] + [END]
     path.write_text(head + "\n".join(body) + tail)
     console.print(f"wrote {path}")

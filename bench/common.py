@@ -125,7 +125,8 @@ def _wait_serving(cfg: Config, timeout_s: float = 90) -> None:
 def goal_row(measure: str, txnstream: str, anchor: str, anchor_value: str,
              ratio: float | None, op: str, target: float) -> dict:
     """One row of an issue's goal table: the ratio, the goal (``op`` is ``>=`` or ``<=``)
-    and whether this run met it."""
+    and whether this run met it; the unrounded ratio under ``_ratio`` (keys starting with
+    ``_`` are not shown)."""
     if ratio is None or ratio != ratio:  # missing or NaN
         met = "n/a"
     else:
@@ -133,7 +134,7 @@ def goal_row(measure: str, txnstream: str, anchor: str, anchor_value: str,
     return {"measure": measure, "txnstream": txnstream, "anchor": anchor,
             "anchor value": anchor_value,
             "ratio": None if ratio is None else f"{ratio:.2f}x",
-            "goal": f"{op} {target}x", "met": met}
+            "goal": f"{op} {target}x", "met": met, "_ratio": ratio}
 
 
 def ratio(a: float, b: float) -> float | None:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer as KafkaProducer
 
-from bench.common import make_topic, workers
+from bench.common import goal_row, make_topic, ratio, workers
 from txnstream import Client, Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,10 +174,8 @@ def _write(df, fmt: str, options: dict[str, str], count, n: int) -> float:
 
 
 def _row(measure: str, ours: float, anchor: str, theirs: float, goal: float) -> dict:
-    ratio = ours / theirs if theirs else float("nan")
-    return {"measure": measure, "txnstream": f"{ours:,.0f}", "anchor": anchor,
-            "anchor value": f"{theirs:,.0f}", "ratio": f"{ratio:.2f}x", "goal": f">= {goal}x",
-            "met": "yes" if ratio >= goal else "no"}
+    return goal_row(measure, f"{ours:,.0f}", anchor, f"{theirs:,.0f}", ratio(ours, theirs),
+                    ">=", goal)
 
 
 def run(cfg: Config) -> list[dict]:

@@ -10,16 +10,16 @@ a fresh worker process (``bench.common.workers``):
 2. a producer thread writes transactions at a fixed rate (``TXNS_PER_S`` transactions of
    ``RECORDS_PER_TXN`` 1 KB records: a rate, not as fast as it can, so both runs ask the
    worker for the same work however busy the 2 cores are);
-3. once every subscription has its first record, the worker process's CPU time
-   (utime + stime of ``/proc/<pid>/stat``, every thread) is sampled at the start and the
-   end of a ``window_s`` window.
+3. once every subscription has its first record, the CPU time of the worker process and
+   its children (the buffer role runs in a child process; utime + stime of
+   ``/proc/<pid>/stat``, every thread) is sampled at the start and the end of a
+   ``window_s`` window.
 
 Rows: CPU seconds per window with 4 subscriptions beside 1, and the ratio (goal: 1.0).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -27,19 +27,12 @@ from collections.abc import Callable
 
 from bench.buffer import CONSUME_BATCH, VALUE, receive_batch
 from bench.common import make_topic, workers
+from bench.cpu import cpu_seconds, with_children
 from txnstream import Client, Config
 
 TXNS_PER_S = 10
 RECORDS_PER_TXN = 100
 FIRST_RECORD_TIMEOUT_S = 60.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
 class _Load:
@@ -100,6 +93,10 @@ class _Load:
             self.errors.append(e)
 
 
+def _cpu(pids: list[int]) -> float:
+    return sum(cpu_seconds(p) for p in pids)
+
+
 def measure(cfg: Config, subs: int, window_s: float) -> dict:
     """Worker CPU seconds over ``window_s`` with ``subs`` subscriptions on one partition."""
     topic = make_topic(cfg, 1)
@@ -108,10 +105,11 @@ def measure(cfg: Config, subs: int, window_s: float) -> dict:
         while min(load.read) == 0 and time.monotonic() < deadline and not load.errors:
             time.sleep(0.1)
         started = min(load.read) > 0
-        cpu0, produced0, read0 = cpu_seconds(pids[0]), load.produced, list(load.read)
+        tree = with_children(pids)  # the worker and its buffer role's process
+        cpu0, produced0, read0 = _cpu(tree), load.produced, list(load.read)
         t0 = time.monotonic()
         time.sleep(window_s)
-        cpu1, produced1, read1 = cpu_seconds(pids[0]), load.produced, list(load.read)
+        cpu1, produced1, read1 = _cpu(tree), load.produced, list(load.read)
         secs = time.monotonic() - t0
     return {"subs": subs, "cpu_s": (cpu1 - cpu0) * window_s / secs, "window_s": window_s,
             "produced": produced1 - produced0,
