@@ -16,6 +16,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from txnstream.errors import ConfigError
+
 from .options import SourceOptions
 from .schema import SCHEMA, layout
 from .sink import TxnStreamBatchWriter, TxnStreamStreamWriter
@@ -45,6 +47,9 @@ class TxnStreamDataSource(DataSource):
         return TxnStreamStreamReader(dict(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:  # Kafka's sink refuses it the same way: a topic is appended to
+            raise ConfigError("Save mode Overwrite not allowed for txnstream. Allowed save "
+                              "modes are Append and ErrorIfExists (default).")
         return TxnStreamBatchWriter(dict(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:

@@ -139,20 +139,18 @@ def _binary(rb: pa.RecordBatch, name: str) -> pa.Array | None:
     return col if pa.types.is_binary(col.type) else col.cast(pa.binary())
 
 
-def _by_topic(rb: pa.RecordBatch, default: str | None, done: int
+def _by_topic(rb: pa.RecordBatch, option: str | None, done: int
               ) -> Iterator[tuple[str, pa.RecordBatch]]:
-    """The batch's rows per destination: the ``topic`` column, else option ``topic``."""
+    """The batch's rows per destination: option ``topic``, else the ``topic`` column.
+
+    The option overrides the column, as in Kafka's sink.
+    """
     import pyarrow.compute as pc
 
     i = rb.schema.get_field_index("topic")
-    if i < 0:
-        col = None
-    else:
-        col = rb.column(i)
-        if default is not None:
-            col = pc.fill_null(col, default)
+    col = None if i < 0 or option is not None else rb.column(i)
     if col is None or col.null_count == 0 and len(pc.unique(col)) == 1:
-        topic = default if col is None else col[0].as_py()
+        topic = option if col is None else col[0].as_py()
         if topic is None:
             raise ConfigError(f"row {done}: no topic (the sink needs option 'topic' or a "
                               "non-null 'topic' column)")
@@ -184,10 +182,56 @@ def _send_all(opts: SinkOptions, client: Client, txn: Transaction,
             assert values is not None  # the guard above
             parts, rr[topic] = partitions_for(keys, rows.num_rows, producer.num_partitions,
                                               rr.get(topic, 0))
-            producer.send_batch(values.to_pylist(), parts, txn,
-                                keys=None if keys is None else keys.to_pylist())
+            parts = _chosen_partitions(rows, parts)
+            key_list = None if keys is None else keys.to_pylist()
+            headers = _headers(rows)
+            if headers is None:
+                producer.send_batch(values.to_pylist(), parts, txn, keys=key_list)
+            else:  # one by one, in row order, so each record keeps its own headers
+                for i, value in enumerate(values.to_pylist()):
+                    producer.send(value, None if key_list is None else key_list[i], txn=txn,
+                                  partition=parts[i],
+                                  headers=headers[i])  # type: ignore[arg-type]  # null values are Kafka's
         n += rb.num_rows
     return n
+
+
+def _chosen_partitions(rows: pa.RecordBatch, parts: list[int]) -> list[int]:
+    """``parts``, with the ``partition`` column's value wherever it is not null.
+
+    As in Kafka's sink: the column, where set, chooses the partition; else the default
+    partitioner does.
+    """
+    i = rows.schema.get_field_index("partition")
+    if i < 0 or rows.column(i).null_count == len(rows.column(i)):
+        return parts
+    chosen = rows.column(i).to_pylist()
+    return [p if c is None else c for p, c in zip(parts, chosen, strict=True)]
+
+
+def _headers(rows: pa.RecordBatch) -> list[list[tuple[str, bytes | None]]] | None:
+    """Each row's ``headers`` column as Kafka headers; None if no row has any."""
+    i = rows.schema.get_field_index("headers")
+    if i < 0:
+        return None
+    col = rows.column(i)
+    if col.null_count == len(col):
+        return None
+    out = [[(h["key"], h["value"]) for h in row or ()] for row in col.to_pylist()]
+    return out if any(out) else None
+
+
+HEADERS_TYPE = T.ArrayType(T.StructType([T.StructField("key", T.StringType()),
+                                          T.StructField("value", T.BinaryType())]))
+"""The ``headers`` column's type, as in Kafka's sink (null values allowed)."""
+
+
+def _is_headers_type(t: T.DataType) -> bool:
+    """``array<struct<key: string, value: binary>>``, whatever the nullability."""
+    if not isinstance(t, T.ArrayType) or not isinstance(t.elementType, T.StructType):
+        return False
+    fields = [(f.name, type(f.dataType)) for f in t.elementType.fields]
+    return fields == [("key", T.StringType), ("value", T.BinaryType)]
 
 
 def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
@@ -203,6 +247,12 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
                               f"{types[name].simpleString()}; cast it first")
     if "topic" in types and not isinstance(types["topic"], T.StringType):
         raise ConfigError("column 'topic' must be a string")
+    if "partition" in types and not isinstance(types["partition"], T.IntegerType):
+        raise ConfigError(f"column 'partition' must be an int, not "
+                          f"{types['partition'].simpleString()}")
+    if "headers" in types and not _is_headers_type(types["headers"]):
+        raise ConfigError(f"column 'headers' must be {HEADERS_TYPE.simpleString()}, not "
+                          f"{types['headers'].simpleString()}")
     if "topic" not in types and not opts.topic:
         raise ConfigError("the txnstream sink needs option 'topic' or a 'topic' column")
 
