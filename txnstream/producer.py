@@ -59,6 +59,10 @@ POLL_EVERY = 256
 """Serve delivery callbacks every this many transactional sends: poll() per send cost
 more than the produce itself, and commit() serves the rest while it waits."""
 
+FLUSH_SLICE_S = 0.005
+"""How long one wait of ``flush_transaction`` lasts before it counts the txn's sends again:
+short, since other txns' sends may keep librdkafka's queue from emptying."""
+
 
 class _TxnSends:
     """One transaction's sends through one producer, and what each of them reuses.
@@ -290,7 +294,10 @@ class Producer:
 
         Waits for this transaction's sends only (serving delivery callbacks meanwhile),
         not for every send of the producer as ``flush()`` would: those made through any
-        handle on the same TxnID (``attach_transaction``) in this process.
+        handle on the same TxnID (``attach_transaction``) in this process. It waits in
+        short librdkafka ``flush()`` calls, not ``poll()``: while one runs, librdkafka
+        sends what it holds back for ``linger.ms`` at once (as Kafka's
+        ``commitTransaction()`` flushes), so a commit does not wait out the linger.
         """
         txn_id = txn.id
         deadline = time.monotonic() + timeout_s
@@ -309,7 +316,7 @@ class Producer:
             if time.monotonic() > deadline:
                 raise TxnStreamError(f"{left} sends of {txn_id} to {self.topic} not "
                                      f"acknowledged within {timeout_s:.0f}s", txn_id)
-            self._kafka.poll(0.005)
+            self._kafka.flush(FLUSH_SLICE_S)
 
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait for every outstanding send."""

@@ -257,3 +257,19 @@ def test_many_threads_sending_in_one_txn_are_all_waited_for(producer, tc):
     t.commit()
     assert len(fake.produced) == 2800 and fake.pending == []
     assert producer.tracked_txns() == 0
+
+
+def test_commit_does_not_wait_out_linger_ms():
+    """As Kafka's commitTransaction() flushes: librdkafka sends what it holds back for
+    ``linger.ms`` at once while a commit waits (its in-process mock cluster acks here)."""
+    import time
+
+    p = prod.Producer(Config(bootstrap_servers="127.0.0.1:1", kafka={"log_level": 0}), "t",
+                      **{"test.mock.num.brokers": 1, "linger.ms": 3000})
+    t = new_txn(FakeTC())
+    p.send(b"v", txn=t, partition=0)
+    t0 = time.monotonic()
+    t.commit()
+    assert time.monotonic() - t0 < 2.0
+    assert t.status is TxnStatus.COMMITTED
+    p.close()
