@@ -14,9 +14,13 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless=17.* \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /dist /dist
-# the project's own wheel, just built; its dependencies are pinned by its metadata
+# the project's own wheel, just built; its dependencies are pinned by its metadata.
+# pip's cache is a BuildKit cache mount (kept by the builder, not in the image): PyPI has
+# pyspark as a source distribution only, and building its wheel is most of this step, so a
+# rebuild after a change to the sources reuses the wheel built the first time.
 # hadolint ignore=DL3013
-RUN whl=$(ls /dist/*.whl) && pip install --no-cache-dir "${whl}[spark]" && rm -rf /dist
+RUN --mount=type=cache,target=/root/.cache/pip \
+    whl=$(ls /dist/*.whl) && pip install "${whl}[spark]" && rm -rf /dist
 RUN useradd --create-home --uid 1000 spark && mkdir /checkpoints && chown spark /checkpoints
 USER 1000
 ENTRYPOINT ["python", "-m", "txnstream_spark.example_pipeline"]
