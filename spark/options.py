@@ -12,6 +12,7 @@ it masks those whose name matches ``spark.redaction.regex`` (by default any hold
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,10 @@ from txnstream.validate import (
     whole_number_text,
 )
 
-__all__ = ["Offsets", "SourceOptions", "SinkOptions", "parse_offsets", "TC_OPTIONS"]
+__all__ = ["EARLIEST", "LATEST", "Offsets", "SourceOptions", "SinkOptions", "TC_OPTIONS",
+           "UNSUPPORTED", "parse_offsets"]
+
+log = logging.getLogger(__name__)
 
 Offsets = dict[str, dict[str, int]]
 """Offsets as JSON holds them: ``{"topic": {"0": 12}}`` (a partition as text)."""
@@ -94,11 +98,72 @@ def _line(options: Mapping[str, str]) -> dict[str, Any]:
     return fields
 
 
+EARLIEST = -2
+"""In offsets JSON: the partition's log start (Kafka's ``-2``)."""
+LATEST = -1
+"""In offsets JSON: the partition's committed end (Kafka's ``-1``)."""
+
+KAFKA_TEXT = "for batch queries on Kafka"
+"""The tail of Kafka's source errors this source repeats word for word."""
+
+SOURCE_OPTIONS = ("subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
+                  "maxRecordsPerTrigger", "valueSchema", "includeHeaders", "failOnDataLoss",
+                  "txnstream.prefix")
+"""The source's own options (besides ``kafka.*`` and ``tc.*``)."""
+
+_NO_TIMESTAMPS = "offsets by timestamp are not supported: give 'startingOffsets' / 'endingOffsets'"
+UNSUPPORTED = {
+    "assign": "every partition of the topics named by 'subscribe' is read",
+    "subscribePattern": "name the topics with 'subscribe'",
+    "groupIdPrefix": "the source uses no consumer group (offsets live in Spark's checkpoint)",
+    "kafka.group.id": "the source uses no consumer group (offsets live in Spark's checkpoint)",
+    "minOffsetsPerTrigger": "a micro-batch takes what is committed, up to "
+                            "'maxOffsetsPerTrigger'",
+    "maxTriggerDelay": "it goes with 'minOffsetsPerTrigger', which is not supported",
+    "startingTimestamp": _NO_TIMESTAMPS,
+    "endingTimestamp": _NO_TIMESTAMPS,
+    "startingOffsetsByTimestamp": _NO_TIMESTAMPS,
+    "endingOffsetsByTimestamp": _NO_TIMESTAMPS,
+    "startingOffsetsByTimestampStrategy": _NO_TIMESTAMPS,
+    "fetchOffset.numRetries": "the source reads offsets from the served buffer state",
+    "fetchOffset.retryIntervalMs": "the source reads offsets from the served buffer state",
+    "kafkaConsumer.pollTimeoutMs": "tasks use a fixed poll timeout",
+    "kafka.auto.offset.reset": "set 'startingOffsets' (Kafka's source refuses it too)",
+    "kafka.enable.auto.commit": "offsets live in Spark's checkpoint (Kafka's source refuses "
+                                "it too)",
+    "kafka.key.deserializer": "keys are bytes (Kafka's source refuses it too)",
+    "kafka.value.deserializer": "values are bytes, or decoded with 'valueSchema' (Kafka's "
+                                "source refuses it too)",
+    "kafka.interceptor.classes": "Kafka's source refuses it too",
+}
+"""Kafka source options the source refuses (never ignores), each with why."""
+
+
+def _check_source_keys(options: Mapping[str, str]) -> None:
+    """Refuse a Kafka source option the source does not support, or an unknown one.
+
+    ``options`` has lower-cased keys (as Spark hands them over); errors name the option
+    as Kafka's documentation spells it.
+    """
+    unsupported = {k.lower(): k for k in UNSUPPORTED}
+    own = {k.lower() for k in (*SOURCE_OPTIONS, BOOTSTRAP)}
+    for key in options:
+        if key in unsupported:
+            name = unsupported[key]
+            raise ConfigError(f"option '{name}' is not supported by the txnstream source: "
+                              f"{UNSUPPORTED[name]}")
+        if key not in own and not key.startswith(("kafka.", "tc.")):
+            raise ConfigError(f"unknown option '{key}' for the txnstream source: its options "
+                              f"are {', '.join(SOURCE_OPTIONS)}, kafka.* and tc.* "
+                              "(docs/spark.md)")
+
+
 def parse_offsets(name: str, text: str | None) -> str | Offsets:
     """``earliest`` | ``latest`` | JSON ``{"topic": {"0": 12}}``; errors name the option.
 
     In the JSON, a partition is a whole number ``0 .. 2**31 - 1`` (written canonically in
-    the result: ``"01"`` is ``"1"``) and an offset a JSON integer ``>= 0``.
+    the result: ``"01"`` is ``"1"``) and an offset a JSON integer ``>= 0``, or Kafka's
+    ``-2`` (:data:`EARLIEST`) or ``-1`` (:data:`LATEST`).
     """
     if text is None or text in ("earliest", "latest"):
         return text or "earliest"
@@ -122,8 +187,18 @@ def parse_offsets(name: str, text: str | None) -> str | Offsets:
             if str(p) in offsets:
                 raise ConfigError(f"option '{name}': partition {p} of {topic!r} is given twice")
             offsets[str(p)] = whole_number(offset, f"option '{name}': the offset of "
-                                           f"{topic}-{p}", minimum=0, maximum=MAX_LONG)
+                                           f"{topic}-{p}", minimum=EARLIEST, maximum=MAX_LONG)
     return out
+
+
+def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
+    """A ``true``/``false`` option (any case), as Kafka's source reads them."""
+    text = options.get(name.lower())
+    if text is None:
+        return default
+    if text.strip().lower() not in ("true", "false"):
+        raise ConfigError(f"option '{name}' must be 'true' or 'false', got {text!r:.40}")
+    return text.strip().lower() == "true"
 
 
 @dataclass(frozen=True)
@@ -133,24 +208,41 @@ class SourceOptions:
     config: Config
     topics: tuple[str, ...]
     starting: str | Offsets
-    """``earliest``, ``latest`` or offsets."""
+    """``earliest``, ``latest`` or offsets (-2: earliest, -1: latest)."""
     ending: str | Offsets
-    """``latest`` or offsets."""
+    """``latest`` or offsets (-1: latest)."""
     max_records_per_trigger: int | None
+    """``maxOffsetsPerTrigger`` (or its alias ``maxRecordsPerTrigger``)."""
     value_schema: str | None = None
     """The ``valueSchema`` option as given (see :mod:`txnstream_spark.avro`); None: raw bytes."""
+    ending_given: bool = False
+    """``endingOffsets`` was given (a stream refuses it, as Kafka's does)."""
+    fail_on_data_loss: bool = True
+    """``failOnDataLoss``: validated; lost data fails the query either way (docs/spark.md)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         """Validate the options; ``ConfigError`` names the one at fault."""
+        _check_source_keys(_lower(options))
         config = _config(options)
         options = _lower(options)
         topics = tuple(t.strip() for t in (options.get("subscribe") or "").split(",") if t.strip())
         if not topics:
             raise ConfigError("option 'subscribe' is required: comma-separated topic names")
-        mrt = options.get("maxrecordspertrigger")
-        limit = None if mrt is None else whole_number_text(
-            mrt, "option 'maxRecordsPerTrigger'", minimum=1, maximum=MAX_LONG)
+        if "maxoffsetspertrigger" in options and "maxrecordspertrigger" in options:
+            raise ConfigError("give one of the options 'maxOffsetsPerTrigger' and "
+                              "'maxRecordsPerTrigger' (its alias), not both")
+        limit = None
+        for name in ("maxOffsetsPerTrigger", "maxRecordsPerTrigger"):
+            if (text := options.get(name.lower())) is not None:
+                limit = whole_number_text(text, f"option '{name}'", minimum=1, maximum=MAX_LONG)
+        isolation = options.get("kafka.isolation.level")
+        if isolation is not None and isolation.strip() != "read_committed":
+            raise ConfigError("option 'kafka.isolation.level' can only be 'read_committed': "
+                              "the source reads committed records only, always")
+        if not _flag(options, "includeHeaders", True):
+            raise ConfigError("option 'includeHeaders' can only be 'true': the source always "
+                              "has a headers column (drop it with .drop('headers'))")
         value_schema = options.get("valueschema")
         if value_schema is not None:
             from .avro import load_value_schema
@@ -158,10 +250,42 @@ class SourceOptions:
             load_value_schema(value_schema)  # fail here, naming the option
         starting = parse_offsets("startingOffsets", options.get("startingoffsets"))
         ending = parse_offsets("endingOffsets", options.get("endingoffsets") or "latest")
-        if ending == "earliest":  # was read as offsets, and failed in planning
-            raise ConfigError("option 'endingOffsets' must be 'latest' or JSON like "
-                              "'{\"topic\": {\"0\": 12}}', got 'earliest'")
-        return cls(config, topics, starting, ending, limit, value_schema)
+        if ending == "earliest":  # Kafka's words; it crashed planning here once
+            raise ConfigError("option 'endingOffsets' must be 'latest' or JSON offsets: "
+                              f"ending offset can't be earliest {KAFKA_TEXT}")
+        return cls(config, topics, starting, ending, limit, value_schema,
+                   ending_given="endingoffsets" in options,
+                   fail_on_data_loss=_flag(options, "failOnDataLoss", True))
+
+    def check_batch(self) -> None:
+        """Refuse what Kafka's source refuses in a batch query, with its words."""
+        if self.starting == "latest":
+            raise ConfigError("option 'startingOffsets': starting offset can't be latest "
+                              f"{KAFKA_TEXT}")
+        for name, spec, bad, what in (("startingOffsets", self.starting, LATEST, "latest"),
+                                      ("endingOffsets", self.ending, EARLIEST, "earliest")):
+            if isinstance(spec, dict):
+                for topic, parts in spec.items():
+                    for p, offset in parts.items():
+                        if offset == bad:
+                            said = "startingOffsets" if bad == LATEST else "ending offset"
+                            raise ConfigError(f"option '{name}': {said} for {topic}-{p} "
+                                              f"can't be {what} {KAFKA_TEXT}")
+        if self.max_records_per_trigger is not None:
+            log.warning("maxOffsetsPerTrigger option ignored in batch queries")
+        self._warn_data_loss()
+
+    def check_stream(self) -> None:
+        """Refuse what Kafka's source refuses in a streaming query, with its words."""
+        if self.ending_given:
+            raise ConfigError("option 'endingOffsets': ending offset not valid in streaming "
+                              "queries")
+        self._warn_data_loss()
+
+    def _warn_data_loss(self) -> None:
+        if not self.fail_on_data_loss:
+            log.warning("failOnDataLoss=false: records lost to retention still fail the "
+                        "query (the source does not skip lost ranges yet; docs/spark.md)")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from txnstream.config import Config
 from txnstream.errors import ConfigError
 from txnstream.types import TopicPartition
 
-from .options import Offsets, SourceOptions
+from .options import EARLIEST, LATEST, Offsets, SourceOptions
 
 __all__ = ["CATCH_UP_S", "COVER_WAIT_S", "FRESH_WAIT_S", "Planner", "TxnStreamPartition"]
 
@@ -54,10 +54,15 @@ class TxnStreamPartition(InputPartition):
 
     def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
                  hidden: Sequence[int] = (), aborted: Iterable[tuple[bytes, int, int]] = (),
-                 value_schema: str | None = None, plain: bool = False) -> None:
+                 value_schema: str | None = None, plain: bool = False,
+                 latest_high: int | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.plain = plain
         """No txn ever registered the partition (planned without served state)."""
+        self.latest_high = latest_high
+        """A batch range whose end is ``latest``: the partition's high watermark when it
+        was planned (the task plans the range again if it moved; see
+        :func:`~txnstream_spark.source.replan_latest`). None: the end is fixed."""
         self.config = config
         self.value_schema = value_schema
         self.topic = topic
@@ -108,19 +113,21 @@ class Planner:
     The ends never move back (a view reloaded from an older snapshot is waited for).
     """
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, tps: Sequence[TopicPartition] | None = None
+                 ) -> None:
+        """Plan the partitions of ``opts.topics`` (or just ``tps``, a task re-planning)."""
         from txnstream.buffer.follower import BufferStateFollower
 
         self.opts = opts
         self.follower = BufferStateFollower(opts.config, name="spark")
-        self.tps: list[TopicPartition] = []
+        self.tps: list[TopicPartition] = list(tps or ())
         try:
-            for t in opts.topics:
-                tps = self.follower.partitions_of(t)
-                if tps is None:
+            for t in opts.topics if tps is None else ():
+                found = self.follower.partitions_of(t)
+                if found is None:
                     raise ConfigError(f"option 'subscribe': topic {t!r} does not exist on "
                                       f"{opts.config.bootstrap_servers}")
-                self.tps += tps
+                self.tps += found
         except BaseException:
             self.follower.close()
             raise
@@ -130,6 +137,8 @@ class Planner:
         """The furthest end up to which a partition was found PLAIN: nothing below is
         transactional (a partition registered later keeps it)."""
         self._warned: set[TopicPartition] = set()
+        self.marks: dict[TopicPartition, tuple[int, int]] = {}
+        """Each partition's log start and high watermark as the last refresh read them."""
 
     def close(self) -> None:
         self.follower.close()
@@ -152,6 +161,7 @@ class Planner:
 
         f = self.follower
         marks = {tp: f.watermarks(tp) for tp in self.tps}  # first: see PLAIN
+        self.marks = marks
         for tp in self.tps:
             st = f.status.get(tp)
             if st is None or (st is ServeStatus.PLAIN
@@ -198,17 +208,70 @@ class Planner:
         """The committed ends now (JSON offsets); see :meth:`refresh`."""
         return self._json(self.refresh(fresh_s))
 
-    def starts(self, spec: str | Offsets) -> Offsets:
-        if spec == "latest":
-            return self.ends(FRESH_WAIT_S)
-        out = self._json({tp: self.follower.watermarks(tp)[0] for tp in self.tps})
-        if isinstance(spec, dict):
-            for t, parts in spec.items():
-                if t not in out:
-                    raise ConfigError(f"option 'startingOffsets' names topic {t!r}, which is "
-                                      f"not subscribed ({', '.join(self.opts.topics)})")
-                out[t].update(parts)
+    def offsets(self, spec: str | Offsets, name: str) -> dict[TopicPartition, int]:
+        """Option ``name``'s offsets per partition (:data:`EARLIEST`, :data:`LATEST` or one).
+
+        Offsets JSON must name every partition of the subscribed topics and no other, as
+        Kafka's source requires; the ``ConfigError`` names the option and the partitions.
+        """
+        if isinstance(spec, str):
+            return dict.fromkeys(self.tps, LATEST if spec == "latest" else EARLIEST)
+        known = set(self.tps)
+        out: dict[TopicPartition, int] = {}
+        for t, parts in spec.items():
+            if t not in self.opts.topics:
+                raise ConfigError(f"option '{name}' names topic {t!r}, which is not "
+                                  f"subscribed ({', '.join(self.opts.topics)})")
+            for p, offset in parts.items():
+                tp = TopicPartition(t, int(p))
+                if tp not in known:
+                    n = sum(1 for k in known if k.topic == t)
+                    raise ConfigError(f"option '{name}' names {tp}, which does not exist "
+                                      f"({t!r} has {n} partitions)")
+                out[tp] = offset
+        if missing := [tp for tp in self.tps if tp not in out]:
+            raise ConfigError(f"option '{name}' must give an offset for every partition of "
+                              "the subscribed topics (-2: earliest, -1: latest), as Kafka's "
+                              f"source requires; missing: {', '.join(map(str, missing))}")
         return out
+
+    def starts(self, spec: str | Offsets) -> Offsets:
+        """Where a stream starts (JSON offsets): -2 the log start, -1 the committed end."""
+        want = self.offsets(spec, "startingOffsets")
+        ends = self.refresh(FRESH_WAIT_S) if LATEST in want.values() else {}
+        out: dict[TopicPartition, int] = {}
+        for tp, o in want.items():
+            if o == LATEST:
+                out[tp] = ends[tp]
+            elif o == EARLIEST:
+                out[tp] = self.follower.watermarks(tp)[0]
+            else:
+                out[tp] = o
+        return self._json(out)
+
+    def plan_batch(self, fresh_s: float = FRESH_WAIT_S) -> list[TxnStreamPartition]:
+        """A batch read's input partitions, their ends resolved now.
+
+        Kafka resolves them when the read is planned. A partition whose end is ``latest``
+        is planned even if empty, with its high watermark, so that its task can take what
+        was committed since (Spark plans a DataFrame's read once and reuses the plan for
+        every action on it).
+        """
+        starting = self.offsets(self.opts.starting, "startingOffsets")
+        ending = self.offsets(self.opts.ending, "endingOffsets")
+        committed = self.refresh(fresh_s)
+        start: dict[TopicPartition, int] = {}
+        end: dict[TopicPartition, int] = {}
+        for tp in self.tps:
+            s = self.marks[tp][0] if starting[tp] == EARLIEST else starting[tp]
+            e = committed[tp] if ending[tp] == LATEST else ending[tp]
+            if s > e:  # Kafka fails such a batch query too
+                why = " (its committed end: endingOffsets latest)" if ending[tp] == LATEST else ""
+                raise ConfigError(f"options 'startingOffsets' and 'endingOffsets': {tp} starts "
+                                  f"at offset {s}, after its ending offset {e}{why}")
+            start[tp], end[tp] = s, e
+        latest = {tp: self.marks[tp][1] for tp in self.tps if ending[tp] == LATEST}
+        return self.partitions(self._json(start), self._json(end), clamp=True, latest=latest)
 
     def trim(self, below: Offsets) -> None:
         """Forget served state below ``below`` (JSON offsets): no batch starts there again."""
@@ -218,9 +281,13 @@ class Planner:
             if view is not None and at is not None:
                 view.trim(int(at))
 
-    def partitions(self, start: Offsets, end: Offsets, clamp: bool
+    def partitions(self, start: Offsets, end: Offsets, clamp: bool,
+                   latest: dict[TopicPartition, int] | None = None
                    ) -> list[TxnStreamPartition]:
         """The input partitions of ``[start, end)``, each with its skip info.
+
+        ``latest``: partitions whose end is ``latest`` -> their high watermark when
+        planned; each is planned even if its range is empty (see :meth:`plan_batch`).
 
         ``clamp``: a range past the committed end is cut there (``endingOffsets``, or an
         offset from elsewhere, would hold records of txns that have not ended). Else
@@ -252,12 +319,15 @@ class Planner:
                         "`txnstream worker` with the buffer role running? Restarting the "
                         "query replays the batch.")
                 e = covered
-            if e > s:
+            high = (latest or {}).get(tp)
+            if e > s or high is not None:
                 view = self.follower.views.get(tp)
-                hidden, aborted = view.skip_in(s, e) if view is not None else ([], [])
-                parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s, e,
-                                                hidden, aborted, self.opts.value_schema,
-                                                plain=view is None))
+                hidden, aborted = view.skip_in(s, e) if view is not None and e > s \
+                    else ([], [])
+                parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s,
+                                                max(s, e), hidden, aborted,
+                                                self.opts.value_schema, plain=view is None,
+                                                latest_high=high))
         return parts
 
 

@@ -20,13 +20,28 @@ from .avro import ValueSchema, load_value_schema
 __all__ = ["SCHEMA", "RowColumns", "UserHeaders", "cached_value_schema", "layout"]
 
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
-          "timestamp timestamp, headers array<struct<key: string, value: binary>>, "
-          "txn_id string")
-"""The source's columns without ``valueSchema``; with it, the record's fields replace value."""
+          "timestamp timestamp, timestampType int, "
+          "headers array<struct<key: string, value: binary>>, txn_id string")
+"""The source's columns without ``valueSchema``; with it, the record's fields replace value.
 
-_META_ARROW = metadata_fields()
+Kafka's source columns, in its order, then ``headers`` (Kafka's with ``includeHeaders``)
+and ``txn_id``. ``timestampType`` is Kafka's: 0 CreateTime, 1 LogAppendTime (-1 none)."""
+
+
+def _with_timestamp_type(fields: list[pa.Field]) -> list[pa.Field]:
+    """:func:`txnstream.arrow.metadata_fields` with Kafka's ``timestampType`` added.
+
+    It goes after ``timestamp``: the Spark source's rows have it, txnstream's columnar
+    reads do not.
+    """
+    at = [f.name for f in fields].index("timestamp") + 1
+    return [*fields[:at], pa.field("timestampType", pa.int32()), *fields[at:]]
+
+
+_META_ARROW = _with_timestamp_type(metadata_fields())
 _META_SPARK = [T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
                T.StructField("offset", T.LongType()), T.StructField("timestamp", T.TimestampType()),
+               T.StructField("timestampType", T.IntegerType()),
                T.StructField("headers", T.ArrayType(T.StructType([
                    T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]))),
                T.StructField("txn_id", T.StringType())]
@@ -70,6 +85,8 @@ class RowColumns:
         self.values: list[bytes | None] = []
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
+        self.timestamp_types: list[int] = []
+        """confluent-kafka's: 0 not available, 1 create time, 2 log append time."""
         self.headers: list[UserHeaders] = []
         self.txn_ids: list[str | None] = []
 
@@ -89,6 +106,7 @@ class RowColumns:
                 cols[f] = [r.get(f) for r in recs]
         cols.update(topic=[self.topic] * n, partition=[self.partition] * n,
                     offset=self.offsets, timestamp=[t * 1000 for t in self.timestamps],
+                    timestampType=[k - 1 for k in self.timestamp_types],  # Kafka's ids
                     headers=self.headers, txn_id=self.txn_ids)
         rb = pa.RecordBatch.from_pydict(cols, schema=self.schema)
         self._reset()

@@ -2,12 +2,14 @@
 
 The readers plan on the driver (:class:`~txnstream_spark.planner.Planner`); each task
 reads its range ``[start, end)`` and delivers what is not skipped (:class:`_Rows`),
-never reading past its end.
+never reading past its end. A batch range ending at ``latest`` is planned again by its
+task if the partition grew since (:func:`replan_latest`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -30,7 +32,7 @@ from .planner import FRESH_WAIT_S, Planner, TxnStreamPartition, _unpack_offsets
 from .planner import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
 from .schema import RowColumns, UserHeaders, cached_value_schema, layout
 
-__all__ = ["BATCH_ROWS", "TxnStreamBatchReader", "TxnStreamStreamReader"]
+__all__ = ["BATCH_ROWS", "TxnStreamBatchReader", "TxnStreamStreamReader", "replan_latest"]
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +40,50 @@ BATCH_ROWS = 10_000
 """Rows of one Arrow batch a task hands Spark."""
 
 
+def replan_latest(p: TxnStreamPartition) -> TxnStreamPartition:
+    """``p``, or its range to the committed end now if its partition grew since planning.
+
+    Kafka resolves a batch read's ``latest`` each time the read is planned, i.e. for
+    every action. Spark plans a Python data source's read once per DataFrame and reuses
+    that plan, so the task does it: if the partition's high watermark moved since ``p``
+    was planned, it plans ``[start, committed end)`` again from the served state, as
+    the driver does (:meth:`Planner.refresh` with ``FRESH_WAIT_S``). The end never
+    moves back: a state found behind ``p.end`` keeps ``p``.
+    """
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    if p.latest_high is None:
+        return p
+    c = Consumer(p.config.consumer(f"spark-hw-{uuid.uuid4().hex[:8]}"))
+    try:
+        high = c.get_watermark_offsets(KafkaTP(p.topic, p.partition),
+                                       timeout=p.config.admin_timeout_s)[1]
+    finally:
+        c.close()
+    if high == p.latest_high:
+        return p
+    tp = TopicPartition(p.topic, p.partition)
+    opts = SourceOptions(p.config, (p.topic,), "earliest", "latest", None, p.value_schema)
+    planner = Planner(opts, tps=[tp])
+    try:
+        end = planner.refresh(FRESH_WAIT_S)[tp]
+        if end <= p.end:
+            return p
+        at = {p.topic: {str(p.partition): p.start}}
+        again = planner.partitions(at, {p.topic: {str(p.partition): end}}, clamp=True,
+                                   latest={tp: high})
+    finally:
+        planner.close()
+    return again[0] if again and again[0].end > p.end else p
+
+
 def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     """Deliver the range's records that are not skipped; never reads past its end."""
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTP
 
+    p = replan_latest(p)
     if p.end <= p.start:
         return
     vs = cached_value_schema(p.value_schema)
@@ -115,6 +156,7 @@ class _Rows(RowColumns):
         plain = self.p.plain
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
+        stamp_types = self.timestamp_types.append
         txn: str | None
         for m in batch:
             if message_error(m, f"txnstream source {self.p.topic}-{self.p.partition}", log):
@@ -159,7 +201,9 @@ class _Rows(RowColumns):
             keys(m.key())
             values(m.value())
             offsets(off)
-            stamps(m.timestamp()[1])
+            kind, stamp = m.timestamp()
+            stamps(stamp)
+            stamp_types(kind)
             headers(user)
             txn_ids(txn)
         return pos
@@ -168,28 +212,28 @@ class _Rows(RowColumns):
 class TxnStreamBatchReader(DataSourceReader):
     """``spark.read.format("txnstream")``: committed records from start to end offsets.
 
-    Planned on the driver from the served state, as a micro-batch is: the latest end is
-    what was committed when the read began (its owners are waited for up to
-    ``FRESH_WAIT_S`` to have served that far).
+    Planned on the driver in :meth:`partitions` from the served state, as a micro-batch
+    is: the latest end is what was committed when the read is planned (its owners are
+    waited for up to ``FRESH_WAIT_S`` to have served that far). Spark plans a
+    DataFrame's read once, at its first action; later actions on it reuse the plan, and
+    each task of a ``latest`` range takes what was committed since (:func:`replan_latest`).
     """
 
     def __init__(self, options: dict[str, str]) -> None:
-        opts = SourceOptions.parse(options)
-        planner = Planner(opts)
+        self.opts = SourceOptions.parse(options)
+        self.opts.check_batch()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        planner = Planner(self.opts)
         try:
-            start = planner.starts(opts.starting)
-            latest = planner.ends(FRESH_WAIT_S)
-            end = latest if isinstance(opts.ending, str) else opts.ending  # str: "latest"
-            self._parts = planner.partitions(start, end, clamp=True)
+            return planner.plan_batch(FRESH_WAIT_S)  # looked up now: tests shorten it
         finally:
             planner.close()
 
-    def partitions(self) -> Sequence[InputPartition]:
-        return self._parts
-
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, TxnStreamPartition)
-        yield from _read_partition(partition)
+        # Spark hands a plan without partitions one InputPartition(None): no rows.
+        if isinstance(partition, TxnStreamPartition):
+            yield from _read_partition(partition)
 
 
 class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -201,6 +245,7 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def __init__(self, options: dict[str, str]) -> None:
         self.opts = SourceOptions.parse(options)
+        self.opts.check_stream()
         self._target: Offsets | None = None
         self._planner_: Planner | None = None
         _ = self._planner  # fail fast on bad options (unknown topics) at query start
@@ -238,22 +283,14 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 for t, parts in ends.items()}
         if not isinstance(limit, ReadMaxRows):
             return ends
-        left = limit.max_rows
-        out: Offsets = {}
-        for t, parts in ends.items():
-            for p, e in parts.items():
-                s = int(start.get(t, {}).get(p, e))
-                take = max(0, min(e - s, left))
-                left -= take
-                out.setdefault(t, {})[p] = s + take
-        return out
+        return _rate_limit(start, ends, limit.max_rows)
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         return self._planner.partitions(start, end, clamp=False)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, TxnStreamPartition)
-        yield from _read_partition(partition)
+        if isinstance(partition, TxnStreamPartition):
+            yield from _read_partition(partition)
 
     def commit(self, end: Offsets) -> None:
         # Offsets live in Spark's checkpoint; nothing to release in Kafka. Later batches
@@ -266,3 +303,24 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._planner_.close()
 
 
+
+
+def _rate_limit(start: Offsets, ends: Offsets, limit: int) -> Offsets:
+    """``maxOffsetsPerTrigger`` as Kafka's source applies it.
+
+    The limit is shared among the partitions in proportion to what each has ahead (a
+    share under one offset rounds up, so no partition with records ahead starves; the
+    others round down).
+    """
+    ahead = {(t, p): max(0, e - int(start.get(t, {}).get(p, e)))
+             for t, parts in ends.items() for p, e in parts.items()}
+    total = sum(ahead.values())
+    out: Offsets = {}
+    for (t, p), n in ahead.items():
+        e = ends[t][p]
+        s = int(start.get(t, {}).get(p, e))
+        if total > limit:
+            share = limit * n / total
+            n = min(n, math.ceil(share) if share < 1 else math.floor(share))
+        out.setdefault(t, {})[p] = s + n
+    return out

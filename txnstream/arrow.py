@@ -1,9 +1,9 @@
 """Committed records as Arrow record batches (columnar reads for data users).
 
-The columns are the Spark source's (``spark/txnstream_source.py`` ``SCHEMA``): key,
-value, topic, partition, offset, timestamp (UTC, microseconds), headers (user headers
-only) and txn_id (Pulsar's text form, null for plain records). ``pyarrow`` is an
-optional dependency (``pip install txnstream[arrow]``).
+The columns are the Spark source's (``spark/schema.py`` ``SCHEMA``) but its
+``timestampType``: key, value, topic, partition, offset, timestamp (UTC, microseconds),
+headers (user headers only) and txn_id (Pulsar's text form, null for plain records).
+``pyarrow`` is an optional dependency (``pip install txnstream[arrow]``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def _pa() -> Any:
 def metadata_fields() -> list[pa.Field]:
     """The columns after key and value: origin, time, user headers, txn.
 
-    The Spark source's rows end with the same (``spark/schema.py``).
+    The Spark source's rows end with the same, plus Kafka's ``timestampType`` after
+    ``timestamp`` (``spark/schema.py``).
     """
     pa = _pa()
     headers = pa.list_(pa.field("element", pa.struct([("key", pa.string()),

@@ -482,8 +482,8 @@ def test_max_records_per_trigger_taken():
     ('{"t": {"x": 0}}', "got 'x'"),
     ('{"t": {"1.5": 0}}', "got '1.5'"),
     ('{"t": {"2147483648": 0}}', "got '2147483648'"),
-    ('{"t": {"0": -1}}', "option 'startingOffsets': the offset of t-0 must be a whole number "
-                         ">= 0, got -1"),
+    ('{"t": {"0": -3}}', "option 'startingOffsets': the offset of t-0 must be a whole number "
+                         ">= -2, got -3"),  # -2: earliest, -1: latest, as Kafka's
     ('{"t": {"0": 1.5}}', "the offset of t-0 must be a whole number (an int), got 1.5"),
     ('{"t": {"0": NaN}}', "got nan"),
     ('{"t": {"0": true}}', "not a bool"),
