@@ -231,8 +231,26 @@ class Intruder:
         op = self.rng.choice(FOREIGN_OPS)
         tc_op, fields = self._fields(op, txn)
         reply = self._ask(who, client, op, tc_op, txn.tc_id, txn, **fields)
-        if reply is not None:
+        if reply is not None and not self._owns(client, txn):
             self._intrusion(who, op, txn, f"accepted: {reply}")
+
+    def _owns(self, client: Client, txn: TxnID) -> bool:
+        """Whether ``txn`` is this principal's own after all.
+
+        A neighbour of a learned txn can be an id of a block its own client reserved and
+        has not handed out yet (the coordinator rightly lets the owner end it). Asked as
+        that principal (GET answers only the owner or an admin); any failure counts as
+        not its own.
+        """
+        try:
+            info = client.tc.request(TcOp.GET, txn.tc_id, txn_seq=txn.sequence,
+                                     timeout_s=5.0).txns[0]
+        except (TxnStreamError, OSError, IndexError):
+            return False
+        if info.owner != client.config.tc_principal:
+            return False
+        self.own.add(txn)
+        return True
 
     def _list(self, who: str, client: Client) -> None:
         tc_id = self.rng.randrange(client.tc.num_coordinators)

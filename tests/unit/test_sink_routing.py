@@ -1,4 +1,7 @@
-"""Where the Spark sink sends each row: the ``topic`` column, else option ``topic``."""
+"""Where the Spark sink sends each row: option ``topic``, else the ``topic`` column.
+
+The option overrides the column, as in Kafka's sink (issue 23).
+"""
 
 from __future__ import annotations
 
@@ -24,9 +27,9 @@ def test_topic_column_splits_rows_and_keeps_their_order():
     assert routed(rb, None) == {"x": ["a", "c"], "y": ["b", "d"]}
 
 
-def test_null_topic_falls_back_to_the_option():
+def test_the_option_overrides_the_column_null_or_not():
     rb = pa.RecordBatch.from_pydict({"value": ["a", "b"], "topic": [None, "y"]})
-    assert routed(rb, "out") == {"out": ["a"], "y": ["b"]}
+    assert routed(rb, "out") == {"out": ["a", "b"]}
 
 
 def test_null_topic_without_the_option_names_the_row():
