@@ -11,6 +11,27 @@ from tests.integration.consumer.conftest import make_topic
 pytestmark = pytest.mark.integration
 
 
+def marker_written(config, topic: str, end: int, timeout_s: float = 10.0) -> None:
+    """Wait until partition 0 of ``topic`` ends at ``end``: the txn's COMMIT marker is in.
+
+    ``commit()`` returns once the commit is decided and durable; the coordinator writes
+    the marker right after (Kafka's order). These tests place plain records after the
+    marker, so they wait for it before writing them.
+    """
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(config.consumer(f"wm-{uuid.uuid4().hex[:6]}"))
+    try:
+        deadline = time.monotonic() + timeout_s
+        while c.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)[1] < end:
+            assert time.monotonic() < deadline, f"no COMMIT marker at {topic}-0@{end - 1}"
+            time.sleep(0.02)
+    finally:
+        c.close()
+
+
 def drain(consumer, want, timeout_s=3.0):
     out = []
     while len(out) < want:
@@ -35,6 +56,7 @@ def test_overflowed_txn_committed_in_the_same_batch_as_later_records_is_delivere
     for i in range(10):
         producer.send(f"t{i}".encode() + b"x" * 1000, txn=txn, partition=0)
     txn.commit()
+    marker_written(config, topic, 11)
     for i in range(11, 15):
         producer.send(f"p{i}".encode(), partition=0)
     producer.flush()
@@ -61,6 +83,7 @@ def test_cursor_never_passes_records_not_yet_delivered(config, worker, client):
     for _ in range(10):
         producer.send(b"y" * 1000, txn=txn, partition=0)
     txn.commit()
+    marker_written(config, topic, 11)
     for _ in range(4):
         producer.send(b"plain", partition=0)
     producer.flush()
