@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Producer
 
 import txnstream_spark.source as src
+from tests.integration.coordinator.conftest import markers_written
 from tests.spark.conftest import make_topic
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, MarkerKind, TxnMarker
@@ -75,6 +76,7 @@ def test_an_open_txn_blocks_the_range_at_its_first_record(config, worker, client
     p = client.create_producer(topic)
     with client.transaction() as t:
         p.send(b"c0", txn=t, partition=0)
+    markers_written(client, t.id)  # so "blocked" comes after c0's marker
     blocker = client.new_transaction()
     p.send(b"blocked", txn=blocker, partition=0)
     p.flush_transaction(blocker)
@@ -88,9 +90,11 @@ def test_an_open_txn_blocks_the_range_at_its_first_record(config, worker, client
     try:
         if fate == "abort":
             blocker.abort()
+            markers_written(client, blocker.id)
             want = [b"c0", *later, b"plain"]
         elif fate == "commit":
             blocker.commit()
+            markers_written(client, blocker.id)
             want = [b"c0", b"blocked", *later, b"plain"]
         else:
             want = [b"c0"]  # everything after the open txn's first record waits for it
