@@ -29,9 +29,9 @@ transaction is still OPEN, and raises if it is not.
 
 Locks: ``_lock`` serialises the ends (commit/abort) and registrations and is held while
 flushers and end listeners run (they take a consumer's or producer's lock).
-``_state_lock`` is a leaf: consumers and producers call :meth:`mark_abort_only`,
-:meth:`add_flusher`, :meth:`add_end_listener` and :meth:`sending` under their own locks,
-and those take only ``_state_lock``, so no lock order cycle exists.
+``_state_lock`` (a Condition on ``_state_mutex``) is a leaf: consumers and producers
+call :meth:`mark_abort_only`, :meth:`add_flusher`, :meth:`add_end_listener` and
+:meth:`sending` under their own locks, and those take only it: no lock order cycle.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from txnstream.coordinator.log_entry import SubscriptionRef
@@ -102,7 +101,8 @@ class Transaction:
         self._partitions: set[TopicPartition] = set()
         self._subscriptions: set[SubscriptionRef] = set()
         self._lock = threading.RLock()
-        self._state_lock = threading.Condition(threading.Lock())
+        self._state_mutex = threading.Lock()
+        self._state_lock = threading.Condition(self._state_mutex)
         self._sending = 0
         self._abort_only: BaseException | None = None
         self._flushers: dict[object, Callable[[], None]] = {}
@@ -146,28 +146,24 @@ class Transaction:
 
     # ------------------------------------------------------------ writers
 
-    @contextmanager
-    def sending(self, n: int = 1) -> Iterator[None]:
+    def sending(self, n: int = 1) -> _SendGuard:
         """Guard ``n`` sends: ``InvalidTxnStatusError`` unless OPEN.
 
-        An end waits until the guarded block (the ``produce()`` calls) is done.
+        An end waits until the guarded block (the ``produce()`` calls) is done. On every
+        send's path: a plain object on the bare lock, waking an end only if it waits.
         """
-        with self._state_lock:
-            self._check_open("produce")
-            if self._remote_end is not None:
-                raise self._remote_end
-            if self._expired():
-                raise TransactionTimeoutError(
-                    f"transaction {self.id} timed out after {int(self.timeout_s * 1000)} ms "
-                    "(its coordinator aborts it): the record was not sent", self.id)
-            self._sending += n
-        try:
-            yield
-        finally:
-            with self._state_lock:
-                self._sending -= n
-                if not self._sending:
-                    self._state_lock.notify_all()
+        return _SendGuard(self, n)
+
+    def _admit_sends(self, n: int) -> None:
+        """Count ``n`` sends in, or raise why not (``_state_mutex`` held)."""
+        self._check_open("produce")
+        if self._remote_end is not None:
+            raise self._remote_end
+        if self._expired():
+            raise TransactionTimeoutError(
+                f"transaction {self.id} timed out after {int(self.timeout_s * 1000)} ms "
+                "(its coordinator aborts it): the record was not sent", self.id)
+        self._sending += n
 
     def _leave_open(self, status: TxnStatus) -> None:
         """Move to COMMITTING/ABORTING; wait for sends that passed the OPEN check."""
@@ -181,11 +177,9 @@ class Transaction:
     def register_partitions(self, tps: Iterable[TopicPartition]) -> None:
         """Tell the coordinator about produced partitions (before writing to them).
 
-        Pipelined when this client already registered a partition of each topic: the
-        request goes out in the background and this returns at once; ``commit()`` and
-        :meth:`flush` wait for it, and a failure makes the transaction abort-only.
-        Otherwise (a topic's first registration, or no pipeline) it waits for the
-        coordinator and raises its error.
+        Pipelined (in the background; ``commit()`` and :meth:`flush` wait for it, a
+        failure makes the txn abort-only) once this client registered each topic; else
+        it waits for the coordinator and raises its error.
         """
         tps = list(tps)
         if self._status is TxnStatus.OPEN and all(tp in self._partitions for tp in tps):
@@ -377,12 +371,10 @@ class Transaction:
             self._ended(TxnStatus.COMMITTED)
 
     def commit_async(self) -> Future[None]:
-        """Commit in the background; the future holds :meth:`commit`'s outcome.
+        """Commit in the background; ``future.result()`` gives :meth:`commit`'s outcome.
 
-        A client keeps any number of transactions open (a Kafka producer keeps one):
-        the next one can be written while this one commits, so a writer that commits
-        every few thousand records never waits for a commit's round trips. Its errors
-        are :meth:`commit`'s, raised by ``future.result()``.
+        A client keeps many transactions open (a Kafka producer keeps one): the next
+        one is written while this one commits, never waiting for its round trips.
         """
         future = self._pipeline.submit_end(self.commit) if self._pipeline else None
         if future is None:  # no pipeline (or closed): commit here
@@ -486,3 +478,23 @@ class Transaction:
             self.commit()
         else:
             self.abort()
+
+
+class _SendGuard:
+    """``with txn.sending(n):``, the guarded block of ``n`` sends (:meth:`sending`)."""
+
+    __slots__ = ("_txn", "_n")
+
+    def __init__(self, txn: Transaction, n: int) -> None:
+        self._txn, self._n = txn, n
+
+    def __enter__(self) -> None:
+        with self._txn._state_mutex:
+            self._txn._admit_sends(self._n)
+
+    def __exit__(self, *exc: object) -> None:
+        txn = self._txn
+        with txn._state_mutex:
+            txn._sending -= self._n
+            if not txn._sending and txn._status is not TxnStatus.OPEN:
+                txn._state_lock.notify_all()  # an end waits for them
