@@ -190,8 +190,7 @@ def _send_all(opts: SinkOptions, client: Client, txn: Transaction,
             else:  # one by one, in row order, so each record keeps its own headers
                 for i, value in enumerate(values.to_pylist()):
                     producer.send(value, None if key_list is None else key_list[i], txn=txn,
-                                  partition=parts[i],
-                                  headers=headers[i])  # type: ignore[arg-type]  # null values are Kafka's
+                                  partition=parts[i], headers=headers[i])
         n += rb.num_rows
     return n
 

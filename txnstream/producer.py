@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Producer", "murmur2_partition"]
 
-Headers = Sequence[tuple[str, bytes]] | None
+Headers = Sequence[tuple[str, bytes | None]] | None
+"""A record's own headers; a None value is a header without a value, as Kafka allows."""
 KafkaHeaders = list[tuple[str, str | bytes | None]]
 """Headers as confluent-kafka's ``produce`` takes them."""
 
