@@ -218,7 +218,8 @@ class SourceOptions:
     ending_given: bool = False
     """``endingOffsets`` was given (a stream refuses it, as Kafka's does)."""
     fail_on_data_loss: bool = True
-    """``failOnDataLoss``: validated; lost data fails the query either way (docs/spark.md)."""
+    """``failOnDataLoss``: records deleted before they were read fail the query (True) or
+    are skipped with a warning naming them (False), as in Kafka's source."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -273,19 +274,12 @@ class SourceOptions:
                                               f"can't be {what} {KAFKA_TEXT}")
         if self.max_records_per_trigger is not None:
             log.warning("maxOffsetsPerTrigger option ignored in batch queries")
-        self._warn_data_loss()
 
     def check_stream(self) -> None:
         """Refuse what Kafka's source refuses in a streaming query, with its words."""
         if self.ending_given:
             raise ConfigError("option 'endingOffsets': ending offset not valid in streaming "
                               "queries")
-        self._warn_data_loss()
-
-    def _warn_data_loss(self) -> None:
-        if not self.fail_on_data_loss:
-            log.warning("failOnDataLoss=false: records lost to retention still fail the "
-                        "query (the source does not skip lost ranges yet; docs/spark.md)")
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,12 @@ class TxnStreamPartition(InputPartition):
     def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
                  hidden: Sequence[int] = (), aborted: Iterable[tuple[bytes, int, int]] = (),
                  value_schema: str | None = None, plain: bool = False,
-                 latest_high: int | None = None) -> None:
+                 latest_high: int | None = None, fail_on_data_loss: bool = True) -> None:
         super().__init__((topic, partition, start, end))
         self.plain = plain
+        self.fail_on_data_loss = fail_on_data_loss
+        """Records of the range deleted before the task reads them fail it (Kafka's
+        ``failOnDataLoss``); False: the task reads on from the log start, logging them."""
         """No txn ever registered the partition (planned without served state)."""
         self.latest_high = latest_high
         """A batch range whose end is ``latest``: the partition's high watermark when it
@@ -327,7 +330,8 @@ class Planner:
                 parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s,
                                                 max(s, e), hidden, aborted,
                                                 self.opts.value_schema, plain=view is None,
-                                                latest_high=high))
+                                                latest_high=high,
+                                                fail_on_data_loss=self.opts.fail_on_data_loss))
         return parts
 
 

@@ -12,6 +12,7 @@ import logging
 import math
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
@@ -31,6 +32,9 @@ from .options import Offsets, SourceOptions
 from .planner import FRESH_WAIT_S, Planner, TxnStreamPartition, _unpack_offsets
 from .planner import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
 from .schema import RowColumns, UserHeaders, cached_value_schema, layout
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
 
 __all__ = ["BATCH_ROWS", "TxnStreamBatchReader", "TxnStreamStreamReader", "replan_latest"]
 
@@ -90,8 +94,10 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     rows = _Rows(p, vs)
     c = Consumer(p.config.consumer(f"spark-{uuid.uuid4().hex[:8]}"))
     try:
-        c.assign([KafkaTP(p.topic, p.partition, p.start)])
-        pos = p.start
+        pos = _first_readable(c, p)
+        if pos >= p.end:
+            return
+        c.assign([KafkaTP(p.topic, p.partition, pos)])
         try:
             for batch in read_to(c, p.topic, p.partition, p.end, 5.0, 5000):
                 pos = rows.add(batch, pos)
@@ -104,6 +110,35 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
             yield rows.flush()
     finally:
         c.close()
+
+
+LOST_HINT = (
+    "Some data may have been lost because they are not available in Kafka any more; either "
+    "the data was aged out by Kafka or the topic may have been deleted before all the data "
+    "in the topic was processed. If you don't want your streaming query to fail on such "
+    "cases, set the source option \"failOnDataLoss\" to \"false\".")
+"""Kafka's source's words for a loss under ``failOnDataLoss=true``."""
+
+
+def _first_readable(c: Consumer, p: TxnStreamPartition) -> int:
+    """Where the range's reading starts: its start, or else the log start.
+
+    Records of the range deleted meanwhile (retention, ``delete_records``) fail the task
+    unless ``failOnDataLoss`` is false, as in Kafka's source.
+    """
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    low, _ = c.get_watermark_offsets(KafkaTP(p.topic, p.partition),
+                                     timeout=p.config.admin_timeout_s)
+    if low <= p.start:
+        return p.start
+    lost = f"offsets {p.start}..{min(low, p.end) - 1} of {p.topic}-{p.partition}"
+    if p.fail_on_data_loss:
+        raise RuntimeError(f"{lost} were deleted before this query read them (the log "
+                           f"starts at {low}). {LOST_HINT}")
+    log.warning("%s were deleted before this query read them (the log starts at %d); "
+                "skipped, as failOnDataLoss=false asks", lost, low)
+    return low
 
 
 class _Rows(RowColumns):
