@@ -36,6 +36,12 @@ CATCH_UP_S = 0.5
 """Bound on one ``catch_up`` of the served state, so planning a micro-batch stays short
 when the state is far behind (a view starting from an old snapshot): an end found short
 is safe, a later micro-batch (or the fresh and cover waits, which poll on) goes on."""
+LOST_HINT = (
+    "Some data may have been lost because they are not available in Kafka any more; either "
+    "the data was aged out by Kafka or the topic may have been deleted before all the data "
+    "in the topic was processed. If you don't want your streaming query to fail on such "
+    "cases, set the source option \"failOnDataLoss\" to \"false\".")
+"""Kafka's source's words for a loss under ``failOnDataLoss=true``."""
 COVER_WAIT_S = 30.0
 """How long a micro-batch's plan waits for the served state to cover its range (a
 restarted driver plans ranges its predecessor found committed: the state it follows
@@ -124,6 +130,10 @@ class Planner:
         self.opts = opts
         self.follower = BufferStateFollower(opts.config, name="spark")
         self.tps: list[TopicPartition] = list(tps or ())
+        self._discovers = tps is None
+        """Whether :meth:`discover` looks for partitions added to ``opts.topics``."""
+        self.gone: set[TopicPartition] = set()
+        """Partitions of a subscribed topic that no longer exists (deleted)."""
         try:
             for t in opts.topics if tps is None else ():
                 found = self.follower.partitions_of(t)
@@ -162,16 +172,18 @@ class Planner:
         """
         from txnstream.buffer.follower import ServeStatus
 
+        self.discover()
         f = self.follower
-        marks = {tp: f.watermarks(tp) for tp in self.tps}  # first: see PLAIN
+        live = [tp for tp in self.tps if tp not in self.gone]
+        marks = {tp: f.watermarks(tp) for tp in live}  # first: see PLAIN
         self.marks = marks
-        for tp in self.tps:
+        for tp in live:
             st = f.status.get(tp)
             if st is None or (st is ServeStatus.PLAIN
                               and marks[tp][1] > self._plain_end.get(tp, 0)):
                 if f.recheck(tp) is ServeStatus.PLAIN:
                     self._plain_end[tp] = max(self._plain_end.get(tp, 0), marks[tp][1])
-        txnl = [tp for tp in self.tps if f.status.get(tp) is not ServeStatus.PLAIN]
+        txnl = [tp for tp in live if f.status.get(tp) is not ServeStatus.PLAIN]
         if txnl:
             f.catch_up(txnl, timeout_s=CATCH_UP_S)
         def behind() -> list[TopicPartition]:
@@ -186,7 +198,7 @@ class Planner:
             log.warning("the buffer owners of %s have not served them up to their ends yet "
                         "after %.0f s: the plan ends where they are (records committed just "
                         "before it may be left to a later read)", late, fresh_s)
-        for tp in self.tps:
+        for tp in live:
             low = marks[tp][0]
             if f.status.get(tp) is ServeStatus.WAITING:
                 if tp not in self._warned:
@@ -199,6 +211,62 @@ class Planner:
                 self._warned.discard(tp)
             self.committed[tp] = max(self.committed.get(tp, low), self._covered_end(tp))
         return dict(self.committed)
+
+    def discover(self) -> None:
+        """Partitions added to the subscribed topics, and topics deleted, since last time.
+
+        A new partition is planned from its log start (Kafka: "newly discovered
+        partitions during a query will start at earliest"). A deleted topic fails the
+        query under ``failOnDataLoss``; else its partitions are left out (a warning says
+        so) until it exists again.
+        """
+        if not self._discovers:
+            return
+        known = set(self.tps)
+        gone: set[TopicPartition] = set()
+        for t in self.opts.topics:
+            found = self.follower.partitions_of(t)
+            if found is None:
+                gone.update(tp for tp in self.tps if tp.topic == t)
+                continue
+            new = [tp for tp in found if tp not in known]
+            if new:
+                log.info("%s: new partitions %s, read from their start", t, new)
+                self.tps += new
+        if gone and self.opts.fail_on_data_loss:
+            raise RuntimeError(f"{sorted({tp.topic for tp in gone})}: the subscribed topic no "
+                               f"longer exists (deleted?). {LOST_HINT}")
+        if gone - self.gone:
+            log.warning("%s no longer exist (topic deleted?): left out until they do, as "
+                        "failOnDataLoss=false asks", sorted(gone - self.gone))
+        self.gone = gone
+
+    def moved_back(self, start: Offsets) -> dict[TopicPartition, int]:
+        """Partitions whose log now ends below where the query is: their high watermark.
+
+        That is a topic deleted and recreated (or records deleted past the query's
+        position). Kafka's source fails the query under ``failOnDataLoss``, and so does
+        this; with ``failOnDataLoss=false`` Kafka's reads the new log from its start, but
+        the buffer state served for such a partition is the old log's, so reading it
+        committed-only is not possible yet: this fails too, saying so (docs/spark.md).
+        """
+        back = {tp: self.marks[tp][1] for tp in self.tps
+                if tp in self.marks and str(tp.partition) in start.get(tp.topic, {})
+                and self.marks[tp][1] < int(start[tp.topic][str(tp.partition)])}
+        for tp, high in sorted(back.items()):
+            at = start[tp.topic][str(tp.partition)]
+            if self.opts.fail_on_data_loss:
+                raise RuntimeError(f"{tp}'s offset was changed from {at} to {high}: its log "
+                                   "now ends below where this query is (the topic was "
+                                   f"deleted and recreated?); some data may have been "
+                                   f"missed. {LOST_HINT}")
+            raise RuntimeError(f"{tp}'s offset was changed from {at} to {high} (the topic "
+                               "was deleted and recreated?): with failOnDataLoss=false "
+                               "Kafka's source reads the new log from its start, but "
+                               "txnstream cannot read a recreated topic committed-only yet "
+                               "(its served state is the old log's). Restart the query "
+                               "with a new checkpoint to read it.")
+        return back
 
     @staticmethod
     def _json(ends: dict[TopicPartition, int]) -> Offsets:
@@ -299,7 +367,11 @@ class Planner:
         """
         ranges: dict[TopicPartition, tuple[int, int]] = {}
         for tp in self.tps:
-            s = int(start.get(tp.topic, {}).get(str(tp.partition), 0))
+            if tp in self.gone:
+                continue
+            # a partition the start does not name is new: from its log start
+            s = int(start.get(tp.topic, {}).get(str(tp.partition),
+                                                self.marks.get(tp, (0, 0))[0]))
             ranges[tp] = s, int(end.get(tp.topic, {}).get(str(tp.partition), s))
 
         def short() -> list[TopicPartition]:

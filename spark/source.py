@@ -29,7 +29,7 @@ from txnstream.types import TopicPartition
 
 from .avro import ValueSchema
 from .options import Offsets, SourceOptions
-from .planner import FRESH_WAIT_S, Planner, TxnStreamPartition, _unpack_offsets
+from .planner import FRESH_WAIT_S, LOST_HINT, Planner, TxnStreamPartition, _unpack_offsets
 from .planner import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
 from .schema import RowColumns, UserHeaders, cached_value_schema, layout
 
@@ -110,14 +110,6 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
             yield rows.flush()
     finally:
         c.close()
-
-
-LOST_HINT = (
-    "Some data may have been lost because they are not available in Kafka any more; either "
-    "the data was aged out by Kafka or the topic may have been deleted before all the data "
-    "in the topic was processed. If you don't want your streaming query to fail on such "
-    "cases, set the source option \"failOnDataLoss\" to \"false\".")
-"""Kafka's source's words for a loss under ``failOnDataLoss=true``."""
 
 
 def _first_readable(c: Consumer, p: TxnStreamPartition) -> int:
@@ -310,6 +302,7 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         ends = self._planner.ends()
+        self._planner.moved_back(start)  # a recreated topic: fails, naming it
         if self._target is not None:  # AvailableNow: nothing committed after query start
             ends = {t: {p: min(e, self._target.get(t, {}).get(p, e)) for p, e in parts.items()}
                     for t, parts in ends.items()}

@@ -1,0 +1,120 @@
+"""A streaming query whose topic changes under it, as Kafka's source handles it (issue 23).
+
+* Partitions added while the query runs are read from their start at a later
+  micro-batch (Kafka: "newly discovered partitions during a query will start at
+  earliest").
+* A topic deleted and recreated while the query was stopped (its partition now ends
+  below the checkpointed offset) fails the restarted query with ``failOnDataLoss=true``,
+  naming the partition and both offsets (the old source hung on it, reading nothing).
+  With ``false`` Kafka's source reads the new topic from its start; txnstream cannot
+  read a recreated topic committed-only yet (the buffer state it is served is the old
+  log's), so it fails too, saying why, rather than deliver anything unfiltered.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from pyspark.errors import StreamingQueryException
+
+from tests.spark.conftest import make_topic, wait_until
+from tests.spark.test_spark import opts
+
+pytestmark = pytest.mark.spark
+
+
+def commit_values(client, topic: str, values: list[bytes], partition: int) -> None:
+    p = client.create_producer(topic)
+    for v in values:
+        with client.transaction() as t:
+            p.send(v, txn=t, partition=partition)
+
+
+def test_partitions_added_while_a_stream_runs_are_read_from_their_start(
+        spark, config, worker, client, tmp_path):
+    topic = make_topic(config, 2)
+    before = [f"b{i}".encode() for i in range(4)]
+    for i, v in enumerate(before):
+        commit_values(client, topic, [v], i % 2)
+    seen: list[bytes] = []
+    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=topic)).load()
+         .writeStream.foreachBatch(
+             lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
+         .option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="1 second").start())
+    try:
+        wait_until(lambda: sorted(seen) == sorted(before), 60, "the first records")
+        admin = AdminClient(config.admin())
+        for f in admin.create_partitions([NewPartitions(topic, 5)]).values():
+            f.result(30)
+        after = [f"a{p}".encode() for p in (2, 3, 4)]
+        # a fresh client: its producer must see the new partitions
+        from txnstream import Client
+
+        with Client(config=config) as fresh:
+            for p, v in zip((2, 3, 4), after, strict=True):
+                commit_values(fresh, topic, [v], p)
+        wait_until(lambda: sorted(seen) == sorted(before + after), 45,
+                   f"the records of the new partitions (seen {sorted(seen)})")
+        assert q.exception() is None, q.exception()
+    finally:
+        q.stop()
+    assert len(seen) == len(set(seen)), "a record was delivered twice"
+
+
+def _recreate(config, topic: str) -> None:
+    admin = AdminClient(config.admin())
+    for f in admin.delete_topics([topic], operation_timeout=30).values():
+        f.result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+                f.result(30)
+            return
+        except Exception:  # still being deleted
+            assert time.monotonic() < deadline, f"{topic} not recreated"
+            time.sleep(0.5)
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_topic_recreated_while_the_query_was_stopped(spark, config, worker, client, tmp_path,
+                                                       fail_on_data_loss):
+    topic = make_topic(config, 1)
+    commit_values(client, topic, [f"old{i}".encode() for i in range(8)], 0)
+    seen: list[bytes] = []
+
+    def run_once():
+        q = (spark.readStream.format("txnstream")
+             .options(**opts(config, subscribe=topic, failOnDataLoss=fail_on_data_loss))
+             .load()
+             .writeStream.foreachBatch(
+                 lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
+             .option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+        try:
+            finished = q.awaitTermination(120)
+        except StreamingQueryException as exc:
+            return exc
+        assert finished, "the query hung"
+        return q.exception()
+
+    assert run_once() is None
+    assert len(seen) == 8
+    _recreate(config, topic)
+    new = [f"new{i}".encode() for i in range(3)]
+    from txnstream import Client
+
+    with Client(config=config) as fresh:
+        commit_values(fresh, topic, new, 0)
+    error = run_once()
+    assert error is not None, "the query went on over a recreated topic"
+    msg = str(error)
+    assert f"{topic}-0's offset was changed from 16 to 6" in msg, msg[-1500:]
+    if fail_on_data_loss == "true":
+        assert "failOnDataLoss" in msg, msg[-1500:]
+    else:
+        assert "cannot read a recreated topic committed-only yet" in msg, msg[-1500:]
+    assert seen[8:] == [], "records of the recreated topic were delivered"
