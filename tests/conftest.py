@@ -8,6 +8,7 @@ from Maven Central) on free ports, stopped at the end of the session whatever ha
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import socket
@@ -88,6 +89,9 @@ def kafka_bootstrap() -> Iterator[str]:
     try:
         yield cluster.bootstrap
     finally:
+        # Clients the tests dropped without closing are destroyed now, while their broker
+        # still answers, not at exit after it stopped (a burst of "Connection refused").
+        gc.collect()
         cluster.down()
 
 
