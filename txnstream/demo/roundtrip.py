@@ -22,7 +22,7 @@ from rich.progress import Progress
 from txnstream.client import Client
 from txnstream.config import Config
 from txnstream.coordinator.worker import CoordinatorWorker
-from txnstream.errors import ClusterError
+from txnstream.errors import ClusterError, TxnStreamError
 
 __all__ = ["run"]
 
@@ -41,6 +41,24 @@ def _ensure_topic(config: Config, partitions: int = 3) -> None:
         time.sleep(1)
 
 
+def _wait_all_served(client: Client, coordinators: int, timeout_s: float = 60) -> None:
+    """Wait until every coordinator is served, by whichever worker.
+
+    The demo's own worker, or workers already running (a compose stack's), among which
+    the group shares the coordinators out.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if len(client.admin.coordinator_stats()) == coordinators:
+                return
+        except TxnStreamError:
+            pass  # a coordinator moving between workers: ask again
+        if time.monotonic() > deadline:
+            raise ClusterError(f"not every coordinator is served after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def run(config: Config, records: int, txn_size: int, console: Console) -> bool:
     """Run the demo; True if the check holds."""
     _ensure_topic(config)
@@ -50,12 +68,8 @@ def run(config: Config, records: int, txn_size: int, console: Console) -> bool:
     aborted: set[bytes] = set()
     run_id = uuid.uuid4().hex[:6]
     try:
-        deadline = time.monotonic() + 60
-        while len(worker.serving()) < config.num_coordinators:
-            if time.monotonic() > deadline:
-                raise ClusterError("the coordinator worker did not start serving in 60 s")
-            time.sleep(0.1)
         with Client(config=config) as client, Progress(console=console) as progress:
+            _wait_all_served(client, config.num_coordinators)
             producer = client.create_producer(TOPIC)
             task = progress.add_task("transactional produce", total=records)
             for start in range(0, records, txn_size):
