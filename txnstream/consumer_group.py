@@ -228,12 +228,12 @@ class GroupMember:
         txn, before anything of ``tp`` is delivered:
 
         1. an OPEN txn is aborted through its coordinator (``admin.abort_transaction``;
-           the reply comes once the decision is logged) and its acks are dropped here,
-           so its inputs are delivered first, in offset order;
-        2. a decided or ended txn (COMMITTING/ABORTING: its mark is on the way; ended: a
-           late ack of it outlived ``CHECKPOINT_ENDED_MAX``) gets its outcome applied
-           now (the mark, when it comes, changes nothing); one the coordinator no longer
-           knows ended long ago: its acks here are late ones and are dropped.
+           the reply comes once its ABORT marks are written) and its acks are dropped
+           here, so its inputs are delivered first, in offset order;
+        2. an ended txn (a late ack of it outlived ``CHECKPOINT_ENDED_MAX``, or its mark
+           is still on the way) gets its outcome applied; one the coordinator no longer
+           knows ended long ago: its acks here are late ones and are dropped;
+        3. a COMMITTING/ABORTING txn is left to its mark (the coordinator is ending it).
 
         The abort is authorized like any other: the principal that opened the txn or an
         admin. A member whose principal differs (and is no admin) gets
@@ -262,9 +262,9 @@ class GroupMember:
                 log.warning("%s: could not end %s, which holds acks on %s (%s); its inputs "
                             "wait for its end", self.member_id, txn_id, tp, exc)
                 continue
-            if info.status in (TxnStatus.ABORTING, TxnStatus.ABORTED):  # decided: final
+            if info.status is TxnStatus.ABORTED:
                 handle.abort(txn_id)
-            elif info.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+            elif info.status is TxnStatus.COMMITTED:
                 handle.commit(txn_id)
 
     def _committed_end(self, tp: TopicPartition, high: int, low: int, timeout_s: float) -> int:

@@ -18,9 +18,8 @@ steps, each turn for every such txn at once (Pulsar's
    partition that exists but refuses the marker holds the txn (and the TC's LWM) until
    it takes it or an admin force-ends the txn (the handler's END with reason
    ``force``); the retry logs at most one line per TC per 10 s.
-2. **The writer is told** if its txn aborted (a timeout, an admin), so its next send
-   fails at once. The END itself was answered before step 1, once the decision read
-   back (the worker's turn): ``commit()`` returning means decided and durable.
+2. **Replies** to the END requests (and to a group's END_GROUP once its last txn ends).
+   A crash before them: the client resends and the next owner answers from the log.
 3. **COMMITTED/ABORTED** appended without waiting
    (:meth:`~txnstream.coordinator.ownership.TcOwnership.append_async`): if it is lost
    the incarnation is replayed and finishes the txn again.
@@ -44,7 +43,7 @@ from txnstream import metrics
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.meta import TxnMeta
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership
-from txnstream.coordinator.protocol import ENDED_NOTICE, TcReply
+from txnstream.coordinator.protocol import ENDED_NOTICE, TcReply, TcRequest
 from txnstream.coordinator.txn_log import KafkaClients
 from txnstream.errors import TxnStreamError
 from txnstream.kafka.topics import PartitionCatalog, says_gone
@@ -122,16 +121,17 @@ class _Marking:
 
 
 class TxnFinalizer:
-    """Markers, marks, notices and final records for the decided txns of served TCs."""
+    """Markers, marks, replies and final records for the decided txns of served TCs."""
 
     def __init__(self, ownership: TcOwnership, clients: KafkaClients, pending_ack_topic: str,
-                 worker_id: str, *,
+                 worker_id: str, reply: Callable[[TcRequest, TcReply], None], *,
                  flush_timeout_s: float, backoff_max_s: float,
                  partitions: PartitionCatalog | None = None) -> None:
         self.ownership = ownership
         self.clients = clients
         self.pending_ack_topic = pending_ack_topic
         self.worker_id = worker_id
+        self._reply = reply
         self.flush_timeout_s = flush_timeout_s
         self.backoff_max_s = backoff_max_s
         self.signer: MarkerSigner | None = None
@@ -143,7 +143,7 @@ class TxnFinalizer:
         """Per incarnation (forgotten with it), per decided txn: what is written."""
 
     def finalize(self, now_ms: int) -> None:
-        """Markers and marks for every decided txn, then notices, then COMMITTED/ABORTED.
+        """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED.
 
         Each target (a partition's marker, a subscription's mark) is produced in its own
         try and only until it is written: one that fails never stops the others, and a
@@ -268,10 +268,14 @@ class TxnFinalizer:
                               seq, tp)
 
     def _answer_force_ended(self, tc: TcIncarnation) -> None:
-        """Tell the writer of each txn an admin force-ended (final without the finalizer)."""
-        ended, tc.force_ended = tc.force_ended, set()
-        for seq in ended:
-            if seq in tc.store.txns:
+        """Answer who waits on a txn an admin force-ended (final without the finalizer).
+
+        Its END waiters, its group's waiters, its writer (the handler leaves an entry in
+        ``end_waiters`` for a force-ended txn, so it is found here).
+        """
+        for seq in list(tc.end_waiters):
+            meta = tc.store.txns.get(seq)
+            if meta is not None and meta.status.is_final:
                 tc.retry_at.pop(seq, None)
                 self._answer(tc, seq)
 
@@ -309,14 +313,28 @@ class TxnFinalizer:
         self._answer(tc, seq)
 
     def _answer(self, tc: TcIncarnation, seq: int) -> None:
-        """Txn ``seq`` is final: tell its writer if it aborted."""
+        """Txn ``seq`` is final: tell its writer (if it aborted), its END and group waiters."""
         meta = tc.store.txns[seq]
         watcher = tc.watchers.pop(seq, None)
         if watcher is not None and meta.status is TxnStatus.ABORTED:
-            error = _ended_other_way(meta)
             watcher.send(TcReply(f"{ENDED_NOTICE}{seq}", "", tc.tc_id,
-                                 error_kind=type(error).__name__, error_message=str(error),
-                                 txn_seq=seq, owner_id=self.worker_id).encode())
+                                 error_kind=type(_ended_other_way(meta)).__name__,
+                                 error_message=str(_ended_other_way(meta)), txn_seq=seq,
+                                 owner_id=self.worker_id).encode())
+        for req in tc.end_waiters.pop(seq, []):
+            if req.commit == (meta.status is TxnStatus.COMMITTED):
+                self._reply(req, TcReply(req.request_id, req.client_id, tc.tc_id,
+                                         txn_seq=seq, owner_id=self.worker_id))
+            else:
+                self._reply(req, TcReply.failure(req, _ended_other_way(meta), self.worker_id))
+        still = []
+        for req, pending, reply in tc.group_waiters:
+            pending.discard(seq)
+            if pending:
+                still.append((req, pending, reply))
+            else:
+                self._reply(req, reply)
+        tc.group_waiters = still
 
 
 def _pending_ack_mark(commit: bool, sub: Any, txn_id: Any) -> Any:

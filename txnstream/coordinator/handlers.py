@@ -5,10 +5,8 @@ Pulsar's ``TransactionMetadataStoreService`` has ``newTransaction``,
 ``addProducedPartitionToTxn``, ``endTransaction`` and so on. A handler changes only the
 in-memory store, which applies the change at once and queues its log entries
 (:meth:`TransactionMetadataStore.unlogged`), also when the request then fails. It returns
-the reply; the worker sends it only after the entries read back. END and END_GROUP are
-answered once their COMMITTING/ABORTING (GROUP_END) entry reads back: the decision is
-then durable, and the finalizer writes the markers and marks after the reply (Kafka's
-order; DESIGN.md section 5).
+the reply, or None if the request waits for its txn to end (END, END_GROUP): the worker
+sends a reply only after the entries read back, the finalizer answers the waiters.
 
 * **NEW** opens one txn; **RESERVE** opens a block of up to :data:`MAX_RESERVE` txns
   with a lease (a client's TxnID pool) and **ACTIVATE** starts a handed-out txn's
@@ -91,7 +89,7 @@ class Caller:
     so: there is nobody to tell apart)."""
 
 
-Handler = Callable[[TcIncarnation, TcRequest, int, Caller], TcReply]
+Handler = Callable[[TcIncarnation, TcRequest, int, Caller], "TcReply | None"]
 
 
 class TcRequestHandler:
@@ -121,8 +119,8 @@ class TcRequestHandler:
         }
 
     def handle(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
-               caller: Caller = Caller()) -> TcReply:
-        """Apply one request to the store; its reply.
+               caller: Caller = Caller()) -> TcReply | None:
+        """Apply one request to the store; its reply, or None if it waits (END).
 
         The entries it planned are taken from ``store.unlogged()`` by the caller, also
         when it failed; the reply is sent only after they read back.
@@ -244,18 +242,17 @@ class TcRequestHandler:
     # ------------------------------------------------------------ ending
 
     def _end(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
-             caller: Caller) -> TcReply:
+             caller: Caller) -> TcReply | None:
         if req.reason == FORCE_END:
             return self._force_end(tc, req, now_ms, caller)
         self._owned(tc, req.txn_seq, caller, "commit" if req.commit else "abort",
                     admin_may=not req.commit)
         reason = ABORT_ADMIN if req.reason == ABORT_ADMIN and caller.admin else ABORT_CLIENT
-        # Decided (COMMITTING/ABORTING) or already final the same way, else it raised. The
-        # worker sends the reply once this turn's entries read back: the decision is then
-        # durable, and the finalizer writes markers and marks after it (Kafka's order:
-        # EndTxn answers once PrepareCommit is logged). A new owner finishes it on replay.
-        tc.store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
-        return self._ok(tc, req)
+        res = tc.store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
+        if res.meta.status.is_final:
+            return self._ok(tc, req)
+        tc.end_waiters[req.txn_seq].append(req)
+        return None
 
     def _force_end(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                    caller: Caller) -> TcReply:
@@ -265,8 +262,9 @@ class TcRequestHandler:
         COMMITTING txn is logged COMMITTED, an ABORTING one ABORTED, and the reply waits
         for that record to read back like any other. Markers not written are never
         written by the coordinator (docs/coordinator.md says what readers then see). An
-        OPEN txn is refused (abort it); a final one is answered as it is. The finalizer
-        tells the txn's writer if it was aborted (it finds the txn in ``force_ended``).
+        OPEN txn is refused (abort it); a final one is answered as it is. Those who wait
+        on the txn are answered by the finalizer (it finds the entry left in
+        ``end_waiters``).
         """
         txn_id = TxnID(tc.tc_id, req.txn_seq)
         if not caller.admin:
@@ -284,14 +282,14 @@ class TcRequestHandler:
             was = meta.status.value
             tc.store.finalize(req.txn_seq, now_ms)
             tc.retry_at.pop(req.txn_seq, None)
-            tc.force_ended.add(req.txn_seq)  # the finalizer tells its writer
+            tc.end_waiters.setdefault(req.txn_seq, [])  # the finalizer answers who waits
             log.warning("tc %d: transaction %s force-ended %s by admin %r (it was %s; "
                         "markers not written by then never will be)", tc.tc_id, txn_id,
                         meta.status.value, caller.principal, was)
         return self._ok(tc, req)
 
     def _end_group(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
-                   caller: Caller) -> TcReply:
+                   caller: Caller) -> TcReply | None:
         store = tc.store
         for seq in req.group_seqs:
             self._owned(tc, seq, caller, "end (in a group)", admin_may=False)
@@ -304,7 +302,13 @@ class TcRequestHandler:
                             else "InvalidTxnStatusError"),
                         error_message=g.error
                         and f"group {req.group_key} aborted: {g.error}")
-        return reply  # decided in one GROUP_END record, answered once it reads back
+        if g.error or g.already:
+            return reply
+        pending = {s for s in g.seqs if not store.txns[s].status.is_final}
+        if not pending:  # an empty group: nothing to wait for
+            return reply
+        tc.group_waiters.append((req, pending, reply))
+        return None
 
     # ------------------------------------------------------------ reading
 

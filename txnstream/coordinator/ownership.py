@@ -38,6 +38,7 @@ from confluent_kafka import KafkaException
 from txnstream import metrics
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.coordinator.metadata_store import TransactionMetadataStore
+from txnstream.coordinator.protocol import TcReply, TcRequest
 from txnstream.coordinator.txn_log import LogRecord, TransactionLog
 from txnstream.errors import CorruptRecordError
 
@@ -72,7 +73,7 @@ class TcPhase(enum.Enum):
 class TcIncarnation:
     """One incarnation of TC ``tc_id`` on this worker: from a replay until it is dropped.
 
-    A restart makes a new object; whatever the old one planned (replies, retry
+    A restart makes a new object; whatever the old one planned (replies, waiters, retry
     times) dies with it.
     """
 
@@ -82,8 +83,8 @@ class TcIncarnation:
     phase: TcPhase = TcPhase.REPLAYING
     position: int = -1
     epoch_write: int | None = None
-    force_ended: set[int] = field(default_factory=set)
-    """Txns an admin force-ended this turn: the finalizer tells their writers."""
+    end_waiters: dict[int, list[TcRequest]] = field(default_factory=lambda: defaultdict(list))
+    group_waiters: list[tuple[TcRequest, set[int], TcReply]] = field(default_factory=list)
     retry_at: dict[int, tuple[float, int]] = field(default_factory=dict)
     next_checkpoint: float = 0.0
     truncate_pending: bool = False

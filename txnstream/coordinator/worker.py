@@ -37,18 +37,15 @@ Each turn:
    replies are sent only by the same incarnation (the same ``TcIncarnation`` object, not
    just the same id) that appended the batch, still serving, and only if every entry
    came back (a foreign EPOCH before one fences the TC at once); a TC that appended
-   nothing this turn replies if it is still that incarnation. An END is answered here,
-   once its COMMITTING/ABORTING entry read back: the decision is durable (Kafka answers
-   EndTxn once PrepareCommit is logged). A crash here leaves entries in the log
+   nothing this turn replies if it is still that incarnation. A crash here leaves entries in the log
    without replies: the client retries with the same request id and the new owner,
    having replayed them, answers from the log.
 4. **Finalize** every COMMITTING/ABORTING txn: (a) write COMMIT/ABORT markers (with the
    TC's low watermark) to each produced partition and commit/abort marks to each acked
-   subscription's pending-ack log, one flush for all; (b) tell the writer of a txn that
-   aborted without its own END; (c) log COMMITTED/ABORTED. A crash after (a) leaves
-   COMMITTING in the log: the next owner finds it on replay and writes the markers
-   again (markers are idempotent for readers). A failed marker write is retried with
-   backoff until it succeeds.
+   subscription's pending-ack log, one flush for all; (b) reply to the END requests;
+   (c) log COMMITTED/ABORTED. A crash after (a) leaves COMMITTING in the log: the next
+   owner finds it on replay and writes the markers again (markers are idempotent for
+   readers). A failed marker write is retried with backoff until it succeeds.
 5. **Checkpoint and truncate** now and then: a renewal EPOCH (read back first), a
    CHECKPOINT record carrying the sequence counter and recent group keys, then
    ``delete_records`` drops the prefix no longer needed, cutting at the EPOCH that
@@ -148,7 +145,7 @@ class CoordinatorWorker:
         self._handler = TcRequestHandler(config, self.worker_id, self._ownership.restarts,
                                          s.max_open_txns_per_principal, partitions)
         self._finalizer = TxnFinalizer(
-            self._ownership, self._kafka, t.pending_ack, self.worker_id,
+            self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
             flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s,
             partitions=partitions)
         self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
@@ -352,12 +349,13 @@ class CoordinatorWorker:
                     f"coordinator {tc.tc_id} could not handle this {req.op.value} request "
                     f"({type(exc).__name__}); it was not applied"), self.worker_id))
                 continue
-            if reply.error_kind is None and req.op in _WATCHED:
+            if reply is not None and reply.error_kind is None and req.op in _WATCHED:
                 seq = reply.txn_seq if req.op is TcOp.NEW else req.txn_seq
                 tc.watchers[seq] = conn
             metrics.REQUESTS.labels(req.op.value,
-                                    reply.error_kind or "ok").inc()
-            replies[tc.tc_id].append((req, reply))
+                                    reply.error_kind if reply and reply.error_kind else "ok").inc()
+            if reply is not None:
+                replies[tc.tc_id].append((req, reply))
         # 1. Append every entry the requests and expired timeouts planned, failed requests'
         #    included (a commit that found its txn expired logged the abort), one flush.
         want: dict[int, tuple[TcIncarnation, int]] = {}
@@ -404,7 +402,7 @@ class CoordinatorWorker:
                 if k not in kept:
                     v[0].inflight -= 1
             self._origins = kept
-            # many still waiting: sweep again only once as many came in
+            # many still waiting (END waiters): sweep again only once as many came in
             self._sweep_origins_at = max(ORIGINS_SWEEP_AT, 2 * len(self._origins))
 
     def _take_requests(self, timeout: float) -> list[tuple[bytes, ServerConnection]]:

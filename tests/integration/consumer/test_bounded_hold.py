@@ -14,9 +14,8 @@ pytestmark = pytest.mark.integration
 def marker_written(config, topic: str, end: int, timeout_s: float = 10.0) -> None:
     """Wait until partition 0 of ``topic`` ends at ``end``: the txn's COMMIT marker is in.
 
-    ``commit()`` returns once the commit is decided and durable; the coordinator writes
-    the marker right after (Kafka's order). These tests place plain records after the
-    marker, so they wait for it before writing them.
+    These tests place plain records after the marker, so they wait for it before
+    writing them, whenever ``commit()`` answers (see ``markers_written``).
     """
     import time
 

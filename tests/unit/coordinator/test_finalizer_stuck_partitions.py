@@ -83,9 +83,11 @@ class Setup:
         self.catalog = PartitionCatalog(self._lookup, refresh_interval_s=0.0)
         self.tc = TcIncarnation(0, TransactionMetadataStore(0, "w"), 0, TcPhase.SERVING)
         self.producer = FakeProducer(behaviour)
+        self.replies: list[tuple[TcRequest, TcReply]] = []
         self.finalizer = TxnFinalizer(
             FakeOwnership(self.tc), Clients(self.producer), "__unit_pending_ack",  # type: ignore[arg-type]
-            "w", flush_timeout_s=0.2, backoff_max_s=5.0, partitions=self.catalog)
+            "w", lambda req, reply: self.replies.append((req, reply)),
+            flush_timeout_s=0.2, backoff_max_s=5.0, partitions=self.catalog)
         self.handler = TcRequestHandler(CONFIG, "w", {}, partitions=self.catalog)
 
     def _lookup(self, topic: str | None) -> dict[str, int | None]:
@@ -159,13 +161,12 @@ def _end(seq: int, commit: bool = False, reason: str | None = None) -> TcRequest
                      commit=commit, reason=reason)
 
 
-def test_a_commit_is_answered_once_decided_and_force_end_is_for_admins():
+def test_force_end_is_for_admins_and_answers_the_waiting_commit():
     s = Setup({"a": "refuse"}, {"a": 1, "b": 2})
     seq = s.committing(A0, B0)
+    waiting = _end(seq, commit=True)
     opener = Caller("anonymous", admin=False)  # new_txn's default owner
-    # Decided: the (resent) commit is answered at once, although a marker is refused.
-    decided = s.handler.handle(s.tc, _end(seq, commit=True), NOW_MS, opener)
-    assert decided.error_kind is None
+    assert s.handler.handle(s.tc, waiting, NOW_MS, opener) is None
     s.finalize_now()
     owner = s.handler.handle(s.tc, _end(seq, reason=FORCE_END), NOW_MS, opener)
     assert owner is not None and owner.error_kind == "NotAuthorizedError"
@@ -177,6 +178,7 @@ def test_a_commit_is_answered_once_decided_and_force_end_is_for_admins():
     assert s.status(seq) is TxnStatus.COMMITTED
     assert [e.status for e in s.tc.store.unlogged()] == [TxnStatus.COMMITTED]
     s.finalizer.finalize(NOW_MS)
+    assert [(r.request_id, a.error_kind) for r, a in s.replies] == [(waiting.request_id, None)]
     assert s.tc.store.low_watermark > seq
     produced = s.producer.produced.copy()
     s.finalize_now()
