@@ -91,13 +91,6 @@ FOLD_WAIT_S = 0.005
 """How long one turn waits for data records: the latency a commit's marker sees."""
 CLAIM_TIMEOUT_S = 10.0
 """How long the OWNER record of a claim may take to be written."""
-FETCH_WAIT_MS = 200
-"""The broker's long-poll wait for the owner's fetches (data, registry, group). The
-broker answers a parked fetch as soon as a record lands, so this does not delay a fold;
-it bounds how often an idle owner's fetches come back empty (each a request the broker
-serves: at 5 ms, one idle worker cost the broker 0.18 cores, at 200 ms 0.05) and how
-long a partition newly assigned waits for its first fetch. Readers, which pause and
-resume partitions, keep a short one (``consumer_group.DATA_FETCH_WAIT_MS``)."""
 
 
 class BufferWorker:
@@ -129,10 +122,10 @@ class BufferWorker:
         self._group = self._new_group_consumer()
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
-            **{"fetch.wait.max.ms": FETCH_WAIT_MS, "client.id": f"tb-data-{self.member}"}))
+            **{"fetch.wait.max.ms": 5, "client.id": f"tb-data-{self.member}"}))
         self._registry = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
-            **{"fetch.wait.max.ms": FETCH_WAIT_MS, "client.id": f"tb-reg-{self.member}"}))
+            **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))
         # Its markers go to data topics that may be deleted: it never creates a topic.
         self._producer = kafka.producer(config.producer(**NO_AUTO_CREATE, **{
             "linger.ms": 0, "client.id": f"tb-{self.member}"}))
@@ -152,8 +145,7 @@ class BufferWorker:
 
     def _new_group_consumer(self) -> Consumer:
         extra: dict[str, object] = {"client.id": f"tb-{self.member}",
-                                    "auto.offset.reset": "latest",
-                                    "fetch.wait.max.ms": FETCH_WAIT_MS}
+                                    "auto.offset.reset": "latest", "fetch.wait.max.ms": 50}
         if self._session_timeout_ms:
             extra["session.timeout.ms"] = self._session_timeout_ms
             extra["heartbeat.interval.ms"] = max(100, self._session_timeout_ms // 6)

@@ -13,12 +13,6 @@ from txnstream.kafka.clients import KafkaClientFactory
 
 __all__ = ["worker_clients"]
 
-LOG_FETCH_WAIT_MS = 200
-"""The broker's long-poll wait for the log consumer's fetches. A read-back is answered as
-soon as the appended records land (the broker completes a parked fetch on append), so
-this only bounds how often an idle worker's fetches come back empty, each a request the
-broker serves (see ``buffer.worker.FETCH_WAIT_MS`` for the figures)."""
-
 
 def worker_clients(config: Config, worker_id: str, settings: WorkerSettings,
                    factory: KafkaClientFactory) -> KafkaClients:
@@ -35,7 +29,7 @@ def worker_clients(config: Config, worker_id: str, settings: WorkerSettings,
             **{"session.timeout.ms": s.session_timeout_ms,
                "heartbeat.interval.ms": s.heartbeat_interval_ms,
                "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
-               "fetch.wait.max.ms": LOG_FETCH_WAIT_MS, "client.id": f"tc-log-{worker_id}"})),
+               "fetch.wait.max.ms": 20, "client.id": f"tc-log-{worker_id}"})),
         factory.producer(config.producer(**PRODUCER_SETTINGS,
                                          **{"client.id": f"tc-{worker_id}"})),
         factory.admin(config.admin()))
