@@ -44,7 +44,7 @@ BATCH_ROWS = 10_000
 """Rows of one Arrow batch a task hands Spark."""
 
 
-def replan_latest(p: TxnStreamPartition) -> TxnStreamPartition:
+def replan_latest(p: TxnStreamPartition, c: Consumer) -> TxnStreamPartition:
     """``p``, or its range to the committed end now if its partition grew since planning.
 
     Kafka resolves a batch read's ``latest`` each time the read is planned, i.e. for
@@ -54,21 +54,17 @@ def replan_latest(p: TxnStreamPartition) -> TxnStreamPartition:
     the driver does (:meth:`Planner.refresh` with ``FRESH_WAIT_S``). The end never
     moves back: a state found behind ``p.end`` keeps ``p``.
     """
-    from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTP
 
     if p.latest_high is None:
         return p
-    c = Consumer(p.config.consumer(f"spark-hw-{uuid.uuid4().hex[:8]}"))
-    try:
-        high = c.get_watermark_offsets(KafkaTP(p.topic, p.partition),
-                                       timeout=p.config.admin_timeout_s)[1]
-    finally:
-        c.close()
+    high = c.get_watermark_offsets(KafkaTP(p.topic, p.partition),
+                                   timeout=p.config.admin_timeout_s)[1]
     if high == p.latest_high:
         return p
     tp = TopicPartition(p.topic, p.partition)
-    opts = SourceOptions(p.config, (p.topic,), "earliest", "latest", None, p.value_schema)
+    opts = SourceOptions(p.config, (p.topic,), "earliest", "latest", None, p.value_schema,
+                         fail_on_data_loss=p.fail_on_data_loss)
     planner = Planner(opts, tps=[tp])
     try:
         end = planner.refresh(FRESH_WAIT_S)[tp]
@@ -87,13 +83,12 @@ def _read_partition(p: TxnStreamPartition) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as KafkaTP
 
-    p = replan_latest(p)
-    if p.end <= p.start:
-        return
-    vs = cached_value_schema(p.value_schema)
-    rows = _Rows(p, vs)
     c = Consumer(p.config.consumer(f"spark-{uuid.uuid4().hex[:8]}"))
     try:
+        p = replan_latest(p, c)  # the task's one consumer: its watermarks, then its read
+        if p.end <= p.start:
+            return
+        rows = _Rows(p, cached_value_schema(p.value_schema))
         pos = _first_readable(c, p)
         if pos >= p.end:
             return
