@@ -298,6 +298,23 @@ class BufferStateFollower:
             KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)
         return int(low), int(high)
 
+    def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Each partition's first offset whose record time is at or after its time (ms).
+
+        -1 where no record is that late (Kafka's ListOffsets by timestamp).
+        """
+        if not times:
+            return {}
+        found = self._consumer.offsets_for_times(
+            [KafkaTP(tp.topic, tp.partition, ts) for tp, ts in times.items()],
+            timeout=self.config.admin_timeout_s)
+        out: dict[TopicPartition, int] = {}
+        for k in found:
+            if k.error is not None:
+                raise KafkaException(k.error)
+            out[TopicPartition(k.topic, k.partition)] = k.offset if k.offset >= 0 else -1
+        return out
+
     def partitions_of(self, topic: str) -> list[TopicPartition] | None:
         """Every partition of ``topic``; None if it does not exist."""
         meta = self._consumer.list_topics(topic, timeout=self.config.admin_timeout_s)
