@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from txnstream.validate import (
 )
 
 __all__ = ["EARLIEST", "LATEST", "Offsets", "SourceOptions", "SinkOptions", "TC_OPTIONS",
-           "UNSUPPORTED", "parse_offsets"]
+           "Timestamps", "UNSUPPORTED", "parse_offsets", "parse_time_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -106,25 +107,21 @@ LATEST = -1
 KAFKA_TEXT = "for batch queries on Kafka"
 """The tail of Kafka's source errors this source repeats word for word."""
 
-SOURCE_OPTIONS = ("subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
-                  "maxRecordsPerTrigger", "valueSchema", "includeHeaders", "failOnDataLoss",
-                  "txnstream.prefix")
+SOURCE_OPTIONS = ("subscribe", "startingOffsets", "endingOffsets", "startingTimestamp",
+                  "endingTimestamp", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp",
+                  "startingOffsetsByTimestampStrategy", "maxOffsetsPerTrigger",
+                  "maxRecordsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+                  "valueSchema", "includeHeaders", "failOnDataLoss", "txnstream.prefix")
 """The source's own options (besides ``kafka.*`` and ``tc.*``)."""
 
-_NO_TIMESTAMPS = "offsets by timestamp are not supported: give 'startingOffsets' / 'endingOffsets'"
+DEFAULT_MAX_TRIGGER_DELAY = "15m"
+"""``maxTriggerDelay``'s default, as Kafka's source has it."""
+
 UNSUPPORTED = {
     "assign": "every partition of the topics named by 'subscribe' is read",
     "subscribePattern": "name the topics with 'subscribe'",
     "groupIdPrefix": "the source uses no consumer group (offsets live in Spark's checkpoint)",
     "kafka.group.id": "the source uses no consumer group (offsets live in Spark's checkpoint)",
-    "minOffsetsPerTrigger": "a micro-batch takes what is committed, up to "
-                            "'maxOffsetsPerTrigger'",
-    "maxTriggerDelay": "it goes with 'minOffsetsPerTrigger', which is not supported",
-    "startingTimestamp": _NO_TIMESTAMPS,
-    "endingTimestamp": _NO_TIMESTAMPS,
-    "startingOffsetsByTimestamp": _NO_TIMESTAMPS,
-    "endingOffsetsByTimestamp": _NO_TIMESTAMPS,
-    "startingOffsetsByTimestampStrategy": _NO_TIMESTAMPS,
     "fetchOffset.numRetries": "the source reads offsets from the served buffer state",
     "fetchOffset.retryIntervalMs": "the source reads offsets from the served buffer state",
     "kafkaConsumer.pollTimeoutMs": "tasks use a fixed poll timeout",
@@ -167,28 +164,92 @@ def parse_offsets(name: str, text: str | None) -> str | Offsets:
     """
     if text is None or text in ("earliest", "latest"):
         return text or "earliest"
-    what = (f"option '{name}' must be 'earliest', 'latest' or JSON like "
-            f"'{{\"topic\": {{\"0\": 12}}}}'")
+    return _partition_json(name, text, "offset", EARLIEST,
+                           "'earliest', 'latest' or JSON like '{\"topic\": {\"0\": 12}}'")
+
+
+def _partition_json(name: str, text: str, what: str, minimum: int, shape: str) -> Offsets:
+    """JSON ``{"topic": {"0": n}}`` with each ``n`` a whole number ``>= minimum``."""
+    rule = f"option '{name}' must be {shape}"
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"{what}; got {text!r:.80} ({exc})") from None
+        raise ConfigError(f"{rule}; got {text!r:.80} ({exc})") from None
     if not isinstance(value, dict):
-        raise ConfigError(f"{what}; got {text!r:.80} (not an object)")
+        raise ConfigError(f"{rule}; got {text!r:.80} (not an object)")
     out: Offsets = {}
     for topic, parts in value.items():
         if not isinstance(parts, dict):
-            raise ConfigError(f"{what}; topic {topic!r} has {parts!r:.40}, not an object of "
-                              "partition: offset")
+            raise ConfigError(f"{rule}; topic {topic!r} has {parts!r:.40}, not an object of "
+                              f"partition: {what}")
         offsets = out.setdefault(topic, {})
-        for part, offset in parts.items():
+        for part, n in parts.items():
             p = whole_number_text(part, f"option '{name}': a partition of {topic!r}",
                                   minimum=0, maximum=MAX_PARTITION)
             if str(p) in offsets:
                 raise ConfigError(f"option '{name}': partition {p} of {topic!r} is given twice")
-            offsets[str(p)] = whole_number(offset, f"option '{name}': the offset of "
-                                           f"{topic}-{p}", minimum=EARLIEST, maximum=MAX_LONG)
+            offsets[str(p)] = whole_number(n, f"option '{name}': the {what} of {topic}-{p}",
+                                           minimum=minimum, maximum=MAX_LONG)
     return out
+
+
+@dataclass(frozen=True)
+class Timestamps:
+    """Offsets given by time, as Kafka's ``*Timestamp`` and ``*OffsetsByTimestamp`` options.
+
+    Each partition's offset is the first whose record time (ms since the epoch) is at or
+    after the partition's time. Where no record is that late: a start fails (Kafka's
+    ``startingOffsetsByTimestampStrategy=error``) or is the partition's latest
+    (``latest``); an end is always the latest.
+    """
+
+    option: str
+    """The option that gave them, as Kafka spells it (errors name it)."""
+    at: int | Offsets
+    """One time for every partition (``startingTimestamp``), or a time per partition."""
+    no_match_latest: bool
+    """No record late enough: the partition's latest (True) or an error (False)."""
+
+    def time_of(self, topic: str, partition: int) -> int | None:
+        """The time given for a partition; None if the per-partition JSON leaves it out."""
+        if isinstance(self.at, int):
+            return self.at
+        return self.at.get(topic, {}).get(str(partition))
+
+
+_TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000,
+                  "h": 3_600_000, "d": 86_400_000}
+_TIME_TEXT = re.compile(r"([0-9]{1,18})\s*([a-z]+)?")
+
+
+def parse_time_ms(text: str, name: str) -> int:
+    """A duration as Spark writes one (``15m``, ``30s``, ``500ms``; no unit: ms), > 0 ms."""
+    m = _TIME_TEXT.fullmatch(text.strip().lower())
+    if m is None or (m.group(2) or "ms") not in _TIME_UNITS_MS:
+        raise ConfigError(f"option '{name}' must be a duration such as '15m', '30s' or "
+                          f"'500ms' (units {', '.join(_TIME_UNITS_MS)}), got {text!r:.40}")
+    ms = int(int(m.group(1)) * _TIME_UNITS_MS[m.group(2) or "ms"])
+    if ms <= 0:
+        raise ConfigError(f"option '{name}' must be longer than 0 ms, got {text!r:.40}")
+    return ms
+
+
+def _timestamps(options: Mapping[str, str], one: str, per_partition: str,
+                no_match_latest: bool) -> Timestamps | None:
+    """The start (or end) by time; None if neither option is given.
+
+    Kafka's order of preference: ``one`` (a time for every partition), then
+    ``per_partition`` (JSON).
+    """
+    if (text := options.get(one.lower())) is not None:
+        at = whole_number_text(text, f"option '{one}' (ms since the epoch)", minimum=0)
+        return Timestamps(one, at, no_match_latest)
+    if (text := options.get(per_partition.lower())) is not None:
+        return Timestamps(per_partition, _partition_json(
+            per_partition, text, "timestamp", 0,
+            "JSON of times in ms since the epoch, like '{\"topic\": {\"0\": 1700000000000}}'"),
+            no_match_latest)
+    return None
 
 
 def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:
@@ -207,19 +268,26 @@ class SourceOptions:
 
     config: Config
     topics: tuple[str, ...]
-    starting: str | Offsets
-    """``earliest``, ``latest`` or offsets (-2: earliest, -1: latest)."""
-    ending: str | Offsets
-    """``latest`` or offsets (-1: latest)."""
+    starting: str | Offsets | Timestamps
+    """``earliest``, ``latest``, offsets (-2: earliest, -1: latest) or times."""
+    ending: str | Offsets | Timestamps
+    """``latest``, offsets (-1: latest) or times."""
     max_records_per_trigger: int | None
     """``maxOffsetsPerTrigger`` (or its alias ``maxRecordsPerTrigger``)."""
     value_schema: str | None = None
     """The ``valueSchema`` option as given (see :mod:`txnstream_spark.avro`); None: raw bytes."""
-    ending_given: bool = False
-    """``endingOffsets`` was given (a stream refuses it, as Kafka's does)."""
+    ending_given: str | None = None
+    """The ending option given, if any (a stream refuses it, as Kafka's does)."""
     fail_on_data_loss: bool = True
     """``failOnDataLoss``: records deleted before they were read fail the query (True) or
     are skipped with a warning naming them (False), as in Kafka's source."""
+    min_offsets_per_trigger: int | None = None
+    """``minOffsetsPerTrigger``: a micro-batch waits for this many new offsets, or for
+    ``max_trigger_delay_ms`` since the last one (Kafka's admission control)."""
+    max_trigger_delay_ms: int = 15 * 60_000
+    """``maxTriggerDelay`` (default 15 minutes, as Kafka's)."""
+    trigger_options: tuple[str, ...] = ()
+    """The micro-batch size options given (a batch read warns that it ignores them)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -237,6 +305,15 @@ class SourceOptions:
         for name in ("maxOffsetsPerTrigger", "maxRecordsPerTrigger"):
             if (text := options.get(name.lower())) is not None:
                 limit = whole_number_text(text, f"option '{name}'", minimum=1, maximum=MAX_LONG)
+        least = None
+        if (text := options.get("minoffsetspertrigger")) is not None:
+            least = whole_number_text(text, "option 'minOffsetsPerTrigger'", minimum=1)
+            if limit is not None and least > limit:  # Kafka's words
+                raise ConfigError(f"option 'minOffsetsPerTrigger': The value of "
+                                  f"minOffsetPerTrigger({least}) is higher than the "
+                                  f"maxOffsetsPerTrigger({limit}).")
+        delay = parse_time_ms(options.get("maxtriggerdelay", DEFAULT_MAX_TRIGGER_DELAY),
+                              "maxTriggerDelay")
         isolation = options.get("kafka.isolation.level")
         if isolation is not None and isolation.strip() != "read_committed":
             raise ConfigError("option 'kafka.isolation.level' can only be 'read_committed': "
@@ -249,14 +326,29 @@ class SourceOptions:
             from .avro import load_value_schema
 
             load_value_schema(value_schema)  # fail here, naming the option
-        starting = parse_offsets("startingOffsets", options.get("startingoffsets"))
-        ending = parse_offsets("endingOffsets", options.get("endingoffsets") or "latest")
+        strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+        if strategy not in ("error", "latest"):
+            raise ConfigError("option 'startingOffsetsByTimestampStrategy' must be 'error' or "
+                              f"'latest', got {strategy!r:.40}")
+        starting = _timestamps(options, "startingTimestamp", "startingOffsetsByTimestamp",
+                               strategy == "latest") \
+            or parse_offsets("startingOffsets", options.get("startingoffsets"))
+        ending = _timestamps(options, "endingTimestamp", "endingOffsetsByTimestamp", True) \
+            or parse_offsets("endingOffsets", options.get("endingoffsets") or "latest")
         if ending == "earliest":  # Kafka's words; it crashed planning here once
             raise ConfigError("option 'endingOffsets' must be 'latest' or JSON offsets: "
                               f"ending offset can't be earliest {KAFKA_TEXT}")
+        _check_times(starting, ending)
+        given = [k for k in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+                 if k.lower() in options]
         return cls(config, topics, starting, ending, limit, value_schema,
-                   ending_given="endingoffsets" in options,
-                   fail_on_data_loss=_flag(options, "failOnDataLoss", True))
+                   ending_given=given[0] if given else None,
+                   fail_on_data_loss=_flag(options, "failOnDataLoss", True),
+                   min_offsets_per_trigger=least, max_trigger_delay_ms=delay,
+                   trigger_options=tuple(k for k in ("maxOffsetsPerTrigger",
+                                                     "maxRecordsPerTrigger",
+                                                     "minOffsetsPerTrigger", "maxTriggerDelay")
+                                         if k.lower() in options))
 
     def check_batch(self) -> None:
         """Refuse what Kafka's source refuses in a batch query, with its words."""
@@ -272,14 +364,35 @@ class SourceOptions:
                             said = "startingOffsets" if bad == LATEST else "ending offset"
                             raise ConfigError(f"option '{name}': {said} for {topic}-{p} "
                                               f"can't be {what} {KAFKA_TEXT}")
-        if self.max_records_per_trigger is not None:
-            log.warning("maxOffsetsPerTrigger option ignored in batch queries")
+        for name in self.trigger_options:  # Kafka's warnings
+            log.warning("%s option ignored in batch queries", name)
 
     def check_stream(self) -> None:
         """Refuse what Kafka's source refuses in a streaming query, with its words."""
-        if self.ending_given:
+        if self.ending_given == "endingOffsets":
             raise ConfigError("option 'endingOffsets': ending offset not valid in streaming "
                               "queries")
+        if self.ending_given:
+            raise ConfigError(f"option '{self.ending_given}': ending timestamp not valid in "
+                              "streaming queries")
+
+
+def _check_times(starting: object, ending: object) -> None:
+    """A start by time after the end by time, for the same partition, is refused."""
+    if not isinstance(starting, Timestamps) or not isinstance(ending, Timestamps):
+        return
+    pairs: list[tuple[str, int | None, int | None]]
+    if isinstance(starting.at, int) and isinstance(ending.at, int):
+        pairs = [("every partition", starting.at, ending.at)]
+    else:
+        keys = {(t, p) for spec in (starting.at, ending.at) if isinstance(spec, dict)
+                for t, parts in spec.items() for p in parts}
+        pairs = [(f"{t}-{p}", starting.time_of(t, int(p)), ending.time_of(t, int(p)))
+                 for t, p in sorted(keys)]
+    for where, s, e in pairs:
+        if s is not None and e is not None and s > e:
+            raise ConfigError(f"options '{starting.option}' and '{ending.option}': the starting "
+                              f"timestamp {s} of {where} is after its ending timestamp {e}")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from txnstream.config import Config
 from txnstream.errors import ConfigError
 from txnstream.types import TopicPartition
 
-from .options import EARLIEST, LATEST, Offsets, SourceOptions
+from .options import EARLIEST, LATEST, Offsets, SourceOptions, Timestamps
 
 __all__ = ["CATCH_UP_S", "COVER_WAIT_S", "FRESH_WAIT_S", "Planner", "TxnStreamPartition"]
 
@@ -279,14 +279,47 @@ class Planner:
         """The committed ends now (JSON offsets); see :meth:`refresh`."""
         return self._json(self.refresh(fresh_s))
 
-    def offsets(self, spec: str | Offsets, name: str) -> dict[TopicPartition, int]:
+    def offsets(self, spec: str | Offsets | Timestamps, name: str) -> dict[TopicPartition, int]:
         """Option ``name``'s offsets per partition (:data:`EARLIEST`, :data:`LATEST` or one).
 
         Offsets JSON must name every partition of the subscribed topics and no other, as
         Kafka's source requires; the ``ConfigError`` names the option and the partitions.
+        Times are looked up now (:meth:`_by_time`).
         """
         if isinstance(spec, str):
             return dict.fromkeys(self.tps, LATEST if spec == "latest" else EARLIEST)
+        if isinstance(spec, Timestamps):
+            return self._by_time(spec)
+        return self._named(spec, name)
+
+    def _by_time(self, spec: Timestamps) -> dict[TopicPartition, int]:
+        """Each partition's first offset at or after its time, as Kafka's source finds it.
+
+        The offset is the log's (a marker's or an aborted record's too): a range from it
+        delivers the committed records from there on. No record that late: the
+        partition's :data:`LATEST` (an end, or a start under
+        ``startingOffsetsByTimestampStrategy=latest``), else Kafka's error.
+        """
+        if isinstance(spec.at, dict):
+            self._named(spec.at, spec.option, by_time=True)  # every partition, no other
+        times = {tp: t for tp in self.tps if (t := spec.time_of(tp.topic, tp.partition))
+                 is not None}
+        found = self.follower.offsets_for_times(times)
+        out: dict[TopicPartition, int] = {}
+        for tp, at in times.items():
+            offset = found.get(tp, -1)
+            if offset < 0 and not spec.no_match_latest:
+                raise ConfigError(
+                    f"option '{spec.option}': No offset matched from request of "
+                    f"topic-partition {tp} and timestamp {at}. (set "
+                    "'startingOffsetsByTimestampStrategy' to 'latest' to start such "
+                    "partitions at their latest offset)")
+            out[tp] = offset if offset >= 0 else LATEST
+        return out
+
+    def _named(self, spec: Offsets, name: str, by_time: bool = False
+               ) -> dict[TopicPartition, int]:
+        """Per-partition JSON, checked to name every subscribed partition and no other."""
         known = set(self.tps)
         out: dict[TopicPartition, int] = {}
         for t, parts in spec.items():
@@ -301,12 +334,14 @@ class Planner:
                                       f"({t!r} has {n} partitions)")
                 out[tp] = offset
         if missing := [tp for tp in self.tps if tp not in out]:
-            raise ConfigError(f"option '{name}' must give an offset for every partition of "
-                              "the subscribed topics (-2: earliest, -1: latest), as Kafka's "
-                              f"source requires; missing: {', '.join(map(str, missing))}")
+            what = "a timestamp" if by_time else "an offset"
+            hint = "" if by_time else " (-2: earliest, -1: latest)"
+            raise ConfigError(f"option '{name}' must give {what} for every partition of the "
+                              f"subscribed topics{hint}, as Kafka's source requires; missing: "
+                              f"{', '.join(map(str, missing))}")
         return out
 
-    def starts(self, spec: str | Offsets) -> Offsets:
+    def starts(self, spec: str | Offsets | Timestamps) -> Offsets:
         """Where a stream starts (JSON offsets): -2 the log start, -1 the committed end."""
         want = self.offsets(spec, "startingOffsets")
         ends = self.refresh(FRESH_WAIT_S) if LATEST in want.values() else {}
@@ -333,9 +368,13 @@ class Planner:
         committed = self.refresh(fresh_s)
         start: dict[TopicPartition, int] = {}
         end: dict[TopicPartition, int] = {}
+        by_time = isinstance(self.opts.starting, Timestamps)
         for tp in self.tps:
-            s = self.marks[tp][0] if starting[tp] == EARLIEST else starting[tp]
+            s = {EARLIEST: self.marks[tp][0], LATEST: committed[tp]}.get(starting[tp],
+                                                                         starting[tp])
             e = committed[tp] if ending[tp] == LATEST else ending[tp]
+            if by_time and s > e:
+                s = e  # the first record that late is not committed yet: none to read
             if s > e:  # Kafka fails such a batch query too
                 why = " (its committed end: endingOffsets latest)" if ending[tp] == LATEST else ""
                 raise ConfigError(f"options 'startingOffsets' and 'endingOffsets': {tp} starts "

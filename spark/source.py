@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -269,6 +270,8 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.opts = SourceOptions.parse(options)
         self.opts.check_stream()
         self._target: Offsets | None = None
+        self._last_trigger_ms = 0.0
+        """When ``minOffsetsPerTrigger`` last let a micro-batch through (0: never)."""
         self._planner_: Planner | None = None
         _ = self._planner  # fail fast on bad options (unknown topics) at query start
 
@@ -304,9 +307,35 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # never behind the start (a startingOffsets past the committed end)
         ends = {t: {p: max(int(start.get(t, {}).get(p, e)), e) for p, e in parts.items()}
                 for t, parts in ends.items()}
+        if self._delays(start, ends):
+            return start
         if not isinstance(limit, ReadMaxRows):
             return ends
         return _rate_limit(start, ends, limit.max_rows)
+
+    def _delays(self, start: Offsets, ends: Offsets) -> bool:
+        """Whether ``minOffsetsPerTrigger`` holds this micro-batch back, as in Kafka's source.
+
+        It does while fewer offsets than that lie ahead (a new partition counts from
+        offset 0) and ``maxTriggerDelay`` has not passed since the last micro-batch it
+        let through; the first is let through at once. Not under ``Trigger.AvailableNow``,
+        which reads what it found at its start and stops.
+        """
+        least = self.opts.min_offsets_per_trigger
+        if least is None or self._target is not None:
+            return False
+        now = time.time() * 1000
+        if now - self._last_trigger_ms >= self.opts.max_trigger_delay_ms:
+            self._last_trigger_ms = now
+            return False
+        ahead = sum(e - int(start.get(t, {}).get(p, 0))
+                    for t, parts in ends.items() for p, e in parts.items())
+        if ahead < least:
+            log.debug("micro-batch delayed: %d offsets ahead, minOffsetsPerTrigger %d",
+                      ahead, least)
+            return True
+        self._last_trigger_ms = now
+        return False
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         return self._planner.partitions(start, end, clamp=False)
