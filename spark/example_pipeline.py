@@ -112,7 +112,9 @@ def main(argv: list[str]) -> int:
               **{f"kafka.{k}": v for k, v in kafka.items()},
               "txnstream.prefix": config.topics.prefix, **_line_options(config, secret_file)}
     _ensure_topic(args.bootstrap, args.output, kafka)
-    reader = spark.readStream.format("txnstream").options(**common, subscribe=args.input)
+    # every input record, as the pipeline has always read (a stream's default is latest)
+    reader = spark.readStream.format("txnstream").options(**common, subscribe=args.input,
+                                                          startingOffsets="earliest")
     if args.max_records_per_trigger:
         reader = reader.option("maxRecordsPerTrigger", str(args.max_records_per_trigger))
     source = reader.load()

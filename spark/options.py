@@ -290,8 +290,12 @@ class SourceOptions:
     """The micro-batch size options given (a batch read warns that it ignores them)."""
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        """Validate the options; ``ConfigError`` names the one at fault."""
+    def parse(cls, options: Mapping[str, str], stream: bool = False) -> SourceOptions:
+        """Validate the options; ``ConfigError`` names the one at fault.
+
+        Without ``startingOffsets`` a stream starts at the latest offsets and a batch read
+        at the earliest, as Kafka's source does.
+        """
         _check_source_keys(_lower(options))
         config = _config(options)
         options = _lower(options)
@@ -332,7 +336,8 @@ class SourceOptions:
                               f"'latest', got {strategy!r:.40}")
         starting = _timestamps(options, "startingTimestamp", "startingOffsetsByTimestamp",
                                strategy == "latest") \
-            or parse_offsets("startingOffsets", options.get("startingoffsets"))
+            or parse_offsets("startingOffsets", options.get("startingoffsets")
+                             or ("latest" if stream else "earliest"))
         ending = _timestamps(options, "endingTimestamp", "endingOffsetsByTimestamp", True) \
             or parse_offsets("endingOffsets", options.get("endingoffsets") or "latest")
         if ending == "earliest":  # Kafka's words; it crashed planning here once

@@ -267,7 +267,7 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     """
 
     def __init__(self, options: dict[str, str]) -> None:
-        self.opts = SourceOptions.parse(options)
+        self.opts = SourceOptions.parse(options, stream=True)
         self.opts.check_stream()
         self._target: Offsets | None = None
         self._last_trigger_ms = 0.0

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.spark.conftest import make_topic
+from tests.spark.conftest import make_topic, wait_until
 from tests.spark.test_spark import opts
 
 pytestmark = pytest.mark.spark
@@ -163,7 +163,8 @@ def test_max_offsets_per_trigger_limits_each_micro_batch(spark, config, tmp_path
         seen.extend(got)
 
     q = (spark.readStream.format("txnstream")
-         .options(**opts(config, subscribe=topic, **{option: "3"})).load()
+         .options(**opts(config, subscribe=topic, startingOffsets="earliest", **{option: "3"}))
+         .load()
          .writeStream.foreachBatch(batch)
          .option("checkpointLocation", str(tmp_path / "ckpt"))
          .trigger(availableNow=True).start())
@@ -263,3 +264,26 @@ def test_the_same_dataframe_read_again_sees_rows_committed_since(spark, config, 
     assert sorted(bytes(r.value) for r in df.collect()) == \
         [b"a0", b"a1", b"a2", b"a3", b"b0", b"b1", b"b2"]
     assert df.count() == 7
+
+
+def test_a_stream_without_starting_offsets_starts_at_the_latest_as_kafkas_does(
+        spark, config, worker, client, tmp_path):
+    topic = make_topic(config, 2)
+    p = client.create_producer(topic)
+    with client.transaction() as txn:
+        p.send(b"before", txn=txn)
+    seen: list[bytes] = []
+    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=topic)).load()
+         .writeStream.foreachBatch(
+             lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
+         .option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_until(lambda: q.lastProgress is not None, 60, "the query's first trigger")
+        with client.transaction() as txn:
+            p.send(b"after", txn=txn)
+        wait_until(lambda: seen == [b"after"], 60, f"the record committed after the start "
+                   f"(seen {seen})")
+        assert q.exception() is None, q.exception()
+    finally:
+        q.stop()

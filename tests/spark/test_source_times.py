@@ -232,7 +232,8 @@ def test_available_now_reads_everything_whatever_min_offsets_per_trigger_says(
     commit(client, topic, [b"p", b"q", b"r"])
     seen: list[bytes] = []
     q = _stream(spark, config, tmp_path, seen, trigger={"availableNow": True},
-                subscribe=topic, minOffsetsPerTrigger="1000", maxTriggerDelay="1h")
+                subscribe=topic, minOffsetsPerTrigger="1000", maxTriggerDelay="1h",
+                startingOffsets="earliest")
     q.awaitTermination(120)
     assert q.exception() is None, q.exception()
     assert seen == [b"p", b"q", b"r"]

@@ -100,7 +100,8 @@ def test_stream_restart_from_checkpoint_resumes_without_loss_or_repeat(
 
     def run_once():
         q = (spark.readStream.format("txnstream")
-             .options(**opts(config, subscribe=topic, maxRecordsPerTrigger="15")).load()
+             .options(**opts(config, subscribe=topic, maxRecordsPerTrigger="15",
+                             startingOffsets="earliest")).load()
              .writeStream.foreachBatch(
                  lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
              .option("checkpointLocation", str(tmp_path / "ckpt"))
@@ -132,7 +133,8 @@ def test_sink_exactly_once_with_a_task_failing_on_its_first_attempt(
         return bytes(v).upper()
 
     upper = F.udf(flaky, BinaryType())
-    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=src)).load()
+    q = (spark.readStream.format("txnstream")
+         .options(**opts(config, subscribe=src, startingOffsets="earliest")).load()
          .select(upper("value").alias("value"))
          .writeStream.format("txnstream")
          .options(**opts(config, topic=dst, **{"txnstream.txnTimeoutSeconds": "30"}))
@@ -243,7 +245,8 @@ def test_value_schema_mismatch_names_the_record_and_writes_nothing(
         p.send(b"\x02not an event at all", txn=txn)
     bad_offset = 10  # one partition: values 0..9, then the bad one
     q = (spark.readStream.format("txnstream")
-         .options(**opts(config, subscribe=src, valueSchema="demo_event")).load()
+         .options(**opts(config, subscribe=src, valueSchema="demo_event",
+                         startingOffsets="earliest")).load()
          .select(F.to_json(F.struct("id", "user")).alias("value"))
          .writeStream.format("txnstream")
          .options(**opts(config, topic=dst, **{"txnstream.txnTimeoutSeconds": "10"}))
@@ -313,7 +316,8 @@ def test_stream_delivers_committed_only_while_producers_commit_and_abort(
             errors.append(exc)
 
     seen: list[bytes] = []
-    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=topic)).load()
+    q = (spark.readStream.format("txnstream")
+         .options(**opts(config, subscribe=topic, startingOffsets="earliest")).load()
          .writeStream.foreachBatch(
              lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
          .option("checkpointLocation", str(tmp_path / "ckpt"))
@@ -374,7 +378,8 @@ def test_query_stopped_at_random_points_writes_every_row_exactly_once(
 
     def start_query(**trigger):
         return (spark.readStream.format("txnstream")
-                .options(**opts(config, subscribe=src, maxRecordsPerTrigger="120")).load()
+                .options(**opts(config, subscribe=src, maxRecordsPerTrigger="120",
+                                startingOffsets="earliest")).load()
                 .select("key", F.upper(F.col("value").cast("string")).alias("value"))
                 .writeStream.format("txnstream")
                 .options(**opts(config, topic=dst, **{"txnstream.txnTimeoutSeconds": "10"}))
@@ -425,7 +430,8 @@ def test_tasks_without_rows_commit_nothing_and_break_nothing(spark, config, work
     p = client.create_producer(src)
     with client.transaction() as txn:
         p.send(b"only-row", txn=txn)
-    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=src)).load()
+    q = (spark.readStream.format("txnstream")
+         .options(**opts(config, subscribe=src, startingOffsets="earliest")).load()
          .repartition(4).select("value")
          .writeStream.format("txnstream").options(**opts(config, topic=dst2))
          .option("checkpointLocation", str(tmp_path / "ckpt"))

@@ -39,7 +39,8 @@ def test_partitions_added_while_a_stream_runs_are_read_from_their_start(
     for i, v in enumerate(before):
         commit_values(client, topic, [v], i % 2)
     seen: list[bytes] = []
-    q = (spark.readStream.format("txnstream").options(**opts(config, subscribe=topic)).load()
+    q = (spark.readStream.format("txnstream")
+         .options(**opts(config, subscribe=topic, startingOffsets="earliest")).load()
          .writeStream.foreachBatch(
              lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
          .option("checkpointLocation", str(tmp_path / "ckpt"))
@@ -88,7 +89,8 @@ def test_a_topic_recreated_while_the_query_was_stopped(spark, config, worker, cl
 
     def run_once():
         q = (spark.readStream.format("txnstream")
-             .options(**opts(config, subscribe=topic, failOnDataLoss=fail_on_data_loss))
+             .options(**opts(config, subscribe=topic, failOnDataLoss=fail_on_data_loss,
+                             startingOffsets="earliest"))
              .load()
              .writeStream.foreachBatch(
                  lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))

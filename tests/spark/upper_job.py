@@ -25,7 +25,8 @@ spark = (SparkSession.builder.master("local[2]").appName("upper-job")
          .config("spark.executorEnv.PYTHONPATH", root).getOrCreate())
 spark.dataSource.register(TxnStreamDataSource)
 o = {"kafka.bootstrap.servers": boot, "txnstream.prefix": prefix}
-q = (spark.readStream.format("txnstream").options(**o, subscribe=src, maxRecordsPerTrigger="300")
+q = (spark.readStream.format("txnstream").options(**o, subscribe=src, maxRecordsPerTrigger="300",
+                                                   startingOffsets="earliest")
      .load().select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
      .writeStream.format("txnstream")
      .options(**o, topic=dst, **{"txnstream.txnTimeoutSeconds": "600"})
