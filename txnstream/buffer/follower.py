@@ -15,7 +15,14 @@ deltas to state partition ``s``. A reader of ``tp``:
    serves the partition), and says so in :meth:`status`;
 4. else the view starts from the snapshot, and the reader tails state partition ``s``
    from the snapshot's ``state_offset`` on, applying ``tp``'s deltas (a gap: the view
-   is reloaded from a newer snapshot).
+   is reloaded from a newer snapshot);
+5. a delta of a newer log epoch (the owner restarted ``tp`` on a recreated topic's new
+   log, :mod:`txnstream.buffer.recreation`): the view is dropped at once (WAITING: no
+   record of the new log is judged by the old log's state) and reloaded from a snapshot
+   of that epoch, never an older one. The new view's positions are the new log's, so
+   they move *back*; :attr:`BufferView.restarts` counts it and
+   :attr:`BufferView.log_epoch` names the log (a reader holding positions of the old
+   log compares it with the epoch it noted beside them).
 
 Start-up cost is the snapshot partition's scan plus the deltas since the snapshot
 (seconds of them): independent of how long the data partition is.
@@ -82,6 +89,12 @@ class BufferStateFollower:
         self._next: dict[int, int] = {}
         """Slot -> the next state offset this follower reads there."""
         self.gaps = 0
+        self._epoch: dict[TopicPartition, int] = {}
+        """The newest log epoch seen of each partition: no view of an older one again."""
+        self._restarts: dict[TopicPartition, int] = {}
+        """Views restarted on a newer log epoch, per partition (:attr:`BufferView.restarts`)."""
+        self.restarts = 0
+        """Views restarted on a newer log epoch, all partitions."""
 
     # ------------------------------------------------------------ following
 
@@ -127,6 +140,8 @@ class BufferStateFollower:
         self.views.pop(tp, None)
         self.status.pop(tp, None)
         self._waiting_since.pop(tp, None)
+        self._epoch.pop(tp, None)
+        self._restarts.pop(tp, None)
         slot = self._slot.pop(tp, None)
         if slot is not None and slot not in self._slot.values() and slot in self._assigned:
             del self._assigned[slot]
@@ -141,6 +156,11 @@ class BufferStateFollower:
 
     def _start_view(self, tp: TopicPartition, snap) -> None:  # type: ignore[no-untyped-def]
         view = BufferView.from_snapshot(snap)
+        seen = self._epoch.get(tp)
+        if seen is not None and snap.log_epoch > seen:  # reloaded on a newer log directly
+            self._count_restart(tp)
+        self._epoch[tp] = max(seen or 0, snap.log_epoch)
+        view.restarts = self._restarts.get(tp, 0)
         self.views[tp] = view
         self.status[tp] = ServeStatus.SERVED
         self._waiting_since.pop(tp, None)
@@ -256,6 +276,9 @@ class BufferStateFollower:
         current = self.views.get(tp)
         if current is None:
             return
+        if rec.log_epoch > current.log_epoch and rec.generation >= current.generation:
+            self._restart(tp, current, rec)
+            return
         if not current.apply(rec) and rec.generation >= current.generation:
             self.gaps += 1
             log.warning("%s: buffer state of %s has a gap (delta from %d, have %d): "
@@ -263,6 +286,22 @@ class BufferStateFollower:
                         current.position)
             self._wait(tp)
             self._rescan(tp)
+
+    def _restart(self, tp: TopicPartition, current: BufferView, rec: BufferStateRecord) -> None:
+        """The owner restarted ``tp`` on a new log: drop the view, reload that epoch's."""
+        log.warning("%s: the buffer owner restarted %s on a new log (the topic was "
+                    "recreated or truncated): log epoch %d -> %d, its served position "
+                    "%d -> %d; reloading from a snapshot of the new log", self.name, tp,
+                    current.log_epoch, rec.log_epoch, current.max_read_position,
+                    rec.max_read_position)
+        self._epoch[tp] = rec.log_epoch
+        self._count_restart(tp)
+        self._wait(tp)
+        self._rescan(tp)
+
+    def _count_restart(self, tp: TopicPartition) -> None:
+        self._restarts[tp] = self._restarts.get(tp, 0) + 1
+        self.restarts += 1
 
     def _find(self, tp: TopicPartition) -> LatestSnapshotFinder:
         """Scan ``tp``'s snapshot partition, riding through transient Kafka errors."""
@@ -280,8 +319,10 @@ class BufferStateFollower:
             log.warning("%s: cannot read the buffer state of %s yet: %s", self.name, tp, exc)
             return
         old = self.views.get(tp)
-        if found.best is not None and (old is None or found.best.position > old.position):
-            self._start_view(tp, found.best)
+        best = found.best
+        if best is not None and best.log_epoch >= self._epoch.get(tp, 0) and (
+                old is None or (best.log_epoch, best.position) > (old.log_epoch, old.position)):
+            self._start_view(tp, best)
             return
         since = self._waiting_since.get(tp)
         if since is not None and time.monotonic() - since > WAIT_WARN_AFTER_S \

@@ -20,6 +20,14 @@ Deltas are idempotent (set unions, a maximum): a reader may apply overlapping de
 (a new owner re-folds from its snapshot), in any owner's order as long as they are
 contiguous with what it has (``from_position <= position + 1``); a delta that leaves a
 gap is refused and the reader reloads from a snapshot.
+
+The one exception to "positions only grow": a **log epoch**. When the topic is deleted
+and recreated (or its log truncated below the fold position), the owner restarts the
+partition's state from the new log's start with ``log_epoch`` one higher
+(:mod:`txnstream.buffer.recreation`). A view never takes a delta of another epoch: a
+newer one makes the reader reload from a snapshot of that epoch, where
+``max_read_position`` is the new log's, possibly far below the old one
+(:attr:`BufferView.log_epoch`, :attr:`BufferView.restarts`).
 """
 
 from __future__ import annotations
@@ -76,6 +84,8 @@ class BufferStateRecord:
     blocking_since_ms: int = -1
     log_start: int = 0
     ts_ms: int = 0
+    log_epoch: int = 0
+    """The log epoch of the owner's state (a DELTA): see :attr:`BufferView.log_epoch`."""
 
     @property
     def tp(self) -> TopicPartition:
@@ -100,7 +110,7 @@ class BufferStateRecord:
             "blocking_most_bits": b.most_bits if b else -1,
             "blocking_least_bits": b.least_bits if b else -1,
             "blocking_offset": self.blocking_offset, "blocking_since_ms": self.blocking_since_ms,
-            "log_start": self.log_start, "ts_ms": self.ts_ms,
+            "log_start": self.log_start, "ts_ms": self.ts_ms, "log_epoch": self.log_epoch,
         }
 
     def encode(self) -> bytes:
@@ -124,7 +134,8 @@ class BufferStateRecord:
                 tuple((TxnID(a["most_bits"], a["least_bits"]), a["first"], a["last"])
                       for a in r["aborted"]),
                 r["ongoing"], r["aborted_txns"], TxnID(bm, bl) if bm >= 0 else None,
-                r["blocking_offset"], r["blocking_since_ms"], r["log_start"], r["ts_ms"])
+                r["blocking_offset"], r["blocking_since_ms"], r["log_start"], r["ts_ms"],
+                r["log_epoch"])
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"txn_buffer_state: {exc!r}") from exc
 
@@ -152,7 +163,7 @@ def take_delta(buf: TransactionBuffer, member: str, generation: int, from_positi
         from_position, buf.last_offset, buf.max_read_position, hidden, aborted,
         len(buf.ongoing), len(buf.aborted), st.blocking_txn,
         st.blocking_offset if st.blocking_offset is not None else -1, blocking_since,
-        log_start, now_ms)
+        log_start, now_ms, buf.log_epoch)
 
 
 @dataclass
@@ -178,6 +189,19 @@ class BufferView:
     """The latest delta applied (stats: ongoing, blocking txn)."""
     fenced: int = 0
     """Deltas refused because a newer owner's were seen."""
+    log_epoch: int = 0
+    """Which log of the partition this view describes: 0 for the first, one more each
+    time its owner restarted the partition's state on a new log (the topic was deleted
+    and recreated, or its log truncated below the fold position). Offsets of one epoch
+    say nothing about another's log: a reader that remembers positions (a cursor, a
+    planned range, a checkpoint) compares this number with the one it noted beside them,
+    and where it grew, the log they were taken on is gone."""
+    restarts: int = 0
+    """How many times the reader that keeps this view (a
+    :class:`~txnstream.buffer.follower.BufferStateFollower`) restarted it on a newer log
+    epoch while following the partition: its :attr:`position` and
+    :attr:`max_read_position` then moved *back*, to the new log's. Never changes
+    otherwise (0 for a view that started on the newest epoch)."""
     _hidden_order: list[int] = field(default_factory=list, repr=False)
     _aborted_order: list[tuple[int, bytes]] = field(default_factory=list, repr=False)
 
@@ -187,7 +211,7 @@ class BufferView:
     def from_snapshot(cls, snap: TransactionBufferSnapshot) -> BufferView:
         """The view an owner's snapshot describes (readers start from it)."""
         view = cls(TopicPartition(snap.topic, snap.partition), snap.position,
-                   snap.max_read_position, snap.generation)
+                   snap.max_read_position, snap.generation, log_epoch=snap.log_epoch)
         for txn, offs in snap.aborted:
             if offs:
                 view._add_span(txn.to_bytes(), offs[0], offs[-1])
@@ -200,7 +224,8 @@ class BufferView:
             ongoing=len(snap.ongoing), aborted_txns=len(snap.aborted),
             blocking_txn=first[0] if first else None,
             blocking_offset=first[1][0] if first else -1,
-            blocking_since_ms=first[2] if first and first[2] is not None else -1)
+            blocking_since_ms=first[2] if first and first[2] is not None else -1,
+            log_epoch=snap.log_epoch)
         return view
 
     def _add_hidden(self, offsets: Any) -> None:
@@ -217,12 +242,19 @@ class BufferView:
         heapq.heappush(self._aborted_order, (last, raw))
 
     def apply(self, delta: BufferStateRecord) -> bool:
-        """Apply a delta; False if it is fenced (older owner) or leaves a gap.
+        """Apply a delta; False if it is fenced (older owner), leaves a gap, or is newer.
 
-        A delta entirely below :attr:`position` adds nothing new but is harmless.
+        Newer: of a newer log epoch; the caller reloads from a snapshot of that epoch
+        (the view of one log is never continued on another's). A delta entirely below
+        :attr:`position` adds nothing new but is harmless, and so is one of an older
+        log epoch (applied to nothing).
         """
         if delta.generation < self.generation:
             self.fenced += 1
+            return False
+        if delta.log_epoch < self.log_epoch:
+            return True  # the earlier log's, read again after a reload: nothing of it
+        if delta.log_epoch > self.log_epoch:
             return False
         if delta.from_position > self.position + 1:
             return False  # a gap: the caller reloads from a snapshot

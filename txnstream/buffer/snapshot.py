@@ -15,7 +15,9 @@ reader joins a snapshot only from a complete set of one snapshot's segments.
 Version 1 of the schema (``txn_buffer_snapshot.v1.avsc``) listed every offset; such
 snapshots are still read (Avro schema resolution fills the version 2 fields with their
 empty defaults, and :meth:`TransactionBufferSnapshot.from_avro` turns the offsets into
-runs). Version 2 writes the version 1 lists empty.
+runs). Version 2 writes the version 1 lists empty. Version 3 adds the log epoch and the
+topic id (:mod:`txnstream.buffer.recreation`); older snapshots read as epoch 0, id
+unknown.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class TransactionBufferSnapshot:
     """The owner generation that took it (the offset of its OWNER state record)."""
     state_offset: int = -1
     """Offset in the state topic of the last delta it includes: readers tail from after it."""
+    log_epoch: int = 0
+    """The log epoch of the state (:attr:`TransactionBuffer.log_epoch`; version 3)."""
+    topic_id: str = ""
+    """The topic id of the log folded ("": not known; version 3)."""
 
     def to_avro(self) -> dict[str, Any]:
         """The dict fastavro writes."""
@@ -80,6 +86,7 @@ class TransactionBufferSnapshot:
             "lwms": [{"tc": tc, "lwm": lwm} for tc, lwm in self.lwms],
             "ended": [{"tc": tc, "seqs": list(seqs)} for tc, seqs in self.ended],
             "generation": self.generation, "state_offset": self.state_offset,
+            "log_epoch": self.log_epoch, "topic_id": self.topic_id,
         }
 
     @classmethod
@@ -98,7 +105,7 @@ class TransactionBufferSnapshot:
             aborted, hidden,
             tuple((x["tc"], x["lwm"]) for x in r["lwms"]),
             tuple((x["tc"], tuple(x["seqs"])) for x in r["ended"]),
-            r["generation"], r["state_offset"],
+            r["generation"], r["state_offset"], r["log_epoch"], r["topic_id"],
         )
 
     def encode(self) -> bytes:
@@ -149,7 +156,7 @@ def take_snapshot(buf: TransactionBuffer, min_offset: int = 0, generation: int =
         aborted, OffsetRuns(hidden),
         tuple(sorted(buf.lwm.items())),
         tuple(sorted((tc, tuple(sorted(seqs))) for tc, seqs in buf.ended.items() if seqs)),
-        generation, state_offset,
+        generation, state_offset, buf.log_epoch, buf.topic_id,
     )
 
 
@@ -164,6 +171,8 @@ def restore(snap: TransactionBufferSnapshot) -> TransactionBuffer:
     buf.mark_invisible(snap.hidden)
     buf.lwm = dict(snap.lwms)
     buf.ended = {tc: set(seqs) for tc, seqs in snap.ended}
+    buf.log_epoch = snap.log_epoch
+    buf.topic_id = snap.topic_id
     return buf
 
 

@@ -131,16 +131,19 @@ class LatestSnapshotFinder:
             log.error("skipping buffer snapshot ending at %s: %s", where, exc)
 
     def _consider(self, snap: TransactionBufferSnapshot) -> None:
-        """The newest: the highest owner generation, then the furthest position.
+        """The newest: the highest owner generation, then log epoch, then position.
 
         A zombie owner's snapshot written after a newer owner's claim (lower generation)
-        never displaces the newer owner's, whose deltas readers follow.
+        never displaces the newer owner's, whose deltas readers follow. Of one owner's,
+        a snapshot of a newer log epoch (the topic was recreated: its position is the
+        new log's, likely lower) displaces the older log's.
         """
         if self.at_or_before is not None and snap.position > self.at_or_before:
             return
         self.registered = True
         best = self.best
-        if best is None or (snap.generation, snap.position) >= (best.generation, best.position):
+        if best is None or (snap.generation, snap.log_epoch, snap.position) >= (
+                best.generation, best.log_epoch, best.position):
             self.best = snap
 
 

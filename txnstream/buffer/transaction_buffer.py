@@ -179,6 +179,12 @@ class TransactionBuffer:
     journal: Journal | None = field(default=None, repr=False, compare=False)
     """If set, what the fold decides is also noted here, for the owner to publish
     (:mod:`txnstream.buffer.served`): hidden offsets and aborted spans."""
+    log_epoch: int = 0
+    """Which log of the partition this state folds: 0 for the first; its owner adds one
+    each time it restarts the state on a new log (the topic deleted and recreated, or its
+    log truncated below :attr:`last_offset`: :mod:`txnstream.buffer.recreation`)."""
+    topic_id: str = ""
+    """The Kafka topic id of the log folded ("": not known)."""
 
     # ------------------------------------------------------------------ fold
 

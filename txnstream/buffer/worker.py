@@ -24,7 +24,9 @@ Serving a partition, every turn: fold the new records; publish a DELTA (what was
 or aborted since the last one, and the new max read position) at once, so readers see
 a commit within a fetch round trip; every ``snapshot_interval_s`` trim below the log
 start and publish a snapshot that names the state offset of its last delta (readers
-start from it). Every ``lwm_check_interval_s``: the ongoing-txn check
+start from it). Every second, a partition whose topic was recreated restarts from the
+new log's start one log epoch up (:meth:`_restart`, :mod:`txnstream.buffer.recreation`).
+Every ``lwm_check_interval_s``: the ongoing-txn check
 (:mod:`txnstream.buffer.ongoing`) asks the coordinator of each txn still ongoing here
 about it and writes the marker its answer calls for, so a txn that ended without a
 marker here, or that no coordinator issued or registered here, stops holding the
@@ -60,8 +62,14 @@ from txnstream.buffer.gauges import BufferGauges
 from txnstream.buffer.marker_writer import MarkerWriter
 from txnstream.buffer.ongoing import OngoingTxnCheck
 from txnstream.buffer.publisher import BufferPublisher, OwnedSlot, ServedPartition
+from txnstream.buffer.recreation import (
+    RECREATION_CHECK_S,
+    LogRestarts,
+    Restart,
+    TopicIds,
+    fresh_state,
+)
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord
-from txnstream.buffer.snapshot import restore
 from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapshotStore
 from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
@@ -137,6 +145,8 @@ class BufferWorker:
         self._publisher = BufferPublisher(self._producer, self._state_topic, self._store,
                                           self._data, self.member, config.admin_timeout_s)
         self._retry_claim: dict[int, float] = {}
+        ids = TopicIds(lambda: kafka.admin(config.admin()), config.admin_timeout_s)
+        self._logs = LogRestarts(self._data, ids, self.member, config.admin_timeout_s)
         self._signer: MarkerSigner | None = None
         """Signs this worker's markers and checks folded ones (the workers' secret)."""
         self._stop = threading.Event()
@@ -210,6 +220,7 @@ class BufferWorker:
         self._subscribe()
         next_snap = time.monotonic() + self.snapshot_interval_s
         next_lwm = time.monotonic() + self.lwm_check_interval_s
+        next_check = time.monotonic() + RECREATION_CHECK_S
         try:
             while not self._stop.is_set():
                 self._step("group poll", self._poll_group)
@@ -225,6 +236,9 @@ class BufferWorker:
                     self._step("snapshot", partial(self._publish_snapshots, force=due))
                     if due:
                         next_snap = now + self.snapshot_interval_s
+                if now >= next_check:
+                    self._step("recreated logs check", self._check_logs)
+                    next_check = now + RECREATION_CHECK_S
                 if now >= next_lwm:
                     self._step("ongoing txns check", lambda: self._ongoing.run(self.served))
                     next_lwm = now + self.lwm_check_interval_s
@@ -309,9 +323,11 @@ class BufferWorker:
             return
         self._retry_claim.pop(slot, None)
         self.slots[slot] = OwnedSlot(generation)
-        for tp, found in scan.finders.items():
-            if found.registered and self.serves_topic(tp.topic):
-                self._serve(tp, slot, found.best)
+        mine = {tp: found.best for tp, found in scan.finders.items()
+                if found.registered and self.serves_topic(tp.topic)}
+        ids = self._logs.topic_ids.get(tp.topic for tp in mine) if mine else {}
+        for tp, best in mine.items():
+            self._serve(tp, slot, best, ids)
         self._registry.incremental_assign([KafkaTP(self._store.topic, slot, end)])
         log.info("buffer worker %s: owns slot %d (generation %d), serving %d partitions "
                  "(claimed in %.0f ms, scan %.0f ms)", self.member, slot, generation,
@@ -346,6 +362,7 @@ class BufferWorker:
         gone = [KafkaTP(tp.topic, tp.partition) for tp in s.served]
         for tp in s.served:
             self.served.pop(tp, None)
+            self._logs.identity.forget(tp)
         for c, parts in ((self._data, gone), (self._registry,
                                                [KafkaTP(self._store.topic, slot)])):
             try:
@@ -356,10 +373,12 @@ class BufferWorker:
         log.info("buffer worker %s: slot %d %s (%d partitions)", self.member, slot, why,
                  len(gone))
 
-    def _serve(self, tp: TopicPartition, slot: int, snap) -> None:  # type: ignore[no-untyped-def]
+    def _serve(self, tp: TopicPartition, slot: int, snap,  # type: ignore[no-untyped-def]
+               topic_ids: dict[str, str] | None = None) -> None:
         """Start serving ``tp``: restore from ``snap`` if still usable, else fold from the start.
 
-        The one place a fold starts (owners only: readers never fold).
+        Not usable: below the log start, or of another topic id (recreated while no
+        worker served it: :meth:`LogRestarts.start_state`). ``topic_ids``: if asked.
         """
         if tp in self.served:
             return
@@ -369,22 +388,52 @@ class BufferWorker:
         except KafkaException as exc:
             log.warning("%s: log start unknown (%s); folding from the earliest", tp, exc)
             low = 0
-        if snap is not None and snap.position >= low - 1:
-            buf = restore(snap)
-        else:
-            buf = TransactionBuffer(tp)
-            buf.last_offset = low - 1
-            buf.max_read_position = low - 1
+        ids = topic_ids if topic_ids is not None else self._logs.topic_ids.get([tp.topic])
+        buf, due = self._logs.start_state(tp, snap, low, ids.get(tp.topic, ""))
+        # A partition with a usable snapshot needs none now (readers start from it and
+        # follow the deltas); one without gets its first at once, so readers can start.
+        self._start_fold(tp, slot, buf, low, snapshot_due=due)
+
+    def _start_fold(self, tp: TopicPartition, slot: int, buf: TransactionBuffer, low: int,
+                    snapshot_due: bool) -> None:
+        """Serve ``tp`` from ``buf`` on, its log starting at ``low``.
+
+        The one place a fold starts (owners only: readers never fold).
+        """
         buf.trim(low)
         buf.journal = Journal()
         buf.signer = self._signer
-        # A partition with a usable snapshot needs none now (readers start from it and
-        # follow the deltas); one without gets its first at once, so readers can start.
         self.served[tp] = ServedPartition(buf, slot, next_from=buf.last_offset + 1,
-                                  snapshot_due=snap is None or snap.position < low - 1)
+                                          snapshot_due=snapshot_due)
         self.slots[slot].served.add(tp)
-        ktp.offset = buf.last_offset + 1
-        self._data.incremental_assign([ktp])
+        self._data.incremental_assign([KafkaTP(tp.topic, tp.partition, buf.last_offset + 1)])
+
+    def _check_logs(self) -> None:
+        for tp, why, topic_id in self._logs.check(self.served):
+            self._restart(tp, self.served[tp], why, topic_id)
+
+    def _restart(self, tp: TopicPartition, s: ServedPartition, why: Restart,
+                 topic_id: str) -> None:
+        """Serve ``tp`` again from its new log's start, one log epoch up.
+
+        1. a fresh fold from the new log start replaces the old state;
+        2. its first DELTA (of the new epoch: readers drop their views) and snapshot go
+           out at the next snapshot step: readers reload from it (a crash before leaves
+           the old epoch's snapshot: the next owner finds the topic changed itself).
+        """
+        old = s.buf
+        ktp = KafkaTP(tp.topic, tp.partition)
+        low, high = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+        epoch = old.log_epoch + 1
+        self._logs.warn(tp, old.last_offset, old.max_read_position, why, low, high, epoch)
+        try:
+            self._data.incremental_unassign([KafkaTP(tp.topic, tp.partition)])
+        except KafkaException as exc:
+            log.debug("unassign %s: %s", tp, exc)
+        del self.served[tp]
+        self._logs.identity.forget(tp)
+        self._start_fold(tp, s.slot, fresh_state(tp, low, epoch, topic_id or old.topic_id),
+                         low, snapshot_due=True)
 
     def _poll_group(self) -> None:
         """Serve rebalance callbacks; a newer OWNER in an owned slot fences this owner."""
