@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from txnstream.buffer.offset_runs import OffsetRuns
@@ -69,8 +69,9 @@ class TransactionBufferSnapshot:
     """Offset in the state topic of the last delta it includes: readers tail from after it."""
     log_epoch: int = 0
     """The log epoch of the state (:attr:`TransactionBuffer.log_epoch`; version 3)."""
-    topic_id: str = ""
-    """The topic id of the log folded ("": not known; version 3)."""
+    topic_id: str = field(default="", compare=False)
+    """The topic id of the log folded ("": not known; version 3). Names the log, is no
+    part of the fold's state: equal folds of one log compare equal with or without it."""
 
     def to_avro(self) -> dict[str, Any]:
         """The dict fastavro writes."""

@@ -183,8 +183,9 @@ class TransactionBuffer:
     """Which log of the partition this state folds: 0 for the first; its owner adds one
     each time it restarts the state on a new log (the topic deleted and recreated, or its
     log truncated below :attr:`last_offset`: :mod:`txnstream.buffer.recreation`)."""
-    topic_id: str = ""
-    """The Kafka topic id of the log folded ("": not known)."""
+    topic_id: str = field(default="", compare=False)
+    """The Kafka topic id of the log folded ("": not known; not compared: it names the
+    log, the fold's state is the rest)."""
 
     # ------------------------------------------------------------------ fold
 
