@@ -57,6 +57,8 @@ class Monitor(threading.Thread):
     admin_aborts: int = 0
     admin_errors: int = 0
     listed: int = 0
+    asked_ms: float = 0.0
+    """When the last LIST was asked (ms since the epoch)."""
 
     def __post_init__(self) -> None:
         threading.Thread.__init__(self, name="monitor", daemon=True)
@@ -101,7 +103,13 @@ class Monitor(threading.Thread):
             self.rss_max_mb[name] = max(self.rss_max_mb.get(name, 0.0), mb)
 
     def list_txns(self) -> list[Any] | None:
-        """Every txn the coordinators know, or None if a coordinator did not answer."""
+        """Every txn the coordinators know, or None if a coordinator did not answer.
+
+        Notes when it asked (:attr:`asked_ms`): a coordinator answers at some point of a
+        LIST that may take seconds (others failing over), so an age measured when the
+        call returns can exceed the txn's age when its coordinator answered.
+        """
+        self.asked_ms = time.time() * 1000
         try:
             txns = self.client.admin.list_transactions()
         except Exception as exc:  # noqa: BLE001 - a coordinator may be failing over
@@ -112,8 +120,13 @@ class Monitor(threading.Thread):
         return txns
 
     def check_stuck(self, txns: list[Any]) -> list[StuckTxn]:
-        """Txns not ended past timeout + grace (recorded once each, worst age kept)."""
-        now_ms = time.time() * 1000
+        """Txns not ended past timeout + grace (recorded once each, worst age kept).
+
+        Ages are taken at the time the LIST was asked (:attr:`asked_ms`), a lower bound of
+        each txn's age when its coordinator answered: a txn flagged was surely still open
+        that long (one ended just after its coordinator answered is not flagged late).
+        """
+        now_ms = self.asked_ms
         found = []
         for t in txns:
             if t.status in (TxnStatus.COMMITTED, TxnStatus.ABORTED):
