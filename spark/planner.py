@@ -150,6 +150,12 @@ class Planner:
         """The furthest end up to which a partition was found PLAIN: nothing below is
         transactional (a partition registered later keeps it)."""
         self._warned: set[TopicPartition] = set()
+        self._epoch: dict[TopicPartition, int] = {}
+        """The log epoch of each served view as last seen (it grows when the buffer owner
+        restarts a partition's state on a new log: a topic deleted and recreated)."""
+        self._restart_from: dict[TopicPartition, int] = {}
+        """Partitions whose log was replaced under the query (``failOnDataLoss=false``):
+        the new log's start, where the next range starts."""
         self.marks: dict[TopicPartition, tuple[int, int]] = {}
         """Each partition's log start and high watermark as the last refresh read them."""
 
@@ -199,6 +205,15 @@ class Planner:
                         "after %.0f s: the plan ends where they are (records committed just "
                         "before it may be left to a later read)", late, fresh_s)
         for tp in live:
+            view = f.views.get(tp)
+            if view is not None:
+                if view.log_epoch > self._epoch.get(tp, view.log_epoch):
+                    # a new log: the old one's ends say nothing of it (see moved_back)
+                    log.info("%s: its buffer state restarted on a new log (epoch %d)", tp,
+                             view.log_epoch)
+                    self.committed.pop(tp, None)
+                    self._plain_end.pop(tp, None)
+                self._epoch[tp] = view.log_epoch
             low = marks[tp][0]
             if f.status.get(tp) is ServeStatus.WAITING:
                 if tp not in self._warned:
@@ -241,18 +256,24 @@ class Planner:
                         "failOnDataLoss=false asks", sorted(gone - self.gone))
         self.gone = gone
 
-    def moved_back(self, start: Offsets) -> dict[TopicPartition, int]:
-        """Partitions whose log now ends below where the query is: their high watermark.
+    def moved_back(self, start: Offsets) -> set[TopicPartition]:
+        """Partitions whose log now ends below where the query is, as Kafka's source sees them.
 
         That is a topic deleted and recreated (or records deleted past the query's
-        position). Kafka's source fails the query under ``failOnDataLoss``, and so does
-        this; with ``failOnDataLoss=false`` Kafka's reads the new log from its start, but
-        the buffer state served for such a partition is the old log's, so reading it
-        committed-only is not possible yet: this fails too, saying so (docs/spark.md).
+        position). Under ``failOnDataLoss`` this fails the query naming the partition and
+        both offsets, as Kafka's does. With ``false`` the query goes on over the new log
+        from its start (Kafka's: from its end at that moment): once the state served for
+        the partition is the new log's (its view ends within the new log), the next
+        range starts at the new log's start (see :meth:`partitions`) and a warning names
+        what was skipped. Until then the partition is held: the returned ones get no
+        new range (the ends given for them stay at ``start``).
         """
+        from txnstream.buffer.follower import ServeStatus
+
         back = {tp: self.marks[tp][1] for tp in self.tps
                 if tp in self.marks and str(tp.partition) in start.get(tp.topic, {})
                 and self.marks[tp][1] < int(start[tp.topic][str(tp.partition)])}
+        held: set[TopicPartition] = set()
         for tp, high in sorted(back.items()):
             at = start[tp.topic][str(tp.partition)]
             if self.opts.fail_on_data_loss:
@@ -260,13 +281,32 @@ class Planner:
                                    "now ends below where this query is (the topic was "
                                    f"deleted and recreated?); some data may have been "
                                    f"missed. {LOST_HINT}")
-            raise RuntimeError(f"{tp}'s offset was changed from {at} to {high} (the topic "
-                               "was deleted and recreated?): with failOnDataLoss=false "
-                               "Kafka's source reads the new log from its start, but "
-                               "txnstream cannot read a recreated topic committed-only yet "
-                               "(its served state is the old log's). Restart the query "
-                               "with a new checkpoint to read it.")
-        return back
+            view = self.follower.views.get(tp)
+            if self.follower.status.get(tp) is not ServeStatus.PLAIN and (
+                    view is None or view.max_read_position + 1 > high):
+                held.add(tp)  # the served state is still the old log's
+                continue
+            low = self.marks[tp][0]
+            if self._restart_from.get(tp) != low:
+                log.warning("%s's offset was changed from %s to %d (the topic was deleted "
+                            "and recreated?): records of the old log from offset %s on were "
+                            "not read; reading the new log from its start, offset %d, as "
+                            "failOnDataLoss=false asks", tp, at, high, at, low)
+            self._restart_from[tp] = low
+            if view is None:  # plain: its committed end is its high watermark
+                self._plain_end[tp] = high
+            else:
+                self._plain_end.pop(tp, None)
+            self.committed[tp] = max(low, self._covered_end(tp))
+        return held
+
+    def restarted(self, tp: TopicPartition) -> bool:
+        """Whether ``tp``'s next range starts over on a new log (see :meth:`moved_back`)."""
+        return tp in self._restart_from
+
+    def range_start(self, tp: TopicPartition, start: int) -> int:
+        """Where ``tp``'s next range starts: ``start``, or its new log's start."""
+        return self._restart_from.get(tp, start)
 
     @staticmethod
     def _json(ends: dict[TopicPartition, int]) -> Offsets:
@@ -278,6 +318,10 @@ class Planner:
     def ends(self, fresh_s: float = 0.0) -> Offsets:
         """The committed ends now (JSON offsets); see :meth:`refresh`."""
         return self._json(self.refresh(fresh_s))
+
+    def committed_ends(self) -> Offsets:
+        """The committed ends as last found (JSON offsets), without asking again."""
+        return self._json(self.committed)
 
     def offsets(self, spec: str | Offsets | Timestamps, name: str) -> dict[TopicPartition, int]:
         """Option ``name``'s offsets per partition (:data:`EARLIEST`, :data:`LATEST` or one).
@@ -388,7 +432,10 @@ class Planner:
         for tp in self.tps:
             view = self.follower.views.get(tp)
             at = below.get(tp.topic, {}).get(str(tp.partition))
-            if view is not None and at is not None:
+            # offsets of a log since replaced (moved_back: Spark commits a batch's end
+            # when it plans the next one) say nothing of the new log's view
+            if view is not None and at is not None and tp not in self._restart_from \
+                    and int(at) <= view.max_read_position + 1:
                 view.trim(int(at))
 
     def partitions(self, start: Offsets, end: Offsets, clamp: bool,
@@ -411,7 +458,12 @@ class Planner:
             # a partition the start does not name is new: from its log start
             s = int(start.get(tp.topic, {}).get(str(tp.partition),
                                                 self.marks.get(tp, (0, 0))[0]))
-            ranges[tp] = s, int(end.get(tp.topic, {}).get(str(tp.partition), s))
+            e = int(end.get(tp.topic, {}).get(str(tp.partition), s))
+            if e < s and tp in self._restart_from:  # a new log (moved_back)
+                s = self._restart_from[tp]
+            elif e >= s:
+                self._restart_from.pop(tp, None)
+            ranges[tp] = s, max(s, e)
 
         def short() -> list[TopicPartition]:
             return [tp for tp, (s, e) in ranges.items() if e > max(s, self._covered_end(tp))]

@@ -299,19 +299,33 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target = self._planner.ends(FRESH_WAIT_S)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        ends = self._planner.ends()
-        self._planner.moved_back(start)  # a recreated topic: fails, naming it
+        planner = self._planner
+        planner.refresh()
+        # a log that ends below the query (a recreated topic): fails under failOnDataLoss,
+        # else held until its new log is served, then read from its start
+        held = planner.moved_back(start)
+        ends = planner.committed_ends()
         if self._target is not None:  # AvailableNow: nothing committed after query start
             ends = {t: {p: min(e, self._target.get(t, {}).get(p, e)) for p, e in parts.items()}
                     for t, parts in ends.items()}
-        # never behind the start (a startingOffsets past the committed end)
-        ends = {t: {p: max(int(start.get(t, {}).get(p, e)), e) for p, e in parts.items()}
-                for t, parts in ends.items()}
-        if self._delays(start, ends):
+
+        def end(t: str, p: str, e: int) -> int:
+            at = int(start.get(t, {}).get(p, e))
+            if planner.restarted(TopicPartition(t, int(p))):
+                return e  # on the new log: below the start
+            if TopicPartition(t, int(p)) in held:
+                return at
+            return max(at, e)  # never behind the start (startingOffsets past the end)
+
+        ends = {t: {p: end(t, p, e) for p, e in parts.items()} for t, parts in ends.items()}
+        # where each range starts: a partition on a new log, at that log's start
+        begin = {t: {p: planner.range_start(TopicPartition(t, int(p)), int(o))
+                     for p, o in parts.items()} for t, parts in start.items()}
+        if self._delays(begin, ends):
             return start
         if not isinstance(limit, ReadMaxRows):
             return ends
-        return _rate_limit(start, ends, limit.max_rows)
+        return _rate_limit(begin, ends, limit.max_rows)
 
     def _delays(self, start: Offsets, ends: Offsets) -> bool:
         """Whether ``minOffsetsPerTrigger`` holds this micro-batch back, as in Kafka's source.
