@@ -159,3 +159,30 @@ def test_a_topic_recreated_under_a_running_query_is_read_from_its_new_start(
         assert q.exception() is None, q.exception()
     finally:
         q.stop()
+
+
+def test_a_topic_deleted_under_a_running_query_fails_it_under_fail_on_data_loss(
+        spark, config, worker, client, tmp_path):
+    topic = make_topic(config, 1)
+    old = [f"old{i}".encode() for i in range(3)]
+    commit_values(client, topic, old, 0)
+    seen: list[bytes] = []
+    q = (spark.readStream.format("txnstream")
+         .options(**opts(config, subscribe=topic, startingOffsets="earliest")).load()
+         .writeStream.foreachBatch(
+             lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
+         .option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="500 milliseconds").start())
+    try:
+        wait_until(lambda: seen == old, 60, "the records")
+        admin = AdminClient(config.admin())
+        for f in admin.delete_topics([topic], operation_timeout=30).values():
+            f.result(30)
+        with pytest.raises(StreamingQueryException) as exc:
+            q.awaitTermination(60)
+        msg = str(exc.value)
+        assert f"['{topic}']: the subscribed topic no longer exists (deleted?)" in msg, \
+            msg[-1500:]
+        assert 'set the source option "failOnDataLoss" to "false"' in msg, msg[-1500:]
+    finally:
+        q.stop()
