@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ def main(argv: list[str]) -> int:
                     help="run a coordinator worker in this process for the run")
     ap.add_argument("--check", action="store_true",
                     help="read the output back (committed-only) and print a check")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="keep Spark's own logging (WARN and above); without it a local run "
+                         "logs Spark's errors only")
     ap.add_argument("--mode", choices=("transform", "windowed"), default="transform",
                     help="transform: upper-case every committed value (default); windowed: "
                          "count per key and event-time window")
@@ -94,6 +98,9 @@ def main(argv: list[str]) -> int:
                    .config("spark.sql.shuffle.partitions", "2")
                    .config("spark.driver.bindAddress", "127.0.0.1")
                    .config("spark.driver.host", "127.0.0.1"))
+        if not args.verbose:  # before the JVM starts: its start-up warnings too
+            builder = builder.config("spark.driver.extraJavaOptions",
+                                     f"-Dlog4j2.configurationFile={_quiet_log4j()}")
     spark = builder.getOrCreate()
     spark.dataSource.register(TxnStreamDataSource)
     from txnstream.config import Config, TopicNames, load_kafka_properties, read_secret_file
@@ -145,6 +152,11 @@ def main(argv: list[str]) -> int:
         if worker is not None:
             worker.stop()
     return 0 if ok else 1
+
+
+def _quiet_log4j() -> str:
+    """The path of the packaged Log4j 2 configuration that logs Spark's errors only."""
+    return str(Path(__file__).with_name("log4j2-quiet.properties"))
 
 
 def _line_options(config: Config, secret_file: str | None) -> dict[str, str]:
