@@ -100,18 +100,35 @@ class _TxnSends:
         return self.sent - self.acked
 
 
+TOPIC_WAIT_S = 5.0
+"""How long a new producer waits for its topic's metadata (a topic just created may be
+unknown, or without leaders, to the broker answering for a moment)."""
+
+
+def _partitions_of(kafka: KafkaProducer, topic: str, timeout_s: float, where: str) -> int:
+    """``topic``'s partition count, waiting up to :data:`TOPIC_WAIT_S` for its metadata.
+
+    Java's producer waits for a topic's metadata too (``max.block.ms``); a topic still
+    unknown then is a ``ConfigError`` naming it.
+    """
+    deadline = time.monotonic() + min(TOPIC_WAIT_S, timeout_s)
+    while True:
+        tmeta = kafka.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if tmeta is not None and tmeta.error is None and tmeta.partitions:
+            return len(tmeta.partitions)
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"topic {topic!r} does not exist on {where}")
+        time.sleep(0.1)
+
+
 class Producer:
     """Sends to one topic; thread-safe; use ``client.create_producer(topic)``."""
 
     def __init__(self, config: Config, topic: str, **kafka: object) -> None:
         self.topic = topic
         self._kafka = KafkaProducer(config.producer(**kafka))
-        meta = self._kafka.list_topics(topic, timeout=config.admin_timeout_s)
-        tmeta = meta.topics.get(topic)
-        if tmeta is None or tmeta.error is not None or not tmeta.partitions:
-            raise ConfigError(f"topic {topic!r} does not exist on "
-                              f"{config.bootstrap_servers}")
-        self.num_partitions = len(tmeta.partitions)
+        self.num_partitions = _partitions_of(self._kafka, topic, config.admin_timeout_s,
+                                             config.bootstrap_servers)
         self._rr = itertools.count()
         self._lock = threading.Lock()
         self._outstanding: dict[Transaction, _TxnSends] = {}
