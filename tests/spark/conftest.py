@@ -55,3 +55,21 @@ def drain(config, topic: str, idle_s: float = 15) -> list[bytes]:
             c.acknowledge(m)
         c.close()
     return out
+
+
+def stream_values(spark, config, tmp_path, seen: list[bytes], sizes: list[int] | None = None,
+                  trigger: dict | None = None, **options):
+    """A started ``readStream.format("txnstream")`` query whose micro-batches' values go
+    to ``seen`` (and, if given, each non-empty batch's size to ``sizes``)."""
+    from tests.spark.test_spark import opts
+
+    def batch(df, _id):
+        got = [bytes(r.value) for r in df.select("value").collect()]
+        seen.extend(got)
+        if sizes is not None and got:
+            sizes.append(len(got))
+
+    return (spark.readStream.format("txnstream").options(**opts(config, **options)).load()
+            .writeStream.foreachBatch(batch)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(**(trigger or {"processingTime": "200 milliseconds"})).start())

@@ -17,9 +17,8 @@ import time
 
 import pytest
 
-from tests.spark.conftest import make_topic, wait_until
+from tests.spark.conftest import make_topic, stream_values, wait_until
 from tests.spark.test_source_parity import error_of, read_values
-from tests.spark.test_spark import opts
 
 pytestmark = pytest.mark.spark
 
@@ -126,20 +125,6 @@ def test_a_start_time_whose_first_record_is_in_an_open_txn_reads_nothing_yet(
 # ---------------------------------------------------------------- streams
 
 
-def _stream(spark, config, tmp_path, seen: list[bytes], sizes: list[int] | None = None,
-            trigger: dict | None = None, **options):
-    def batch(df, _id):
-        got = [bytes(r.value) for r in df.select("value").collect()]
-        seen.extend(got)
-        if sizes is not None and got:
-            sizes.append(len(got))
-
-    return (spark.readStream.format("txnstream").options(**opts(config, **options)).load()
-            .writeStream.foreachBatch(batch)
-            .option("checkpointLocation", str(tmp_path / "ckpt"))
-            .trigger(**(trigger or {"processingTime": "200 milliseconds"})).start())
-
-
 def test_stream_starting_timestamp_reads_from_that_time(spark, config, worker, client,
                                                          tmp_path):
     topic = make_topic(config, 1)  # a start time with no record after it fails (Kafka)
@@ -148,7 +133,7 @@ def test_stream_starting_timestamp_reads_from_that_time(spark, config, worker, c
     commit(client, topic, [b"new0"])
     abort(client, topic, [b"aborted"])
     seen: list[bytes] = []
-    q = _stream(spark, config, tmp_path, seen, trigger={"availableNow": True},
+    q = stream_values(spark, config, tmp_path, seen, trigger={"availableNow": True},
                 subscribe=topic, startingTimestamp=str(at))
     q.awaitTermination(120)
     assert q.exception() is None, q.exception()
@@ -161,7 +146,7 @@ def test_stream_under_the_latest_strategy_starts_at_the_end_and_reads_what_comes
     commit(client, topic, [b"old"])
     future = str(int(time.time() * 1000) + 3_600_000)
     seen: list[bytes] = []
-    q = _stream(spark, config, tmp_path, seen, subscribe=topic, startingTimestamp=future,
+    q = stream_values(spark, config, tmp_path, seen, subscribe=topic, startingTimestamp=future,
                 startingOffsetsByTimestampStrategy="latest")
     try:
         wait_until(lambda: q.lastProgress is not None, 60, "the query's first trigger")
@@ -178,7 +163,7 @@ def test_stream_refuses_an_ending_time_as_kafka_does(spark, config, tmp_path, op
     topic = make_topic(config, 1)
 
     def start():
-        q = _stream(spark, config, tmp_path, [], trigger={"availableNow": True},
+        q = stream_values(spark, config, tmp_path, [], trigger={"availableNow": True},
                     subscribe=topic, **{option: value})
         q.awaitTermination(60)
         q.stop()
@@ -193,7 +178,7 @@ def test_min_offsets_per_trigger_holds_a_micro_batch_until_enough_is_committed(
     topic = make_topic(config, 1)
     seen: list[bytes] = []
     sizes: list[int] = []
-    q = _stream(spark, config, tmp_path, seen, sizes, subscribe=topic,
+    q = stream_values(spark, config, tmp_path, seen, sizes, subscribe=topic,
                 minOffsetsPerTrigger="10", maxTriggerDelay="1h")
     try:
         wait_until(lambda: q.lastProgress is not None, 60, "the query's first trigger")
@@ -214,7 +199,7 @@ def test_max_trigger_delay_lets_a_small_micro_batch_through(spark, config, worke
                                                             tmp_path):
     topic = make_topic(config, 1)
     seen: list[bytes] = []
-    q = _stream(spark, config, tmp_path, seen, subscribe=topic, minOffsetsPerTrigger="1000",
+    q = stream_values(spark, config, tmp_path, seen, subscribe=topic, minOffsetsPerTrigger="1000",
                 maxTriggerDelay="5s")
     try:
         wait_until(lambda: q.lastProgress is not None, 60, "the query's first trigger")
@@ -233,7 +218,7 @@ def test_available_now_reads_everything_whatever_min_offsets_per_trigger_says(
     topic = make_topic(config, 1)
     commit(client, topic, [b"p", b"q", b"r"])
     seen: list[bytes] = []
-    q = _stream(spark, config, tmp_path, seen, trigger={"availableNow": True},
+    q = stream_values(spark, config, tmp_path, seen, trigger={"availableNow": True},
                 subscribe=topic, minOffsetsPerTrigger="1000", maxTriggerDelay="1h",
                 startingOffsets="earliest")
     q.awaitTermination(120)

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from pyspark.errors import StreamingQueryException
 
-from tests.spark.conftest import make_topic, wait_until
+from tests.spark.conftest import make_topic, stream_values, wait_until
 from tests.spark.test_spark import opts
 
 pytestmark = pytest.mark.spark
@@ -129,13 +129,8 @@ def test_a_topic_recreated_under_a_running_query_is_read_from_its_new_start(
     old = [f"old{i}".encode() for i in range(8)]
     commit_values(client, topic, old, 0)
     seen: list[bytes] = []
-    q = (spark.readStream.format("txnstream")
-         .options(**opts(config, subscribe=topic, failOnDataLoss="false",
-                         startingOffsets="earliest")).load()
-         .writeStream.foreachBatch(
-             lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
-         .option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(processingTime="500 milliseconds").start())
+    q = stream_values(spark, config, tmp_path, seen, subscribe=topic, failOnDataLoss="false",
+                      startingOffsets="earliest")
     try:
         wait_until(lambda: seen == old, 60, "the old log's records")
         _recreate(config, topic)
@@ -167,12 +162,8 @@ def test_a_topic_deleted_under_a_running_query_fails_it_under_fail_on_data_loss(
     old = [f"old{i}".encode() for i in range(3)]
     commit_values(client, topic, old, 0)
     seen: list[bytes] = []
-    q = (spark.readStream.format("txnstream")
-         .options(**opts(config, subscribe=topic, startingOffsets="earliest")).load()
-         .writeStream.foreachBatch(
-             lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
-         .option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(processingTime="500 milliseconds").start())
+    q = stream_values(spark, config, tmp_path, seen, subscribe=topic,
+                      startingOffsets="earliest")
     try:
         wait_until(lambda: seen == old, 60, "the records")
         admin = AdminClient(config.admin())
