@@ -172,8 +172,9 @@ def classify_kafka_error(err: object) -> KafkaErrorKind:
     """Classify a ``confluent_kafka.KafkaError`` (or ``KafkaException``) once, for everyone.
 
     librdkafka flags each error: ``retriable()``, ``txn_requires_abort()``, ``fatal()``.
-    Fatal wins, then abort, then retriable; anything unflagged is treated as fatal so it
-    surfaces instead of looping.
+    Fatal wins, then abort, then retriable. An unflagged error is retriable if Kafka
+    defines its code so (:data:`_RETRIABLE_CODES`), else fatal, so it surfaces instead
+    of looping.
     """
     kerr = err.args[0] if isinstance(err, Exception) and err.args else err
     if getattr(kerr, "fatal", lambda: False)():
@@ -182,7 +183,24 @@ def classify_kafka_error(err: object) -> KafkaErrorKind:
         return KafkaErrorKind.ABORT_TXN
     if getattr(kerr, "retriable", lambda: False)():
         return KafkaErrorKind.RETRIABLE
+    if getattr(kerr, "code", lambda: None)() in _RETRIABLE_CODES:
+        return KafkaErrorKind.RETRIABLE
     return KafkaErrorKind.FATAL
+
+
+_RETRIABLE_CODES = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR, KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND, KafkaError.KAFKA_STORAGE_ERROR,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.PREFERRED_LEADER_NOT_AVAILABLE,
+})
+"""Broker error codes Kafka's protocol defines as retriable (``RetriableException``),
+for errors that reach us without librdkafka's flags: confluent-kafka builds those of
+``get_watermark_offsets`` and ``offsets_for_times`` from the bare code. An unknown topic
+or partition is left out: a deleted topic is reported, not waited on."""
 
 
 _INFORMATIONAL = {

@@ -45,13 +45,35 @@ class Msg:
     ({"retriable": True, "txn_requires_abort": True}, KafkaErrorKind.ABORT_TXN),
 ])
 def test_classify_kafka_error_fatal_wins_then_abort_then_retriable(flags, kind):
-    err = kerr(KafkaError.NOT_LEADER_FOR_PARTITION, **flags)
+    err = kerr(KafkaError.TOPIC_AUTHORIZATION_FAILED, **flags)
     assert classify_kafka_error(err) is kind
     assert classify_kafka_error(KafkaException(err)) is kind  # as raised, same answer
 
 
 def test_classify_kafka_error_of_a_real_librdkafka_code_uses_its_flags():
     assert classify_kafka_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)) is KafkaErrorKind.FATAL
+
+
+@pytest.mark.parametrize("code", [
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NETWORK_EXCEPTION,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR, KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.OFFSET_NOT_AVAILABLE,
+])
+def test_an_unflagged_error_of_a_code_kafka_defines_retriable_is_retriable(code):
+    # confluent-kafka builds the errors of get_watermark_offsets and offsets_for_times from
+    # the bare code, without librdkafka's flags: a topic created a moment ago whose
+    # partition has no leader yet answers NOT_LEADER_FOR_PARTITION, and must be retried
+    assert classify_kafka_error(KafkaException(KafkaError(code))) is KafkaErrorKind.RETRIABLE
+    assert is_retriable_kafka_error(KafkaException(KafkaError(code)))
+
+
+def test_an_unflagged_unknown_topic_still_surfaces():
+    # a deleted topic must be reported, not retried as if its leader were moving
+    assert classify_kafka_error(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)) is \
+        KafkaErrorKind.FATAL
 
 
 # -------------------------------------------------------- is_retriable_kafka_error
