@@ -31,9 +31,14 @@ demo: $(STAMP)
 		--mode windowed --window "500 milliseconds" --watermark "0 seconds" --with-worker --check
 
 # The test session starts (and stops) its own broker unless TXNSTREAM_BOOTSTRAP is set.
+# TEST_WORKERS pytest-xdist workers, each with its own broker and Spark (most tests wait
+# on timeouts and processes rather than compute, so 4 fit 2 cores); TEST_WORKERS=0 runs
+# the suite in this one process.
+TEST_WORKERS ?= 4
 test: $(STAMP)
 	tools/fetch-prometheus
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos" --durations=25 tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos" -n $(TEST_WORKERS) \
+		--dist loadgroup --durations=25 tests
 
 # The nemesis harness's hostile profile, short length, as a test (asserts 0 anomalies and
 # that every intruder was refused); CI runs it after `make test`.

@@ -1,4 +1,5 @@
-"""Session fixtures: one real Kafka broker for the whole run, and per-session topics.
+"""Session fixtures: one real Kafka broker for the whole run (for each pytest-xdist
+worker under ``make test``), and per-session topics.
 
 The broker, in order: ``TXNSTREAM_BOOTSTRAP`` if set; else a testcontainers Kafka when
 a Docker engine answers; else the project's own local broker (``LocalCluster``, jars
@@ -57,6 +58,13 @@ def _docker_answers() -> bool:
         return True
     except Exception:
         return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` run first. ``make test`` spreads the tests over pytest-xdist
+    workers (``--dist loadgroup`` hands each worker its next test as it finishes one): a
+    two-minute test begun near the end would leave the other workers idle until it ends."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

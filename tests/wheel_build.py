@@ -1,8 +1,14 @@
 """Build the project's wheel once per test session (``python -m build``), for the tests
-that install it the way users do: the wheel smoke test and the Spark standalone cluster."""
+that install it the way users do: the wheel smoke test and the Spark standalone cluster.
+
+Under pytest-xdist the workers of one run share the wheel: the first to ask builds it
+under a file lock (a build writes ``build/`` and ``*.egg-info`` in the checkout, so two
+at once make a broken wheel), the others wait and take it."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 import tempfile
@@ -16,14 +22,22 @@ _BUILT: dict[str, Path] = {}
 def project_wheel() -> Path:
     """The path of ``txnstream-*.whl`` built from this checkout (built on first call)."""
     if "wheel" not in _BUILT:
-        out = Path(tempfile.mkdtemp(prefix="txnstream-wheel-"))
-        t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out),
-                               str(ROOT)], capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"python -m build failed:\n{proc.stdout}\n{proc.stderr}"
-        wheels = list(out.glob("txnstream-*.whl"))
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+        out = Path(tempfile.gettempdir()) / f"txnstream-wheel-{run}"
+        out.mkdir(exist_ok=True)
+        with open(Path(tempfile.gettempdir()) / "txnstream-wheel.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time in this checkout
+            wheels = list(out.glob("txnstream-*.whl"))
+            if not wheels:
+                t0 = time.monotonic()
+                proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir",
+                                       str(out), str(ROOT)],
+                                      capture_output=True, text=True, timeout=600)
+                assert proc.returncode == 0, \
+                    f"python -m build failed:\n{proc.stdout}\n{proc.stderr}"
+                wheels = list(out.glob("txnstream-*.whl"))
+                print(f"built {[w.name for w in wheels]} in {time.monotonic() - t0:.1f}s")
         assert len(wheels) == 1, f"expected one wheel in {out}: {wheels}"
-        print(f"built {wheels[0].name} in {time.monotonic() - t0:.1f}s")
         _BUILT["wheel"] = wheels[0]
     return _BUILT["wheel"]
 

@@ -135,6 +135,7 @@ def consume(consumer, got: list, stop: threading.Event, errors: list) -> None:
         errors.append(exc)
 
 
+@pytest.mark.slow
 def test_kill9_buffer_slot_owner_midstream_reader_exactly_once(config, worker_procs, client,
                                                                proc_reaper):
     names = ("bw1", "bw2")

@@ -222,6 +222,7 @@ def test_single_broker_round_trip_then_down_leaves_nothing(make_cluster, shared_
 
 @pytest.mark.integration
 @pytest.mark.fault
+@pytest.mark.slow
 def test_three_brokers_lose_nothing_when_one_is_killed(make_cluster, shared_jars) -> None:
     cluster = make_cluster(3)
     cluster.up(timeout_s=120)

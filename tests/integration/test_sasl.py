@@ -29,7 +29,7 @@ from txnstream.admin_topics import ensure_topics
 from txnstream.cluster import LocalCluster, ScramUser
 from txnstream.errors import CoordinatorAuthError
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("sasl-broker")]
 
 PASSWORD = f"scram-{uuid.uuid4().hex}"
 USER = "txnstream-it"

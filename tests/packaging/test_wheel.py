@@ -22,7 +22,7 @@ import pytest
 
 from tests.wheel_build import ROOT, fresh_venv, project_wheel
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _clean_env() -> dict[str, str]:

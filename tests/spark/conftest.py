@@ -41,8 +41,14 @@ def spark() -> Iterator[object]:
         session.stop()
 
 
-def drain(config, topic: str, idle_s: float = 15) -> list[bytes]:
-    """Every value of ``topic``, committed-only, until nothing arrives for ``idle_s``."""
+def drain(config, topic: str, idle_s: float = 15, expect: int | None = None,
+          settle_s: float = 3) -> list[bytes]:
+    """Every value of ``topic``, committed-only, until nothing arrives for ``idle_s``.
+
+    With ``expect`` (the writer is done, all its txns decided): once that many values came,
+    until nothing more arrives for ``settle_s`` (a duplicate is committed data at a later
+    offset, delivered as fast as the rest), ``idle_s`` only bounding each wait before it.
+    """
     import uuid
 
     from txnstream import Client
@@ -50,7 +56,8 @@ def drain(config, topic: str, idle_s: float = 15) -> list[bytes]:
     out: list[bytes] = []
     with Client(config=config) as reader:
         c = reader.subscribe(topic, subscription=f"chk-{uuid.uuid4().hex[:6]}")
-        while (m := c.receive(timeout_s=idle_s)) is not None:
+        while (m := c.receive(timeout_s=idle_s if expect is None or len(out) < expect
+                              else settle_s)) is not None:
             out.append(m.value)
             c.acknowledge(m)
         c.close()

@@ -15,7 +15,7 @@ import pytest
 from tests.spark.conftest import drain, make_topic
 from txnstream import TxnStatus
 
-pytestmark = [pytest.mark.spark, pytest.mark.fault]
+pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow]
 
 JOB = str(Path(__file__).with_name("upper_job.py"))
 ROWS = 3000
@@ -50,14 +50,15 @@ def test_driver_killed_and_restarted_writes_every_row_exactly_once(config, worke
             os.killpg(proc.pid, signal.SIGKILL)  # the whole driver: Python, JVM, workers
             proc.wait(10)
             kills += 1
-    final = proc_reaper.track(subprocess.Popen(args, stdout=open(tmp_path / "final.log", "ab"),
+    final = proc_reaper.track(subprocess.Popen(args + ["--available-now"],
+                                               stdout=open(tmp_path / "final.log", "ab"),
                                                stderr=subprocess.STDOUT, start_new_session=True))
     assert final.wait(300) == 0, (tmp_path / "final.log").read_text()[-3000:]
     assert kills >= 1
     print("committed batches at each kill:", batches_at_kill)
     # at least one kill came after some batches committed and before the last (10 in all)
     assert any(0 < b < ROWS // 300 for b in batches_at_kill), batches_at_kill
-    out = drain(config, dst)
+    out = drain(config, dst, expect=ROWS)
     assert len(out) - len(set(out)) == 0, "a row was written twice"
     assert set(out) == {f"R{i}".encode() for i in range(ROWS)}
 
@@ -102,13 +103,14 @@ def test_driver_killed_inside_a_commit_writes_every_row_exactly_once(
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
     with open(tmp_path / "final.log", "ab") as log:
-        final = proc_reaper.track(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+        final = proc_reaper.track(subprocess.Popen(args + ["--available-now"], stdout=log,
+                                                   stderr=subprocess.STDOUT,
                                                    start_new_session=True))
         assert final.wait(300) == 0, (tmp_path / "final.log").read_text()[-3000:]
     if point == "sink-commit-after-end":
         assert "was committed before: its replay was aborted" in \
             (tmp_path / "final.log").read_text(), "batch 2 was not replayed against its key"
-    out = drain(config, dst)
+    out = drain(config, dst, expect=rows)
     assert len(out) - len(set(out)) == 0, "a row was written twice"
     assert set(out) == {f"R{i}".encode() for i in range(rows)}
     batch2 = [t for t in client.admin.list_transactions()

@@ -28,7 +28,7 @@ from tests.conftest import ProcReaper
 from tests.spark.conftest import drain, make_topic
 from tests.wheel_build import ROOT, project_wheel
 
-pytestmark = [pytest.mark.spark, pytest.mark.fault]
+pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow]
 
 ROWS = 12_000
 PER_TRIGGER = 1_500
@@ -178,7 +178,7 @@ def test_cluster_pipeline_through_an_executor_kill_writes_every_row_once(
     launched = [d for d in (tmp_path / "work").glob("app-*/*") if d.name.isdigit()]
     assert len(launched) >= 3, f"no replacement executor was launched: {launched}"
 
-    out = drain(config, dst)
+    out = drain(config, dst, expect=ROWS)
     assert len(out) == len(set(out)), f"{len(out) - len(set(out))} rows written twice"
     assert set(out) == {f"R{i}".encode() for i in range(ROWS)}, \
         f"{ROWS - len(set(out))} rows missing or foreign rows written"

@@ -1,7 +1,9 @@
 """A streaming job for the driver-kill test: txnstream source -> upper -> txnstream sink.
 
-    python tests/spark/upper_job.py BOOTSTRAP PREFIX SRC DST CHECKPOINT
+    python tests/spark/upper_job.py BOOTSTRAP PREFIX SRC DST CHECKPOINT [--available-now]
 Runs micro-batches of at most 300 records every second; exits 8 s after the last batch.
+With --available-now (the run after the kills): reads what is there in batches of at most
+300 and exits when they are written (Trigger.AvailableNow).
 """
 
 import os
@@ -19,6 +21,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from txnstream_spark.datasource import TxnStreamDataSource  # noqa: E402
 
 boot, prefix, src, dst, ckpt = sys.argv[1:6]
+available_now = "--available-now" in sys.argv[6:]
 spark = (SparkSession.builder.master("local[2]").appName("upper-job")
          .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
          .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
@@ -30,7 +33,15 @@ q = (spark.readStream.format("txnstream").options(**o, subscribe=src, maxRecords
      .load().select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
      .writeStream.format("txnstream")
      .options(**o, topic=dst, **{"txnstream.txnTimeoutSeconds": "600"})
-     .option("checkpointLocation", ckpt).trigger(processingTime="1 second").start())
+     .option("checkpointLocation", ckpt)
+     .trigger(**({"availableNow": True} if available_now else {"processingTime": "1 second"}))
+     .start())
+if available_now:
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise q.exception()
+    print("JOB DONE", flush=True)
+    sys.exit(0)
 last_batch, last_change = None, time.monotonic()
 # drained = a batch has completed and no new one came for 8 s
 while last_batch is None or time.monotonic() - last_change < 8:

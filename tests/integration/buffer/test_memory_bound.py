@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.buffer.conftest import make_topic
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 RECORD = 512 * 1024
 RECORDS = 2048            # 1 GiB in one transaction

@@ -45,6 +45,7 @@ def produce_markers(raw: KafkaProducer, topic: str, partition: int, n: int) -> N
     raw.flush(60)
 
 
+@pytest.mark.slow
 def test_a_snapshot_over_1mb_is_published_in_segments_restored_and_the_worker_survives(
         config, tc_worker, client):
     topic = make_topic(config, 2)

@@ -132,6 +132,7 @@ def test_the_workers_own_clients_ignore_unsigned_endpoint_records(secured, impos
 REPUBLISH_S = 2.0
 
 
+@pytest.mark.slow
 def test_a_flood_of_forged_endpoint_records_hides_a_coordinator_only_until_it_republishes(
         own_config):
     """Enough forged records with rising epochs, written after the genuine one, to fill a

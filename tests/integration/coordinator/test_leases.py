@@ -25,6 +25,7 @@ HANDED_OUT_BEFORE_CUTOFF_S = 1.0
 """How long before the block's hand-out window closes the TxnIDs are handed out."""
 
 
+@pytest.mark.slow
 def test_a_txnid_handed_out_at_its_blocks_cutoff_survives_a_failover(config, worker_procs,
                                                                     client) -> None:
     topic = make_topic(config, 1, "lease")

@@ -12,6 +12,7 @@ from tests.integration.pendingack.conftest import fill, make_topic, wait_until
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_a_new_owner_replays_from_the_latest_checkpoint_not_the_log_start(config, worker,
                                                                          client):
     """Before: every assignment replayed the whole pending-ack log (2 records per txn

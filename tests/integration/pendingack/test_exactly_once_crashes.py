@@ -15,7 +15,7 @@ import pytest
 from tests.integration.pendingack.conftest import make_topic
 from txnstream import Client
 
-pytestmark = [pytest.mark.integration, pytest.mark.fault]
+pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
 INPUTS = 20_000

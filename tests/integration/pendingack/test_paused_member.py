@@ -14,7 +14,7 @@ from tests.integration.pendingack.conftest import make_topic
 from tests.integration.pendingack.test_exactly_once_crashes import TXNSTREAM_BIN
 from txnstream import Client
 
-pytestmark = [pytest.mark.integration, pytest.mark.fault]
+pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 INPUTS = 1_500
 PAUSE_S = 10          # the processors' session timeout is 6 s

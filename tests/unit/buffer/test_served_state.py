@@ -515,6 +515,7 @@ def test_trim_forgets_only_what_is_below_the_trim_point(log, cuts, trims, behind
             ref_answers(fold_ref(records, p), n, lo=lo)
 
 
+@pytest.mark.slow
 def test_a_view_trimmed_as_it_goes_stays_bounded_over_200k_txns():
     """Bounded state: 200,000 committed 10-record txns (one in 50 aborted instead), 2.2M
     records: the view holds the markers and aborted txns above its trim point, never the
