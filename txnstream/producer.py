@@ -32,6 +32,7 @@ from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import validate
 from txnstream.errors import ConfigError, TxnStreamError
+from txnstream.kafka.clients import close_producer
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.markers import RESERVED_HEADERS, TXN_ID_HEADER
 from txnstream.types import TopicPartition
@@ -341,5 +342,9 @@ class Producer:
         self._kafka.flush(timeout_s)
 
     def close(self) -> None:
-        """Flush and release."""
-        self.flush()
+        """Flush, then close the Kafka producer.
+
+        A send not delivered within ``FLUSH_TIMEOUT_S`` is dropped; its transaction can
+        then only abort.
+        """
+        close_producer(self._kafka, FLUSH_TIMEOUT_S)

@@ -43,6 +43,7 @@ from txnstream.errors import (
     classify_kafka_error,
     message_error,
 )
+from txnstream.kafka.clients import close_producer
 from txnstream.kafka.fetch import read_to
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.types import TopicPartition
@@ -275,6 +276,12 @@ class TransactionBufferSnapshotStore:
         """Wait for published snapshots."""
         if self._producer is not None:
             self._producer.flush(timeout_s)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Wait for published snapshots (up to ``timeout_s``), then close the producer."""
+        if self._producer is not None:
+            close_producer(self._producer, timeout_s)
+            self._producer = None
 
     def latest(self, tp: TopicPartition, at_or_before: int | None = None
                ) -> TransactionBufferSnapshot | None:

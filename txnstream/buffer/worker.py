@@ -75,7 +75,7 @@ from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.fencing import supersedes, write_owner_record
-from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory
+from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
 from txnstream.kafka.fetch import KafkaRecord, consume, drain
 from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
@@ -245,12 +245,12 @@ class BufferWorker:
         finally:
             self._step("final deltas", self._publish_deltas)
             self._step("final snapshots", lambda: self._publish_snapshots(force=True))
-            for what, close in (("snapshot flush", lambda: self._store.flush()),
-                                ("producer flush", lambda: self._producer.flush(5)),
+            for what, close in (("snapshot store close", self._store.close),
                                 ("group close", self._group.close),
                                 ("data close", self._data.close),
                                 ("registry close", self._registry.close),
-                                ("coordinator client close", self._ongoing.close)):
+                                ("coordinator client close", self._ongoing.close),
+                                ("producer close", lambda: close_producer(self._producer, 5))):
                 self._step(what, close)
 
     def _make_signer(self) -> None:

@@ -102,7 +102,7 @@ from txnstream.errors import (
     NotCoordinatorError,
     TooManyRequestsError,
 )
-from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory
+from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
 from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.markers import MarkerSigner
 
@@ -252,9 +252,9 @@ class CoordinatorWorker:
             self._ownership.drop_all("worker stopping")
             if self.buffers is not None:
                 self.buffers.stop()
-            self._kafka.producer.flush(5)
             self._txn_log.close()
             self._listener.close()
+            close_producer(self._kafka.producer, 5)
 
     def _marker_signer(self) -> MarkerSigner | None:
         """The workers' marker signer; waits for the broker's cluster id (None: stopped).

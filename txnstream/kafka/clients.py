@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-__all__ = ["CONFLUENT_KAFKA", "ConfluentKafka", "KafkaClientFactory"]
+__all__ = ["CONFLUENT_KAFKA", "ConfluentKafka", "KafkaClientFactory", "close_producer"]
 
 
 class KafkaClientFactory(Protocol):
@@ -48,3 +48,23 @@ class ConfluentKafka:
 
 CONFLUENT_KAFKA = ConfluentKafka()
 """The factory a worker uses unless it is given another."""
+
+
+def close_producer(producer: Producer, timeout_s: float) -> int:
+    """Flush ``producer`` for up to ``timeout_s``, drop what is still queued, and close it.
+
+    Its threads and broker connections end now, not when the object is collected (a
+    producer left to the collector goes on reconnecting, and logging each refused
+    connection, after its broker stopped). librdkafka's own ``close()`` would flush for up
+    to ``message.timeout.ms``; what did not go within ``timeout_s`` is purged first, and
+    counted in the return value. A client without ``close()`` (a test's fake, a
+    confluent-kafka before 2.x's ``close``) is flushed and left to the collector.
+    """
+    left = producer.flush(timeout_s)
+    if left:
+        producer.purge()
+        producer.poll(0)  # serve the purged messages' delivery reports
+    close = getattr(producer, "close", None)
+    if close is not None:
+        close()
+    return left

@@ -34,6 +34,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
 from txnstream.fencing import write_owner_record
+from txnstream.kafka.clients import close_producer
 from txnstream.kafka.fetch import KafkaRecord, consume, delivered_at, delivered_offset, read_to
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.pendingack.handle import PendingAckHandle
@@ -381,5 +382,5 @@ class PendingAckStore:
 
     def close(self) -> None:
         """Flush and release."""
-        self._producer.flush(5)
+        close_producer(self._producer, 5)
         self._tail.close()
