@@ -6,6 +6,7 @@ librdkafka settings are never printed (see :meth:`Config.redacted`).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -147,6 +148,14 @@ class TopicNames:
         """Every internal topic name."""
         return [self.log, self.endpoints, self.buffer_snapshots, self.buffer_state,
                 self.pending_ack]
+
+
+KAFKA_LOG = logging.getLogger("txnstream.librdkafka")
+"""Where librdkafka's own log lines go, for the producers and consumers built from a
+:class:`Config` (confluent-kafka's ``logger`` setting, served when the client is polled):
+Python logging, so an application (and the CLI: warnings behind ``-v``) decides what is
+shown, instead of lines printed straight to stderr. Admin clients, rarely polled, keep
+librdkafka's own printing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +300,7 @@ class Config:
     def producer(self, **extra: Any) -> dict[str, Any]:
         """Settings for an idempotent producer (no duplicates on retry, order kept)."""
         conf = self.common()
+        conf.setdefault("logger", KAFKA_LOG)
         conf.setdefault("enable.idempotence", True)
         conf.setdefault("linger.ms", 5)
         # Java's default partitioner: keyed records land where Java clients put them, and
@@ -302,6 +312,7 @@ class Config:
     def consumer(self, group_id: str, **extra: Any) -> dict[str, Any]:
         """Settings for a consumer of ``group_id``; offsets are committed explicitly."""
         conf = self.common()
+        conf.setdefault("logger", KAFKA_LOG)
         conf.update({"group.id": group_id, "enable.auto.commit": False,
                      "auto.offset.reset": "earliest", "enable.partition.eof": False})
         conf.update(extra)

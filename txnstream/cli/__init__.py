@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from txnstream.cli._common import add_line_flags
+from txnstream.config import KAFKA_LOG
 from txnstream.errors import TxnStreamError
 
 __all__ = ["main", "console", "err_console"]
@@ -64,6 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # librdkafka's warnings (a coordinator still loading, a broker reconnecting) are
+        # chatter for a command's user, who gets txnstream's own error when it matters;
+        # its errors stay visible, and -v shows everything
+        KAFKA_LOG.setLevel(logging.ERROR)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 1

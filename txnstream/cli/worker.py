@@ -22,7 +22,7 @@ import time
 from txnstream.buffer.worker import BufferWorker
 from txnstream.cli import console
 from txnstream.cli._common import add_topic_flags, config_from_args
-from txnstream.config import Config
+from txnstream.config import KAFKA_LOG, Config
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.worker import CoordinatorWorker
 
@@ -163,6 +163,7 @@ def _buffer_topics(args: argparse.Namespace) -> tuple[str, ...] | None:
 
 def _run(args: argparse.Namespace) -> int:
     logging.getLogger("txnstream").setLevel(logging.INFO)
+    KAFKA_LOG.setLevel(logging.WARNING)  # an operator acts on librdkafka's warnings
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO)
     config = worker_config_from_args(args)
