@@ -60,11 +60,49 @@ def _docker_answers() -> bool:
         return False
 
 
+SLOW_EVERY = 12
+"""In the run's order, one ``slow`` test per this many other broker tests."""
+
+SPARK_SESSION_GROUP = "spark-session"
+"""The xdist group of the tests that use the session's local Spark: one worker runs them
+all, on one Spark JVM, instead of each worker starting its own."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``slow`` run first. ``make test`` spreads the tests over pytest-xdist
-    workers (``--dist loadgroup`` hands each worker its next test as it finishes one): a
-    two-minute test begun near the end would leave the other workers idle until it ends."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Order the run for ``make test``'s pytest-xdist workers (``--dist loadgroup`` hands a
+    worker its next test, or group, as it finishes one).
+
+    First the two groups that each take one worker for minutes: the Spark drivers killed
+    and restarted (``spark-drivers``) and the tests on the session's Spark
+    (:data:`SPARK_SESSION_GROUP`); then the other broker tests, with the ``slow`` ones
+    spread among them, one per :data:`SLOW_EVERY`; the unit tests last. A slow test begun
+    near the end would leave the other workers idle until it ends; slow tests begun all at
+    once (each with its processes and JVMs) load 2 cores several times over and run
+    longer each; many short unit tests at the end even out the finish.
+    """
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(SPARK_SESSION_GROUP))
+
+    def group(item: pytest.Item) -> str | None:
+        mark = item.get_closest_marker("xdist_group")
+        return str(mark.args[0]) if mark and mark.args else None
+
+    drivers = [i for i in items if group(i) == "spark-drivers"]
+    sessions = [i for i in items if group(i) == SPARK_SESSION_GROUP]
+    others = [i for i in items if group(i) not in ("spark-drivers", SPARK_SESSION_GROUP)]
+    slow = [i for i in others if i.get_closest_marker("slow") is not None]
+    unit = [i for i in others if i.get_closest_marker("slow") is None
+            and i.nodeid.startswith("tests/unit/")]
+    rest = [i for i in others if i.get_closest_marker("slow") is None
+            and not i.nodeid.startswith("tests/unit/")]
+    ordered: list[pytest.Item] = drivers + sessions
+    for n, item in enumerate(rest):
+        if n % SLOW_EVERY == 0 and slow:
+            ordered.append(slow.pop(0))
+        ordered.append(item)
+    items[:] = ordered + slow + unit
 
 
 @pytest.fixture(scope="session")

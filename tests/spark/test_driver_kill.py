@@ -15,7 +15,8 @@ import pytest
 from tests.spark.conftest import drain, make_topic
 from txnstream import TxnStatus
 
-pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow]
+pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow,
+              pytest.mark.xdist_group("spark-drivers")]  # one at a time: JVM-heavy
 
 JOB = str(Path(__file__).with_name("upper_job.py"))
 ROWS = 3000
