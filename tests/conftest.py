@@ -105,10 +105,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = ordered + slow + unit
 
 
+SHARED_BROKER_ENV = "TXNSTREAM_TEST_SHARED_BOOTSTRAP"
+"""Set by the pytest-xdist controller for its workers: the broker it started for them."""
+_SHARED_BROKER = pytest.StashKey["object"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, the controller starts one local broker for all its workers.
+
+    Workers (each its own process) would otherwise each start one, and an idle broker
+    still takes a sixth of a core. Every test works in topics of its own (a per-session
+    prefix, per-test names), so they share a broker as they share one given by
+    ``$TXNSTREAM_BOOTSTRAP``. The controller stops it once the workers have exited, so
+    no client outlives it.
+    """
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    if os.environ.get("TXNSTREAM_BOOTSTRAP") or os.environ.get(KAFKA_IMAGE_ENV):
+        return
+    from txnstream.cluster import LocalCluster
+
+    state = Path(tempfile.mkdtemp(prefix="txnstream-test-broker-"))
+    cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
+    atexit.register(cluster.down)  # also on an interrupted run
+    cluster.up()
+    config.stash[_SHARED_BROKER] = cluster
+    os.environ[SHARED_BROKER_ENV] = cluster.bootstrap
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster = config.stash.get(_SHARED_BROKER, None)
+    if cluster is not None:
+        cluster.down()  # type: ignore[attr-defined]
+        os.environ.pop(SHARED_BROKER_ENV, None)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap servers of a real Kafka broker for this test session."""
-    env = os.environ.get("TXNSTREAM_BOOTSTRAP")
+    env = os.environ.get("TXNSTREAM_BOOTSTRAP") or os.environ.get(SHARED_BROKER_ENV)
     if env:
         yield env
         return

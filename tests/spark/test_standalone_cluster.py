@@ -28,8 +28,7 @@ from tests.conftest import ProcReaper
 from tests.spark.conftest import drain, make_topic
 from tests.wheel_build import ROOT, project_wheel
 
-pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow,
-              pytest.mark.xdist_group("spark-drivers")]  # one at a time: JVM-heavy
+pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow]
 
 ROWS = 12_000
 PER_TRIGGER = 1_500
