@@ -14,10 +14,14 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 venv: $(STAMP)
 
+# pip's and the build backend's output goes to .venv/install.log, shown if the install fails.
 $(STAMP): pyproject.toml
+	@echo "installing txnstream and its dependencies into $(VENV) (log: $(VENV)/install.log)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[spark,test,dev]'
+	@$(PY) -m pip install --upgrade pip > $(VENV)/install.log 2>&1 || \
+		{ cat $(VENV)/install.log; exit 1; }
+	@$(PY) -m pip install -e '.[spark,test,dev]' >> $(VENV)/install.log 2>&1 || \
+		{ cat $(VENV)/install.log; exit 1; }
 	touch $(STAMP)
 
 # Start a local broker unless one answers, create the topics, run the demo round trip,

@@ -72,8 +72,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--check", action="store_true",
                     help="read the output back (committed-only) and print a check")
     ap.add_argument("-v", "--verbose", action="store_true",
-                    help="keep Spark's own logging (WARN and above); without it a local run "
-                         "logs Spark's errors only")
+                    help="keep Spark's own logging (WARN and above) and progress bar; "
+                         "without it a local run logs Spark's errors only")
     ap.add_argument("--mode", choices=("transform", "windowed"), default="transform",
                     help="transform: upper-case every committed value (default); windowed: "
                          "count per key and event-time window")
@@ -99,8 +99,9 @@ def main(argv: list[str]) -> int:
                    .config("spark.driver.bindAddress", "127.0.0.1")
                    .config("spark.driver.host", "127.0.0.1"))
         if not args.verbose:  # before the JVM starts: its start-up warnings too
-            builder = builder.config("spark.driver.extraJavaOptions",
-                                     f"-Dlog4j2.configurationFile={_quiet_log4j()}")
+            builder = (builder.config("spark.driver.extraJavaOptions",
+                                      f"-Dlog4j2.configurationFile={_quiet_log4j()}")
+                       .config("spark.ui.showConsoleProgress", "false"))
     spark = builder.getOrCreate()
     spark.dataSource.register(TxnStreamDataSource)
     from txnstream.config import Config, TopicNames, load_kafka_properties, read_secret_file
