@@ -220,6 +220,9 @@ class FakeStore:
     def flush(self, timeout_s=10.0):
         pass
 
+    def close(self, timeout_s=10.0):
+        pass
+
 
 class FakeProducer:
     """Delivers every record at once, at the next offset."""

@@ -245,7 +245,7 @@ class BufferWorker:
         finally:
             self._step("final deltas", self._publish_deltas)
             self._step("final snapshots", lambda: self._publish_snapshots(force=True))
-            for what, close in (("snapshot store close", self._store.close),
+            for what, close in (("snapshot store close", lambda: self._store.close()),
                                 ("group close", self._group.close),
                                 ("data close", self._data.close),
                                 ("registry close", self._registry.close),
