@@ -42,12 +42,29 @@ def project_wheel() -> Path:
     return _BUILT["wheel"]
 
 
+def clean_env() -> dict[str, str]:
+    """This environment minus anything that would put the checkout on the path.
+
+    The Spark session fixture puts the checkout on ``PYTHONPATH`` for its workers; a pip
+    run with it sees the checkout's ``txnstream.egg-info``, finds txnstream "already
+    satisfied", and installs only its dependencies (under pytest-xdist, a worker that ran
+    a Spark test before the wheel test did exactly that).
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
+                                  if not p.startswith(str(ROOT)))
+    return env
+
+
 def fresh_venv(where: Path, *requirements: str) -> Path:
     """A new venv at ``where`` (pip-installed ``requirements``); returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=300,
+                   env=clean_env())
     py = where / "bin" / "python"
     if requirements:
         proc = subprocess.run([str(py), "-m", "pip", "install", "-q", *requirements],
-                              capture_output=True, text=True, timeout=900, cwd=where)
+                              capture_output=True, text=True, timeout=900, cwd=where,
+                              env=clean_env())
         assert proc.returncode == 0, f"pip install {requirements} failed:\n{proc.stderr}"
     return py

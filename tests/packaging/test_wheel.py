@@ -20,18 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.wheel_build import ROOT, fresh_venv, project_wheel
+from tests.wheel_build import clean_env, fresh_venv, project_wheel
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _clean_env() -> dict[str, str]:
-    """The environment minus anything that would put the checkout on the path."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if not p.startswith(str(ROOT)))
-    return env
 
 
 def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path,
@@ -48,7 +39,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path: Path,
     workdir = tmp_path / "elsewhere"
     workdir.mkdir()
     shutil.copy(Path(__file__).with_name("smoke.py"), workdir / "smoke.py")
-    env = _clean_env()
+    env = clean_env()
     smoke = subprocess.run([str(py), "smoke.py"], cwd=workdir, env=env, capture_output=True,
                            text=True, timeout=300)
     assert smoke.returncode == 0 and "SMOKE OK" in smoke.stdout, smoke.stdout + smoke.stderr
