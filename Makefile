@@ -35,9 +35,10 @@ demo: $(STAMP)
 		--mode windowed --window "500 milliseconds" --watermark "0 seconds" --with-worker --check
 
 # The test session starts (and stops) its own broker unless TXNSTREAM_BOOTSTRAP is set.
-# TEST_WORKERS pytest-xdist workers, each with its own broker and Spark (most tests wait
-# on timeouts and processes rather than compute, so 4 fit 2 cores); TEST_WORKERS=0 runs
-# the suite in this one process.
+# TEST_WORKERS pytest-xdist workers sharing one broker, which the run starts, and one
+# Spark session, on the worker that runs the Spark tests (tests/conftest.py orders the
+# run). Most tests wait on timeouts and processes rather than compute, so 4 fit 2 cores.
+# TEST_WORKERS=0 runs the suite in this one process.
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	tools/fetch-prometheus
