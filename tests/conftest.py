@@ -1,5 +1,5 @@
-"""Session fixtures: one real Kafka broker for the whole run (for each pytest-xdist
-worker under ``make test``), and per-session topics.
+"""Session fixtures: one real Kafka broker for the whole run (under pytest-xdist, one
+that the controller starts for all its workers), and per-session topics.
 
 The broker, in order: ``TXNSTREAM_BOOTSTRAP`` if set; else a testcontainers Kafka when
 a Docker engine answers; else the project's own local broker (``LocalCluster``, jars
@@ -18,6 +18,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,6 +106,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = ordered + slow + unit
 
 
+def _local_broker() -> Any:
+    """The project's own local broker on free ports, started; stopped at exit at the latest."""
+    from txnstream.cluster import LocalCluster
+
+    state = Path(tempfile.mkdtemp(prefix="txnstream-test-broker-"))
+    cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
+    atexit.register(cluster.down)  # also on an interrupted run
+    cluster.up()
+    return cluster
+
+
 SHARED_BROKER_ENV = "TXNSTREAM_TEST_SHARED_BOOTSTRAP"
 """Set by the pytest-xdist controller for its workers: the broker it started for them."""
 _SHARED_BROKER = pytest.StashKey["object"]()
@@ -123,12 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if os.environ.get("TXNSTREAM_BOOTSTRAP") or os.environ.get(KAFKA_IMAGE_ENV):
         return
-    from txnstream.cluster import LocalCluster
-
-    state = Path(tempfile.mkdtemp(prefix="txnstream-test-broker-"))
-    cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
-    atexit.register(cluster.down)  # also on an interrupted run
-    cluster.up()
+    cluster = _local_broker()
     config.stash[_SHARED_BROKER] = cluster
     os.environ[SHARED_BROKER_ENV] = cluster.bootstrap
 
@@ -161,12 +168,7 @@ def kafka_bootstrap() -> Iterator[str]:
         finally:
             container.stop()
         return
-    from txnstream.cluster import LocalCluster
-
-    state = Path(tempfile.mkdtemp(prefix="txnstream-test-broker-"))
-    cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
-    atexit.register(cluster.down)  # also on an interrupted run
-    cluster.up()
+    cluster = _local_broker()
     try:
         yield cluster.bootstrap
     finally:
