@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -207,6 +208,7 @@ def main(argv: list[str]) -> int:
     finally:
         if cluster is not None:
             cluster.down()
+            shutil.rmtree(cluster.state_dir, ignore_errors=True)  # gigabytes of logs
     _show("Issue 13 goals, this run", goals)
     section(ISSUE22, issue22.table(results, failed))
     path = args.out

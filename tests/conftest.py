@@ -12,6 +12,7 @@ import atexit
 import gc
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -107,15 +108,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _local_broker() -> Any:
-    """The project's own local broker on free ports, started; stopped at exit at the latest."""
+    """The project's own local broker on free ports, started; stopped at exit at the latest.
+
+    Its log directory goes at exit too: a run writes gigabytes to it (the 1 GiB txn of
+    the memory-bound test, the segments of the snapshot tests), and a kept one per run
+    filled this machine's disk in a day.
+    """
     from txnstream.cluster import LocalCluster
 
     state = Path(tempfile.mkdtemp(prefix="txnstream-test-broker-"))
     cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
-    atexit.register(cluster.down)  # also on an interrupted run
+
+    def discard() -> None:  # also on an interrupted run
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+    atexit.register(discard)
     cluster.up()
     return cluster
 
+
+RUN_SCRATCH_ENV = "TXNSTREAM_TEST_RUN_DIR"
+"""A directory of this run, shared by its pytest-xdist workers, removed at its end."""
 
 SHARED_BROKER_ENV = "TXNSTREAM_TEST_SHARED_BOOTSTRAP"
 """Set by the pytest-xdist controller for its workers: the broker it started for them."""
@@ -123,7 +137,9 @@ _SHARED_BROKER = pytest.StashKey["object"]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, the controller starts one local broker for all its workers.
+    """The run's scratch directory (the wheel's, :mod:`tests.wheel_build`), made by the
+    controller and removed when the run ends; and under pytest-xdist, the controller
+    starts one local broker for all its workers.
 
     Workers (each its own process) would otherwise each start one, and an idle broker
     still takes a sixth of a core. Every test works in topics of its own (a per-session
@@ -131,7 +147,12 @@ def pytest_configure(config: pytest.Config) -> None:
     ``$TXNSTREAM_BOOTSTRAP``. The controller stops it once the workers have exited, so
     no client outlives it.
     """
-    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+    if hasattr(config, "workerinput"):
+        return
+    scratch = tempfile.mkdtemp(prefix="txnstream-test-run-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    os.environ[RUN_SCRATCH_ENV] = scratch
+    if not config.getoption("numprocesses", None):
         return
     if os.environ.get("TXNSTREAM_BOOTSTRAP") or os.environ.get(KAFKA_IMAGE_ENV):
         return

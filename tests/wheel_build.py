@@ -7,8 +7,10 @@ at once make a broken wheel), the others wait and take it."""
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,8 +24,13 @@ _BUILT: dict[str, Path] = {}
 def project_wheel() -> Path:
     """The path of ``txnstream-*.whl`` built from this checkout (built on first call)."""
     if "wheel" not in _BUILT:
-        run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-        out = Path(tempfile.gettempdir()) / f"txnstream-wheel-{run}"
+        # The run's directory (tests/conftest.py makes it, shared by the xdist workers and
+        # removed when the run ends); else one of this process's, removed at its exit.
+        scratch = os.environ.get("TXNSTREAM_TEST_RUN_DIR")
+        if scratch is None:
+            scratch = tempfile.mkdtemp(prefix="txnstream-wheel-")
+            atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        out = Path(scratch) / "wheel"
         out.mkdir(exist_ok=True)
         with open(Path(tempfile.gettempdir()) / "txnstream-wheel.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time in this checkout
