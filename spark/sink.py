@@ -92,11 +92,20 @@ def _client_for(config: Config) -> tuple[Client, dict[str, Producer]]:
     return _CLIENTS[key]
 
 
+DROP_FLUSH_S = 5.0
+"""How long a failed task's producers get to flush when its client is dropped: its txn
+was aborted, so what is still queued need not land."""
+
+
 def _drop_client(config: Config) -> None:
-    client, _ = _CLIENTS.pop(_client_key(config), (None, None))
+    client, producers = _CLIENTS.pop(_client_key(config), (None, None))
     if client is not None:
         try:
-            client.close()
+            try:
+                for producer in (producers or {}).values():
+                    producer.close(DROP_FLUSH_S)
+            finally:
+                client.close()  # closes any producer left open
         except Exception:  # already failing: the cause is what the task reports
             log.warning("closing a failed sink client", exc_info=True)
 

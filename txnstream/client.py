@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -21,6 +23,8 @@ from txnstream.transaction import Transaction
 from txnstream.types import TxnID, TxnStatus
 
 __all__ = ["Client"]
+
+log = logging.getLogger(__name__)
 
 ATTACH_CLOCK_SKEW_S = 2.0
 """An attached handle's deadline counts from the coordinator's wall-clock open time;
@@ -54,6 +58,8 @@ class Client:
         self._tc: TransactionCoordinatorClient | None = None
         self._lock = threading.Lock()
         self._registrations = RequestPipeline()
+        self._made: weakref.WeakSet[Producer | Consumer] = weakref.WeakSet()
+        """Producers and consumers made here and not collected: :meth:`close` closes them."""
         self.admin = Admin(config, lambda: self.tc)
 
     @property
@@ -174,25 +180,48 @@ class Client:
             yield txn
 
     def create_producer(self, topic: str, **kafka: Any) -> Producer:
-        """A producer for ``topic``; extra librdkafka settings apply to it alone."""
-        return Producer(self.config, topic, **kafka)
+        """A producer for ``topic``; extra librdkafka settings apply to it alone.
+
+        Closed by :meth:`close` if not closed before.
+        """
+        producer = Producer(self.config, topic, **kafka)
+        self._made.add(producer)
+        return producer
 
     def subscribe(self, topics: str | Sequence[str], subscription: str,
                   initial_position: str = "earliest", **options: Any) -> Consumer:
-        """A committed-only consumer; ``subscription`` is its Kafka consumer group."""
-        return Consumer(self.config, self.admin, topics, subscription, initial_position,
-                        **options)
+        """A committed-only consumer; ``subscription`` is its Kafka consumer group.
+
+        Closed by :meth:`close` if not closed before.
+        """
+        consumer = Consumer(self.config, self.admin, topics, subscription, initial_position,
+                            **options)
+        self._made.add(consumer)
+        return consumer
 
     def close(self) -> None:
-        """Release Kafka clients.
+        """Close the producers and consumers made here, then the coordinator client.
 
-        Pipelined registrations not sent yet are dropped: their transactions become
-        abort-only.
+        As Pulsar's ``PulsarClient.close()`` does: each producer is flushed and each
+        consumer commits its cursor and leaves its group (their own ``close()``; those
+        closed already are skipped). Pipelined registrations not sent yet are dropped:
+        their transactions become abort-only.
+        Every client is closed even if one fails; the first failure is raised after.
         """
+        failed: Exception | None = None
+        for made in list(self._made):
+            try:
+                made.close()
+            except Exception as exc:  # the others still close
+                log.warning("closing %r: %s", made, exc)
+                failed = failed or exc
+        self._made.clear()
         self._registrations.close()
         if self._tc is not None:
             self._tc.close()
             self._tc = None
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> Client:
         return self

@@ -101,6 +101,7 @@ class Consumer:
             abort_predecessor_txns=bool(abort_predecessor_txns), kafka=kafka)
         self._readers = self._group.readers
         self._txn_acks = TxnAcks(self._acks, self._group, self._queue, self._lock)
+        self._closed = False
 
     def partition_dropped(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
         """``tp`` is no longer delivered here (lock held): its waiting messages go.
@@ -406,13 +407,24 @@ class Consumer:
         return r
 
     def close(self) -> None:
-        """Commit the cursor and leave the group."""
+        """Commit the cursor and leave the group; a second call does nothing.
+
+        The group is left and the Kafka clients closed even if the last cursor commit
+        fails (its error is raised after).
+        """
         with self._lock:
-            self._group.commit(force=True)
-            self._txn_acks.closed = True
-        self._group.close()
-        self._acks.close()
-        self._follower.close()
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            with self._lock:
+                self._group.commit(force=True)
+        finally:
+            with self._lock:
+                self._txn_acks.closed = True
+            self._group.close()
+            self._acks.close()
+            self._follower.close()
 
     def tracked_txns(self) -> int:
         """Txns whose acks this consumer still tracks (a bound test reads it)."""

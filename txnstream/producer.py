@@ -128,6 +128,7 @@ class Producer:
     def __init__(self, config: Config, topic: str, **kafka: object) -> None:
         self.topic = topic
         self._kafka = KafkaProducer(config.producer(**kafka))
+        self._closed = False
         self.num_partitions = _partitions_of(self._kafka, topic, config.admin_timeout_s,
                                              config.bootstrap_servers)
         self._rr = itertools.count()
@@ -341,10 +342,13 @@ class Producer:
         """Wait for every outstanding send."""
         self._kafka.flush(timeout_s)
 
-    def close(self) -> None:
-        """Flush, then close the Kafka producer.
+    def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Flush, then close the Kafka producer; a second call does nothing.
 
-        A send not delivered within ``FLUSH_TIMEOUT_S`` is dropped; its transaction can
-        then only abort.
+        A send not delivered within ``timeout_s`` is dropped; its transaction can then
+        only abort.
         """
-        close_producer(self._kafka, FLUSH_TIMEOUT_S)
+        if self._closed:
+            return
+        self._closed = True
+        close_producer(self._kafka, timeout_s)
