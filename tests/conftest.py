@@ -120,8 +120,10 @@ def _local_broker() -> Any:
     cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
 
     def discard() -> None:  # also on an interrupted run
-        cluster.down()
-        shutil.rmtree(state, ignore_errors=True)
+        try:
+            cluster.down()
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
 
     atexit.register(discard)
     cluster.up()
