@@ -147,6 +147,15 @@ class TopicIds:
                 out[name] = str(desc.topic_id)
         return out
 
+    def close(self) -> None:
+        """Drop the admin client, so a stopped worker does not go on reconnecting.
+
+        An admin client has no ``close()``: librdkafka destroys it when the last
+        reference goes. Asked again after, no id is known.
+        """
+        self._admin = None
+        self._retry_at = float("inf")
+
     def _admin_(self) -> AdminClient | None:
         if self._admin is None and time.monotonic() >= self._retry_at:
             try:

@@ -250,6 +250,7 @@ class BufferWorker:
                                 ("data close", self._data.close),
                                 ("registry close", self._registry.close),
                                 ("coordinator client close", self._ongoing.close),
+                                ("topic ids close", self._logs.topic_ids.close),
                                 ("producer close", lambda: close_producer(self._producer, 5))):
                 self._step(what, close)
 

@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient
 from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from txnstream.coordinator.log_entry import TransactionLogEntry
-from txnstream.errors import is_retriable_kafka_error, message_error
+from txnstream.errors import TxnStreamError, is_retriable_kafka_error, message_error
 from txnstream.kafka.fetch import KafkaRecord, drain
 from txnstream.kafka.topics import NO_AUTO_CREATE
 
@@ -136,7 +136,7 @@ class TransactionLog(Protocol):
 # ------------------------------------------------------------------ Kafka
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KafkaClients:
     """The Kafka clients of one worker, shared by its parts.
 
@@ -150,7 +150,9 @@ class KafkaClients:
     """Member of the ``<prefix>-coordinators`` group over the log topic."""
     producer: Producer
     """Made with :data:`PRODUCER_SETTINGS` (it never creates a topic)."""
-    admin: AdminClient
+    admin: AdminClient | None
+    """None once the log is closed (an admin client has no ``close()``: it is destroyed
+    when the last reference goes)."""
 
 
 @dataclass
@@ -266,13 +268,17 @@ class KafkaTransactionLog:
 
     def truncate(self, tc_id: int, before: int) -> None:
         """``delete_records`` below ``before``, waiting up to ``admin_timeout_s``."""
-        fut = self.clients.admin.delete_records([KafkaTP(self.topic, tc_id, before)])
+        admin = self.clients.admin
+        if admin is None:
+            raise TxnStreamError(f"{self.topic}: cannot truncate tc {tc_id}, the log is closed")
+        fut = admin.delete_records([KafkaTP(self.topic, tc_id, before)])
         for f in fut.values():
             f.result(self.admin_timeout_s)
 
     def close(self) -> None:
-        """Close the group consumer (it leaves the group)."""
+        """Close the group consumer (it leaves the group); drop the admin client."""
         self.clients.consumer.close()
+        self.clients.admin = None
 
 
 # ------------------------------------------------------------------ in memory
