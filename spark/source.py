@@ -273,7 +273,10 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._last_trigger_ms = 0.0
         """When ``minOffsetsPerTrigger`` last let a micro-batch through (0: never)."""
         self._planner_: Planner | None = None
-        _ = self._planner  # fail fast on bad options (unknown topics) at query start
+        self._initial: Offsets | None = None
+        # No Kafka client yet: Spark also builds a stream reader in its planning worker,
+        # only to ship read() to the tasks. The query's source runner meets a bad option
+        # (an unknown topic) at its first call, initialOffset or latestOffset.
 
     @property
     def _planner(self) -> Planner:
@@ -288,7 +291,11 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return state
 
     def initialOffset(self) -> Offsets:
-        return self._planner.starts(self.opts.starting)
+        # Resolved once, as Kafka's source does: Spark asks for it more than once at a
+        # query's start, and the answer must not move between the asks.
+        if self._initial is None:
+            self._initial = self._planner.starts(self.opts.starting)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_records_per_trigger:

@@ -10,6 +10,7 @@ DataFrame resolves ``latest`` each time it is read, not once.
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -145,6 +146,22 @@ def test_stream_refuses_ending_offsets_as_kafka_does(spark, config, tmp_path):
     msg = error_of(start)
     assert "option 'endingOffsets': ending offset not valid in streaming queries" in msg, \
         msg[-1500:]
+
+
+def test_stream_of_a_missing_topic_fails_at_its_start_naming_the_topic(spark, config,
+                                                                     tmp_path):
+    missing = f"missing-{uuid.uuid4().hex[:6]}"
+
+    def start():
+        q = (spark.readStream.format("txnstream")
+             .options(**opts(config, subscribe=missing)).load()
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination(60)
+        q.stop()
+
+    msg = error_of(start)
+    assert f"option 'subscribe': topic {missing!r} does not exist" in msg, msg[-1500:]
 
 
 # ---------------------------------------------------------------- 3. options
