@@ -2,8 +2,9 @@
 
     python tests/spark/upper_job.py BOOTSTRAP PREFIX SRC DST CHECKPOINT [--available-now]
 Runs micro-batches of at most 300 records every second; exits 8 s after the last batch.
-With --available-now (the run after the kills): reads what is there in batches of at most
-300 and exits when they are written (Trigger.AvailableNow).
+With --available-now (the run after the kills): replays the batch a kill left planned but
+not committed (its range is in the checkpoint), reads the rest in one batch, and exits when
+they are written (Trigger.AvailableNow).
 """
 
 import os
@@ -28,7 +29,8 @@ spark = (SparkSession.builder.master("local[2]").appName("upper-job")
          .config("spark.executorEnv.PYTHONPATH", root).getOrCreate())
 spark.dataSource.register(TxnStreamDataSource)
 o = {"kafka.bootstrap.servers": boot, "txnstream.prefix": prefix}
-q = (spark.readStream.format("txnstream").options(**o, subscribe=src, maxRecordsPerTrigger="300",
+limit = {} if available_now else {"maxRecordsPerTrigger": "300"}
+q = (spark.readStream.format("txnstream").options(**o, subscribe=src, **limit,
                                                    startingOffsets="earliest")
      .load().select(F.col("key"), F.upper(F.col("value").cast("string")).alias("value"))
      .writeStream.format("txnstream")
