@@ -226,5 +226,11 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # the body's error is the one to see, not a close's after it
+            log.warning("closing the client after an error", exc_info=True)
