@@ -52,10 +52,11 @@ def project_wheel() -> Path:
 def clean_env() -> dict[str, str]:
     """This environment minus anything that would put the checkout on the path.
 
-    The Spark session fixture puts the checkout on ``PYTHONPATH`` for its workers; a pip
-    run with it sees the checkout's ``txnstream.egg-info``, finds txnstream "already
-    satisfied", and installs only its dependencies (under pytest-xdist, a worker that ran
-    a Spark test before the wheel test did exactly that).
+    A pip run with the checkout on ``PYTHONPATH`` sees its ``txnstream.egg-info``, finds
+    txnstream "already satisfied", and installs only its dependencies (under
+    pytest-xdist, a worker that ran a Spark test before the wheel test did exactly that,
+    while the Spark session fixture left the checkout there; it no longer does, and a
+    developer's own ``PYTHONPATH`` may still hold it).
     """
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}

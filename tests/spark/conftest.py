@@ -26,14 +26,25 @@ def spark() -> Iterator[object]:
     from txnstream_spark.datasource import TxnStreamDataSource
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
-    session = (SparkSession.builder.master("local[2,2]").appName("txnstream-tests")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.executorEnv.PYTHONPATH", root)
-               .getOrCreate())
+    # The checkout on PYTHONPATH for the Python workers Spark starts (they unpickle test
+    # helpers by module), for the JVM's environment only: it is copied when the JVM is
+    # launched, so it is taken back after. Left set, it leaked into every subprocess
+    # this test process started later (a pip run saw the checkout's egg-info).
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = root + (os.pathsep + before if before else "")
+    try:
+        session = (SparkSession.builder.master("local[2,2]").appName("txnstream-tests")
+                   .config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.driver.bindAddress", "127.0.0.1")
+                   .config("spark.driver.host", "127.0.0.1")
+                   .config("spark.executorEnv.PYTHONPATH", root)
+                   .getOrCreate())
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
     session.dataSource.register(TxnStreamDataSource)
     try:
         yield session
