@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
@@ -305,9 +305,24 @@ class Consumer:
         by_tp: dict[TopicPartition, list[Message]] = {}
         for m in msgs:
             by_tp.setdefault(m.tp, []).append(m)
+        if txn is not None:  # one registration for every partition, not one each
+            txn.register_subscriptions(self._subscription_refs(by_tp))
         for tp_msgs in by_tp.values():
             tp_msgs.sort(key=lambda m: m.offset)
             self._ack(tp_msgs, txn, cumulative=None)
+
+    def prepare_acks(self, msgs: Iterable[Message], txn: Transaction) -> None:
+        """Register ``msgs``' partitions of this subscription with ``txn``, in the background.
+
+        For a caller that will ack them in ``txn`` later (the exactly-once processor,
+        as each input arrives): that ack then finds the registration sent, and waits
+        only for what is still on its way instead of a round trip of its own. Nothing
+        is acked here; a failed registration makes ``txn`` abort-only.
+        """
+        txn.register_subscriptions(self._subscription_refs(m.tp for m in msgs), wait=False)
+
+    def _subscription_refs(self, tps: Iterable[TopicPartition]) -> list[SubscriptionRef]:
+        return [SubscriptionRef(tp.topic, tp.partition, self.subscription) for tp in set(tps)]
 
     def redeliver_unacknowledged(self, msgs: Sequence[Message] | None = None) -> int:
         """Deliver again, at once, records taken and not acked (``msgs``, or all).

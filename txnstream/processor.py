@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from txnstream.client import Client
 from txnstream.errors import TransactionOutcomeUnknownError, TxnStreamError
 from txnstream.message import Message
-from txnstream.types import TxnStatus
+from txnstream.types import TopicPartition, TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.transaction import Transaction
@@ -93,6 +93,7 @@ class ExactlyOnceProcessor:
         txn: Transaction | None = None
         taken: list[Message] = []
         outs = 0
+        seen: set[TopicPartition] = set()
         deadline = time.monotonic() + self.batch_interval_s
         try:
             while len(taken) < self.batch_size:
@@ -106,6 +107,9 @@ class ExactlyOnceProcessor:
                 if txn is None:
                     txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
                     deadline = time.monotonic() + self.batch_interval_s
+                if msg.tp not in seen:  # its ack's registration, sent as the batch fills
+                    seen.add(msg.tp)
+                    self.consumer.prepare_acks([msg], txn)
                 outs += self._emit(self.fn(msg), txn)
             if txn is None:
                 self._give_back(None, taken)

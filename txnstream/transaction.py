@@ -100,6 +100,9 @@ class Transaction:
         self._status = TxnStatus.OPEN
         self._partitions: set[TopicPartition] = set()
         self._subscriptions: set[SubscriptionRef] = set()
+        """Registered with the coordinator (confirmed): acks there may be logged."""
+        self._subscriptions_sent: set[SubscriptionRef] = set()
+        """Sent in the background (``register_subscriptions(wait=False)``)."""
         self._lock = threading.RLock()
         self._state_mutex = threading.Lock()
         self._state_lock = threading.Condition(self._state_mutex)
@@ -223,21 +226,43 @@ class Transaction:
         if isinstance(exc, _ENDED_ERRORS):
             self.ended_remotely(exc)
 
-    def register_subscriptions(self, subs: Iterable[SubscriptionRef]) -> None:
+    def register_subscriptions(self, subs: Iterable[SubscriptionRef], wait: bool = True
+                               ) -> None:
         """Tell the coordinator about acked subscriptions (before acking on them).
 
-        Always awaited (never pipelined): the coordinator writes a COMMIT/ABORT mark
-        into the pending-ack log only for subscriptions it knows, and nothing else ends
-        a pending ack there (see the module docstring).
+        An ack waits for its subscription's registration: the coordinator writes a
+        COMMIT/ABORT mark into the pending-ack log only for subscriptions it knows, and
+        nothing else ends a pending ack there (see the module docstring). ``wait=False``
+        sends it in the background (when the client has a pipeline) for an ack to come:
+        e.g. as a batch's inputs arrive, so the batch's ack finds it confirmed. An ack
+        (``wait=True``) on a subscription sent so waits for that request and raises its
+        error; only a confirmed registration lets an ack be logged.
         """
         with self._lock:
             self._check_open("acknowledge")
             new = set(subs) - self._subscriptions
             if not new:
                 return
-            self._tc.request(TcOp.ADD_SUBSCRIPTIONS, self.id.tc_id, txn_seq=self.id.least_bits,
-                             subscriptions=tuple(sorted(new)))
+            if not wait:
+                new -= self._subscriptions_sent
+                refs = tuple(sorted(new))
+                if refs and self.in_background(lambda: self._add_subscriptions(refs)):
+                    self._subscriptions_sent |= new
+                return
+            if new <= self._subscriptions_sent:
+                self._await_registrations()
+                if self._requests.error is not None:
+                    raise TxnStreamError(
+                        f"transaction {self.id} can only abort: {self._requests.error}",
+                        self.id) from self._requests.error
+                self._subscriptions |= new
+                return
+            self._add_subscriptions(tuple(sorted(new)))
             self._subscriptions |= new
+
+    def _add_subscriptions(self, refs: tuple[SubscriptionRef, ...]) -> None:
+        self._tc.request(TcOp.ADD_SUBSCRIPTIONS, self.id.tc_id, txn_seq=self.id.least_bits,
+                         subscriptions=refs)
 
     def add_flusher(self, flush: Callable[[], None], key: object = None) -> None:
         """Called by producers and consumers: ``flush`` waits for this txn's sends/acks.

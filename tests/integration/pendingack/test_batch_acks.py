@@ -108,3 +108,67 @@ def test_acknowledge_batch_of_next_records_is_one_cumulative_ack(config, worker,
     c2 = client.subscribe(topic, subscription=sub)
     assert c2.receive(timeout_s=3) is None
     c2.close()
+
+
+def _count_registrations(client, monkeypatch) -> list[tuple[str, tuple]]:
+    """Every ADD_SUBSCRIPTIONS the client sends: (the sending thread's name, its refs)."""
+    import threading
+
+    from txnstream.coordinator.protocol import TcOp
+
+    sent: list[tuple[str, tuple]] = []
+    request = client.tc.request
+
+    def counting(op, *args, **kw):
+        if op is TcOp.ADD_SUBSCRIPTIONS:
+            sent.append((threading.current_thread().name, kw["subscriptions"]))
+        return request(op, *args, **kw)
+
+    monkeypatch.setattr(client.tc, "request", counting)
+    return sent
+
+
+def test_acknowledge_batch_over_four_partitions_registers_them_in_one_request(
+        config, worker, client, monkeypatch):
+    topic = make_topic(config, PARTITIONS)
+    p = client.create_producer(topic)
+    for i in range(4 * PARTITIONS):
+        p.send(f"m{i}".encode(), partition=i % PARTITIONS)
+    p.flush()
+    c = client.subscribe(topic, subscription=f"reg-{uuid.uuid4().hex[:6]}")
+    msgs = receive_n(c, 4 * PARTITIONS)
+    sent = _count_registrations(client, monkeypatch)
+    with client.transaction() as txn:
+        c.acknowledge_batch(msgs, txn=txn)
+    c.close()
+    assert len(sent) == 1, sent
+    assert sorted(ref.partition for ref in sent[0][1]) == list(range(PARTITIONS))
+
+
+def test_processor_registers_its_acks_in_the_background_while_the_batch_fills(
+        config, worker, client, monkeypatch):
+    """The batch's ack waits for no registration round trip of its own."""
+    import threading
+
+    src, dst = make_topic(config, PARTITIONS, "in"), make_topic(config, PARTITIONS, "out")
+    p = client.create_producer(src)
+    for part in range(PARTITIONS):
+        for i in range(PER_PARTITION):
+            p.send(f"v{part}-{i}".encode(), partition=part)
+    p.flush()
+    proc = ExactlyOnceProcessor(client, src, f"bg-{uuid.uuid4().hex[:6]}", dst,
+                                lambda m: (m.key, (m.value or b"").upper()),
+                                batch_size=1000, batch_interval_s=1.0)
+    sent = _count_registrations(client, monkeypatch)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.stats.inputs < PARTITIONS * PER_PARTITION and time.monotonic() < deadline:
+            proc.run_batch()
+        assert proc.stats.inputs == PARTITIONS * PER_PARTITION
+        assert proc.stats.aborted_batches == 0
+    finally:
+        proc.close()
+    me = threading.current_thread().name
+    assert sent and not [s for s in sent if s[0] == me], sent
+    per_batch = len({ref.partition for _, refs in sent for ref in refs})
+    assert per_batch == PARTITIONS
