@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from typing import Any
 
 from txnstream.errors import TxnStreamError
 from txnstream.types import TxnID
@@ -120,6 +121,8 @@ class BackgroundRequests:
         self._on_failure = on_failure
         self._lock = threading.Lock()
         self._futures: list[Future[None]] = []
+        self._ahead: set[Any] = set()
+        """Registered in requests sent ahead of their use (:meth:`send_ahead`)."""
         self.error: BaseException | None = None
 
     def send(self, request: Callable[[], object]) -> bool:
@@ -140,6 +143,29 @@ class BackgroundRequests:
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
             self._futures.append(future)
+        return True
+
+    def send_ahead(self, keys: set[Any], request: Callable[[tuple[Any, ...]], object]) -> None:
+        """Send ``request(those keys not sent ahead yet)``, ahead of the keys' use."""
+        with self._lock:
+            fresh = tuple(sorted(keys - self._ahead))
+        if fresh and self.send(lambda: request(fresh)):
+            with self._lock:
+                self._ahead.update(fresh)
+
+    def wait_ahead(self, keys: set[Any]) -> bool:
+        """Whether every one of ``keys`` was sent ahead; if so, after waiting for them.
+
+        Raises the first failure of this txn's requests: a use must not go on without
+        its registration.
+        """
+        with self._lock:
+            if not keys <= self._ahead:
+                return False
+        self.wait()
+        if self.error is not None:
+            raise TxnStreamError(f"transaction {self._txn_id} can only abort: {self.error}",
+                                 self._txn_id) from self.error
         return True
 
     def wait(self, timeout_s: float | None = None) -> None:
@@ -174,3 +200,4 @@ class BackgroundRequests:
         """The txn ended: nothing is waited for any more."""
         with self._lock:
             self._futures.clear()
+            self._ahead.clear()

@@ -7,8 +7,8 @@ its commit raises and aborts instead.
 
 Pipelined registration: a new partition's ``ADD_PARTITIONS`` goes out in the
 background (:mod:`txnstream.pipeline`) and the write proceeds at once, except a
-topic's first registration by the client; subscriptions are always registered before
-the ack.
+topic's first registration by the client; an ack waits for its subscription's
+registration (which may have been sent ahead, as a batch's inputs arrived).
 
 The deadline: a transaction knows its timeout and when it opened (when the reply to
 NEW arrived, so the client's deadline is never earlier than the coordinator's, which
@@ -100,9 +100,6 @@ class Transaction:
         self._status = TxnStatus.OPEN
         self._partitions: set[TopicPartition] = set()
         self._subscriptions: set[SubscriptionRef] = set()
-        """Registered with the coordinator (confirmed): acks there may be logged."""
-        self._subscriptions_sent: set[SubscriptionRef] = set()
-        """Sent in the background (``register_subscriptions(wait=False)``)."""
         self._lock = threading.RLock()
         self._state_mutex = threading.Lock()
         self._state_lock = threading.Condition(self._state_mutex)
@@ -124,10 +121,9 @@ class Transaction:
     def status(self) -> TxnStatus:
         """The client's view of the status (the coordinator's is ``info().status``).
 
-        COMMITTING or ABORTING after an end raised ``TransactionOutcomeUnknownError``:
-        the outcome is not known yet; ``commit()`` (or ``abort()``) again asks.
-        TIMED_OUT once the deadline passed while OPEN (no request is made): it can only
-        abort; ABORTED once the coordinator confirmed that.
+        COMMITTING or ABORTING after an end raised ``TransactionOutcomeUnknownError``
+        (``commit()`` or ``abort()`` again asks). TIMED_OUT once the deadline passed while
+        OPEN (no request is made): it can only abort; ABORTED once confirmed.
         """
         status = self._status
         if status is TxnStatus.OPEN and self._expired():
@@ -210,15 +206,10 @@ class Transaction:
     def in_background(self, request: Callable[[], object]) -> bool:
         """Send a coordinator ``request`` of this txn on the client's pipeline.
 
-        ``commit()`` and :meth:`flush` wait for it; its failure makes the transaction
-        abort-only (the commit raises that error). False if there is no pipeline (the
-        caller sends it itself).
+        False if there is none (the caller sends it). ``commit()`` and :meth:`flush`
+        wait for it; its failure makes the txn abort-only (the commit raises it).
         """
         return self._requests.send(request)
-
-    def _await_registrations(self, timeout_s: float | None = None) -> None:
-        """Wait for the pipelined registrations sent so far (``timeout_s``: at most)."""
-        self._requests.wait(timeout_s)
 
     def _request_failed(self, exc: BaseException) -> None:
         """A background request failed or was not confirmed: the txn can only abort."""
@@ -230,13 +221,10 @@ class Transaction:
                                ) -> None:
         """Tell the coordinator about acked subscriptions (before acking on them).
 
-        An ack waits for its subscription's registration: the coordinator writes a
-        COMMIT/ABORT mark into the pending-ack log only for subscriptions it knows, and
-        nothing else ends a pending ack there (see the module docstring). ``wait=False``
-        sends it in the background (when the client has a pipeline) for an ack to come:
-        e.g. as a batch's inputs arrive, so the batch's ack finds it confirmed. An ack
-        (``wait=True``) on a subscription sent so waits for that request and raises its
-        error; only a confirmed registration lets an ack be logged.
+        An ack waits for its registration: the coordinator marks only the subscriptions
+        it knows, and nothing else ends a pending ack there (module docstring).
+        ``wait=False`` sends it ahead in the background, e.g. as a batch's inputs arrive;
+        the ack then waits for that request (and raises its error) instead of its own.
         """
         with self._lock:
             self._check_open("acknowledge")
@@ -244,20 +232,10 @@ class Transaction:
             if not new:
                 return
             if not wait:
-                new -= self._subscriptions_sent
-                refs = tuple(sorted(new))
-                if refs and self.in_background(lambda: self._add_subscriptions(refs)):
-                    self._subscriptions_sent |= new
+                self._requests.send_ahead(new, self._add_subscriptions)
                 return
-            if new <= self._subscriptions_sent:
-                self._await_registrations()
-                if self._requests.error is not None:
-                    raise TxnStreamError(
-                        f"transaction {self.id} can only abort: {self._requests.error}",
-                        self.id) from self._requests.error
-                self._subscriptions |= new
-                return
-            self._add_subscriptions(tuple(sorted(new)))
+            if not self._requests.wait_ahead(new):
+                self._add_subscriptions(tuple(sorted(new)))
             self._subscriptions |= new
 
     def _add_subscriptions(self, refs: tuple[SubscriptionRef, ...]) -> None:
@@ -318,18 +296,16 @@ class Transaction:
                 pass
 
     def flush(self) -> None:
-        """Wait for the txn's registrations and sends; ``TxnStreamError`` if one failed.
+        """Wait for the registrations and sends; ``TxnStreamError`` (abort-only) if one failed.
 
-        A failure makes the transaction abort-only.
-
-        What :meth:`commit` checks before committing, for writers whose commit is done
-        elsewhere (the Spark sink's tasks, whose driver commits them as a group, or a
-        process writing into a txn another one commits). For an attached handle it then
-        asks the coordinator whether the txn is still OPEN: if it is, every record just
-        flushed precedes the txn's markers; if not, some may follow them and be dropped,
-        and this raises ``InvalidTxnStatusError`` naming the state.
+        What :meth:`commit` checks first, for writers whose commit is done elsewhere (the
+        Spark sink's tasks, committed by their driver as a group, or a process writing
+        into a txn another one commits). For an attached handle it then asks the
+        coordinator whether the txn is still OPEN: if it is, every record just flushed
+        precedes the txn's markers; if not, some may follow them and be dropped, and
+        this raises ``InvalidTxnStatusError`` naming the state.
         """
-        self._await_registrations()
+        self._requests.wait()  # the registrations sent so far
         self._run_flushers()
         if self._remote_end is not None:
             raise self._remote_end
@@ -366,7 +342,7 @@ class Transaction:
             if self._status is not TxnStatus.COMMITTING:  # a retry skips straight to END
                 self._check_open("commit")
                 self._leave_open(TxnStatus.COMMITTING)
-                self._await_registrations()
+                self._requests.wait()  # the registrations sent so far
                 try:
                     self._run_flushers()
                 except Exception as exc:
@@ -416,8 +392,7 @@ class Transaction:
 
         Waits (briefly) for the txn's outstanding sends first, as Pulsar's abort does.
         ``TransactionOutcomeUnknownError`` if the coordinator did not answer: the status
-        stays ABORTING (COMMITTING if a commit's outcome was unknown) and a later
-        ``abort()`` asks again.
+        stays ABORTING (COMMITTING after an unknown commit); ``abort()`` asks again.
         """
         with self._lock:
             if self._status is TxnStatus.ABORTED:
@@ -427,18 +402,17 @@ class Transaction:
             if self._status is TxnStatus.OPEN:
                 self._leave_open(TxnStatus.ABORTING)
                 # Registrations first, so the ABORT markers reach every partition written.
-                self._await_registrations(ABORT_FLUSH_TIMEOUT_S)
+                self._requests.wait(ABORT_FLUSH_TIMEOUT_S)
                 self._run_flushers(deadline=time.monotonic() + ABORT_FLUSH_TIMEOUT_S)
             self._send_abort()
 
     def _time_out(self) -> None:
         """Past the deadline: raise the coordinator's ``TransactionTimeoutError``.
 
-        1. Leave OPEN (status TIMED_OUT) and wait for sends already past their OPEN
-           check, so none lands after the abort.
-        2. Tell the coordinator to abort in the background, best effort: it aborts the
-           txn at its own deadline anyway; asking frees the txn's partitions sooner.
-           Its confirmation moves the status to ABORTED and runs the end listeners.
+        1. Leave OPEN (TIMED_OUT), waiting for sends past their OPEN check (none lands
+           after the abort). 2. Ask the coordinator to abort, in the background, best
+           effort (it aborts at its own deadline anyway; asking frees the partitions
+           sooner); its confirmation moves the status to ABORTED, runs the listeners.
         """
         if self._status is TxnStatus.OPEN:
             self._timed_out = True
@@ -456,7 +430,7 @@ class Transaction:
             with self._lock:
                 if self._status is not TxnStatus.TIMED_OUT:
                     return  # abort() got there first
-                self._await_registrations(ABORT_FLUSH_TIMEOUT_S)
+                self._requests.wait(ABORT_FLUSH_TIMEOUT_S)
                 self._send_abort()
         except Exception as exc:  # noqa: BLE001 - best effort: the coordinator aborts it
             log.debug("abort of timed-out %s not confirmed: %s", self.id, exc)
