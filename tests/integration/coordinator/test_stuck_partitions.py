@@ -12,6 +12,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -154,18 +155,23 @@ def secured(config: Config, tmp_path: Path) -> Iterator[CoordinatorWorker]:
         w.stop()
 
 
+@contextmanager
+def _clients(config: Config, *principals: str) -> Iterator[tuple[Client, ...]]:
+    """A client per principal (``txnstream`` is the admin), all closed afterwards."""
+    made = [Client(config=config.with_(
+        tc_principal=who, tc_secret=ADMIN_SECRET if who == "txnstream" else SECRETS[who]))
+        for who in principals]
+    try:
+        yield tuple(made)
+    finally:
+        for c in made:
+            c.close()
+
+
 def test_an_admin_force_ends_a_txn_stuck_on_a_partition_that_refuses_its_marker(
         secured, config):
     """Old: ``txn abort`` refused a COMMITTING txn and nothing else could end it."""
-    made: list[Client] = []
-
-    def client_of(who: str) -> Client:
-        secret = ADMIN_SECRET if who == "txnstream" else SECRETS[who]
-        made.append(Client(config=config.with_(tc_principal=who, tc_secret=secret)))
-        return made[-1]
-
-    try:
-        alice, bob, admin = client_of("alice"), client_of("bob"), client_of("txnstream")
+    with _clients(config, "alice", "bob", "txnstream") as (alice, bob, admin):
         refusing = make_topic(config, 1, "refusing")  # sorts before "writable"
         writable = make_topic(config, 1, "writable")
         txn = alice.new_transaction(timeout_s=60, tc_id=2)
@@ -198,9 +204,6 @@ def test_an_admin_force_ends_a_txn_stuck_on_a_partition_that_refuses_its_marker(
         assert MarkerKind.COMMIT.value not in {
             k for (_, k) in _txn_markers(config, refusing, txn.id)}
         assert restarts(admin, 2) == 0
-    finally:
-        for c in made:
-            c.close()
 
 
 def test_commit_returns_once_decided_while_a_marker_is_still_refused(secured, config):
@@ -208,9 +211,7 @@ def test_commit_returns_once_decided_while_a_marker_is_still_refused(secured, co
 
     Old: ``commit()`` waited for every marker, here until an admin force-ended the txn.
     """
-    alice = Client(config=config.with_(tc_principal="alice", tc_secret=SECRETS["alice"]))
-    admin = Client(config=config.with_(tc_principal="txnstream", tc_secret=ADMIN_SECRET))
-    try:
+    with _clients(config, "alice", "txnstream") as (alice, admin):
         refusing = make_topic(config, 1, "refusing")
         txn = alice.new_transaction(timeout_s=60, tc_id=2)
         alice.create_producer(refusing).send(b"x", txn=txn, partition=0)
@@ -220,18 +221,12 @@ def test_commit_returns_once_decided_while_a_marker_is_still_refused(secured, co
         assert txn.status is TxnStatus.COMMITTED
         assert admin.admin.get_transaction(txn.id).status is TxnStatus.COMMITTING  # decided
         assert admin.admin.force_end(txn.id).status is TxnStatus.COMMITTED
-    finally:
-        alice.close()
-        admin.close()
 
 
 def test_an_attached_txns_commit_waits_for_its_markers(secured, config):
     """A txn another process attached to keeps Pulsar's order: its END is answered after
     the markers, so that process's sends after ``commit()`` returned trail them."""
-    alice = Client(config=config.with_(tc_principal="alice", tc_secret=SECRETS["alice"]))
-    peer = Client(config=config.with_(tc_principal="alice", tc_secret=SECRETS["alice"]))
-    admin = Client(config=config.with_(tc_principal="txnstream", tc_secret=ADMIN_SECRET))
-    try:
+    with _clients(config, "alice", "alice", "txnstream") as (alice, peer, admin):
         refusing = make_topic(config, 1, "refusing")
         txn = alice.new_transaction(timeout_s=60, tc_id=2)
         attached = peer.attach_transaction(str(txn.id))
@@ -245,7 +240,3 @@ def test_an_attached_txns_commit_waits_for_its_markers(secured, config):
         assert not committed.done(), "answered before its markers were written"
         assert admin.admin.force_end(txn.id).status is TxnStatus.COMMITTED
         committed.result(timeout=15)
-    finally:
-        alice.close()
-        peer.close()
-        admin.close()

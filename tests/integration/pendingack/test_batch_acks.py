@@ -34,26 +34,36 @@ def acks_logged(config, subscription: str) -> list[PendingAckEntry]:
     return out
 
 
-def test_processor_batch_logs_one_cumulative_ack_per_partition(config, worker, client):
+def _processor(config, client, sub: str) -> ExactlyOnceProcessor:
+    """A processor (batches of up to 1000) over PARTITIONS x PER_PARTITION new inputs."""
     src, dst = make_topic(config, PARTITIONS, "in"), make_topic(config, PARTITIONS, "out")
     p = client.create_producer(src)
     for part in range(PARTITIONS):
         for i in range(PER_PARTITION):
             p.send(f"v{part}-{i}".encode(), partition=part)
     p.flush()
-    sub = f"batch-{uuid.uuid4().hex[:6]}"
-    proc = ExactlyOnceProcessor(client, src, sub, dst,
+    return ExactlyOnceProcessor(client, src, sub, dst,
                                 lambda m: (m.key, (m.value or b"").upper()),
                                 batch_size=1000, batch_interval_s=1.0)
+
+
+def _process_all(proc: ExactlyOnceProcessor) -> None:
+    """Batches until every input is committed, none aborted; then closes ``proc``."""
     try:
         deadline = time.monotonic() + 60
         while proc.stats.inputs < PARTITIONS * PER_PARTITION and time.monotonic() < deadline:
             proc.run_batch()
         assert proc.stats.inputs == PARTITIONS * PER_PARTITION
         assert proc.stats.aborted_batches == 0
-        batches = proc.stats.batches
     finally:
         proc.close()
+
+
+def test_processor_batch_logs_one_cumulative_ack_per_partition(config, worker, client):
+    sub = f"batch-{uuid.uuid4().hex[:6]}"
+    proc = _processor(config, client, sub)
+    _process_all(proc)
+    batches = proc.stats.batches
     entries = acks_logged(config, sub)
     per_txn_tp = Counter((e.txn_id, e.tp) for e in entries)
     assert per_txn_tp and max(per_txn_tp.values()) == 1, per_txn_tp
@@ -150,24 +160,9 @@ def test_processor_registers_its_acks_in_the_background_while_the_batch_fills(
     """The batch's ack waits for no registration round trip of its own."""
     import threading
 
-    src, dst = make_topic(config, PARTITIONS, "in"), make_topic(config, PARTITIONS, "out")
-    p = client.create_producer(src)
-    for part in range(PARTITIONS):
-        for i in range(PER_PARTITION):
-            p.send(f"v{part}-{i}".encode(), partition=part)
-    p.flush()
-    proc = ExactlyOnceProcessor(client, src, f"bg-{uuid.uuid4().hex[:6]}", dst,
-                                lambda m: (m.key, (m.value or b"").upper()),
-                                batch_size=1000, batch_interval_s=1.0)
+    proc = _processor(config, client, f"bg-{uuid.uuid4().hex[:6]}")
     sent = _count_registrations(client, monkeypatch)
-    try:
-        deadline = time.monotonic() + 60
-        while proc.stats.inputs < PARTITIONS * PER_PARTITION and time.monotonic() < deadline:
-            proc.run_batch()
-        assert proc.stats.inputs == PARTITIONS * PER_PARTITION
-        assert proc.stats.aborted_batches == 0
-    finally:
-        proc.close()
+    _process_all(proc)
     me = threading.current_thread().name
     assert sent and not [s for s in sent if s[0] == me], sent
     per_batch = len({ref.partition for _, refs in sent for ref in refs})
