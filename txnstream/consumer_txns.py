@@ -103,10 +103,9 @@ class TxnAcks:
         self._acks.confirmed(txn_id)
 
     def ended(self, txn_id: TxnID, committed: bool) -> None:
-        """The coordinator confirmed ``txn_id``'s end: decided and durable.
+        """The coordinator confirmed ``txn_id``'s end, after writing its marks.
 
-        Its marks may still be on their way. Applied now, so the next ack or receive
-        sees it; the mark read later is a no-op.
+        Applied now, so the next ack or receive sees it; the mark read later is a no-op.
         """
         with self._lock:
             for tp in self._tps.get(txn_id, ()):

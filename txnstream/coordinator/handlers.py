@@ -8,14 +8,6 @@ in-memory store, which applies the change at once and queues its log entries
 the reply, or None if the request waits for its txn to end (END, END_GROUP): the worker
 sends a reply only after the entries read back, the finalizer answers the waiters.
 
-An END is answered as soon as its decision (COMMITTING/ABORTING) reads back, before the
-markers (Kafka's order: EndTxn answers once PrepareCommit is logged; DESIGN.md section
-5), when the txn was opened by this incarnation and nobody looked it up while it was
-OPEN: then its opener's handle, now ended, was its only writer. A txn another process
-may write into (it attached: a GET) waits for its markers (Pulsar's order), so a record
-that process sends after ``commit()`` returned lands after them and is dropped, as its
-``flush()`` says. After a failover every replayed txn is treated as shared.
-
 * **NEW** opens one txn; **RESERVE** opens a block of up to :data:`MAX_RESERVE` txns
   with a lease (a client's TxnID pool) and **ACTIVATE** starts a handed-out txn's
   deadline from its hand-out.
@@ -257,12 +249,8 @@ class TcRequestHandler:
                     admin_may=not req.commit)
         reason = ABORT_ADMIN if req.reason == ABORT_ADMIN and caller.admin else ABORT_CLIENT
         res = tc.store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
-        meta = res.meta
-        if meta.status.is_final:
+        if res.meta.status.is_final:
             return self._ok(tc, req)
-        decided = TxnStatus.COMMITTING if req.commit else TxnStatus.ABORTING
-        if meta.status is decided and _sole_writer(tc, meta):
-            return self._ok(tc, req)  # sent once the decision reads back; markers follow
         tc.end_waiters[req.txn_seq].append(req)
         return None
 
@@ -326,8 +314,6 @@ class TcRequestHandler:
 
     def _get(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
         meta = self._owned(tc, req.txn_seq, caller, "read")
-        if meta.status is TxnStatus.OPEN:
-            meta.shared = True  # maybe a writer attaching: its END waits for the markers
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
                        txns=(TxnInfo.of(meta),), owner_id=self.worker_id)
 
@@ -369,13 +355,3 @@ class TcRequestHandler:
                       "restarts": self.restarts.get(tc.tc_id, 0)})
         return TcReply(req.request_id, req.client_id, tc.tc_id, stats=stats,
                        owner_id=self.worker_id)
-
-
-def _sole_writer(tc: TcIncarnation, meta: TxnMeta) -> bool:
-    """Whether ``meta``'s opener is known to be its only writer.
-
-    Then its END may be answered before its markers: it was opened by this incarnation
-    and nobody looked it up while it was OPEN.
-    """
-    fresh = tc.fresh_from
-    return fresh is not None and meta.txn_id.least_bits >= fresh and not meta.shared

@@ -37,11 +37,6 @@ class TxnMeta:
     reserved: bool = False
     """Opened by RESERVE and not handed out yet: no writer holds it (not an open txn to
     stats, LIST or ``top``)."""
-    shared: bool = False
-    """Looked up (GET) while OPEN by anyone, e.g. a process attaching to it: its END is
-    answered only once its markers are written (Pulsar's order), so a record sent through
-    another handle after ``commit()`` returned lands after them. In memory only: a txn
-    replayed by a new owner counts as shared (``TcIncarnation.fresh_from``)."""
 
     @property
     def deadline_ms(self) -> int:

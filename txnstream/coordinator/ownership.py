@@ -94,10 +94,6 @@ class TcIncarnation:
     """Txn sequence -> the connection that last sent a request for it (NEW, ACTIVATE,
     ADD): told at once when the txn ends without its own END (timeout, admin), so its
     writer stops sending. Bounded by the live txns (dropped when a txn ends)."""
-    fresh_from: int | None = None
-    """The first txn sequence this incarnation could hand out (its store's next sequence
-    when it started serving): a txn below it was opened under an earlier owner, which
-    may have let another process attach to it unseen by this one."""
     late_aborts: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
     """(TxnID, partitions) an owner tried to register after its txn had ended: they get
     an ABORT marker, so records sent there never wait for one
@@ -237,7 +233,6 @@ class TcOwnership:
 
     def _start_serving(self, tc: TcIncarnation) -> None:
         tc.store.own_epoch = tc.epoch_write
-        tc.fresh_from = tc.store.next_sequence
         tc.phase = TcPhase.SERVING
         tc.next_checkpoint = time.monotonic() + self.checkpoint_interval_s
         metrics.TC_OWNERSHIP_CHANGES.labels("serving").inc()

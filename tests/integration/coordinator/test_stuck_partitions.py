@@ -204,39 +204,3 @@ def test_an_admin_force_ends_a_txn_stuck_on_a_partition_that_refuses_its_marker(
         assert MarkerKind.COMMIT.value not in {
             k for (_, k) in _txn_markers(config, refusing, txn.id)}
         assert restarts(admin, 2) == 0
-
-
-def test_commit_returns_once_decided_while_a_marker_is_still_refused(secured, config):
-    """Kafka's order (DESIGN.md section 5): END is answered once COMMITTING reads back.
-
-    Old: ``commit()`` waited for every marker, here until an admin force-ended the txn.
-    """
-    with _clients(config, "alice", "txnstream") as (alice, admin):
-        refusing = make_topic(config, 1, "refusing")
-        txn = alice.new_transaction(timeout_s=60, tc_id=2)
-        alice.create_producer(refusing).send(b"x", txn=txn, partition=0)
-        txn.flush()
-        set_topic_config(config, refusing, {"max.message.bytes": "16"})
-        txn.commit_async().result(timeout=10)
-        assert txn.status is TxnStatus.COMMITTED
-        assert admin.admin.get_transaction(txn.id).status is TxnStatus.COMMITTING  # decided
-        assert admin.admin.force_end(txn.id).status is TxnStatus.COMMITTED
-
-
-def test_an_attached_txns_commit_waits_for_its_markers(secured, config):
-    """A txn another process attached to keeps Pulsar's order: its END is answered after
-    the markers, so that process's sends after ``commit()`` returned trail them."""
-    with _clients(config, "alice", "alice", "txnstream") as (alice, peer, admin):
-        refusing = make_topic(config, 1, "refusing")
-        txn = alice.new_transaction(timeout_s=60, tc_id=2)
-        attached = peer.attach_transaction(str(txn.id))
-        peer.create_producer(refusing).send(b"x", txn=attached, partition=0)
-        attached.flush()
-        set_topic_config(config, refusing, {"max.message.bytes": "16"})
-        committed = txn.commit_async()
-        wait_until(lambda: admin.admin.get_transaction(txn.id).status is TxnStatus.COMMITTING,
-                   15, "the commit decided")
-        time.sleep(2)
-        assert not committed.done(), "answered before its markers were written"
-        assert admin.admin.force_end(txn.id).status is TxnStatus.COMMITTED
-        committed.result(timeout=15)
