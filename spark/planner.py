@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
+from confluent_kafka import KafkaError, KafkaException
 from pyspark.sql.datasource import InputPartition
 
 from txnstream.config import Config
@@ -42,6 +43,12 @@ LOST_HINT = (
     "in the topic was processed. If you don't want your streaming query to fail on such "
     "cases, set the source option \"failOnDataLoss\" to \"false\".")
 """Kafka's source's words for a loss under ``failOnDataLoss=true``."""
+
+_LOG_NOT_SERVED = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+                             KafkaError._UNKNOWN_TOPIC, KafkaError.LEADER_NOT_AVAILABLE,
+                             KafkaError.NOT_LEADER_FOR_PARTITION})
+"""Watermark errors of a partition whose log is not served right now (a topic being
+deleted or created again, a leader moving): the partition is held that round."""
 COVER_WAIT_S = 30.0
 """How long a micro-batch's plan waits for the served state to cover its range (a
 restarted driver plans ranges its predecessor found committed: the state it follows
@@ -158,6 +165,8 @@ class Planner:
         the new log's start, where the next range starts."""
         self.marks: dict[TopicPartition, tuple[int, int]] = {}
         """Each partition's log start and high watermark as the last refresh read them."""
+        self._unanswered: set[TopicPartition] = set()
+        """Partitions whose watermarks the broker did not give at the last refresh."""
 
     def close(self) -> None:
         self.follower.close()
@@ -180,9 +189,9 @@ class Planner:
 
         self.discover()
         f = self.follower
-        live = [tp for tp in self.tps if tp not in self.gone]
-        marks = {tp: f.watermarks(tp) for tp in live}  # first: see PLAIN
-        self.marks = marks
+        marks = self._watermarks([tp for tp in self.tps if tp not in self.gone])  # first
+        live = list(marks)
+        self.marks = {**self.marks, **marks}
         for tp in live:
             st = f.status.get(tp)
             if st is None or (st is ServeStatus.PLAIN
@@ -226,6 +235,34 @@ class Planner:
                 self._warned.discard(tp)
             self.committed[tp] = max(self.committed.get(tp, low), self._covered_end(tp))
         return dict(self.committed)
+
+    def _watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
+        """Each partition's log start and end now; one not answered for is held.
+
+        Held: left out of this round (no new range until a later round).
+
+        The metadata can list a partition whose log the broker no longer or not yet
+        serves (a topic being deleted or just created again: ``UNKNOWN_TOPIC_OR_PART``,
+        no leader yet) or a leader that is moving. Kafka's source retries such a fetch;
+        here the next trigger asks again. An error that is not transient (not
+        authorized, say) fails the query, naming it.
+        """
+        out: dict[TopicPartition, tuple[int, int]] = {}
+        for tp in tps:
+            try:
+                out[tp] = self.follower.watermarks(tp)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if not isinstance(err, KafkaError) or not (
+                        err.retriable() or err.code() in _LOG_NOT_SERVED):
+                    raise
+                if tp not in self._unanswered:
+                    self._unanswered.add(tp)
+                    log.warning("%s: its log start and end are not known now (%s); held "
+                                "until the broker answers for it", tp, err.str())
+                continue
+            self._unanswered.discard(tp)
+        return out
 
     def discover(self) -> None:
         """Partitions added to the subscribed topics, and topics deleted, since last time.

@@ -145,8 +145,13 @@ def test_a_topic_recreated_under_a_running_query_is_read_from_its_new_start(
             p.flush_transaction(t)
             t.abort()
             commit_values(fresh, topic, new[2:], 0)
+        def new_seen() -> bool:
+            if (error := q.exception()) is not None:  # a dead query never delivers them
+                raise AssertionError(f"the query failed: {str(error)[-1500:]}")
+            return seen[8:] == new
+
         try:
-            wait_until(lambda: seen[8:] == new, 90, "the new log's committed records")
+            wait_until(new_seen, 90, "the new log's committed records")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; seen {seen}") from None
         time.sleep(2)  # nothing else comes
@@ -177,3 +182,44 @@ def test_a_topic_deleted_under_a_running_query_fails_it_under_fail_on_data_loss(
         assert 'set the source option "failOnDataLoss" to "false"' in msg, msg[-1500:]
     finally:
         q.stop()
+
+
+def test_refreshes_racing_a_topic_being_deleted_and_recreated_never_fail_the_query(
+        config, worker, client):
+    """The ends asked while the topic is deleted and created again: its partition may be
+    listed by the metadata while the broker no longer (or not yet) serves its log
+    (``UNKNOWN_TOPIC_OR_PART``). Under ``failOnDataLoss=false`` that round holds the
+    partition; it never fails the query (the old planner raised the KafkaException out
+    of ``latestOffset``, killing the query: the recreated-topic test above hung on it
+    in clean-checkout runs)."""
+    import threading
+
+    from txnstream_spark.options import SourceOptions
+    from txnstream_spark.planner import Planner
+
+    topic = make_topic(config, 1)
+    commit_values(client, topic, [b"a"], 0)
+    planner = Planner(SourceOptions.parse(
+        opts(config, subscribe=topic, failOnDataLoss="false"), stream=True))
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def refresh_all_along() -> None:
+        while not done.is_set():
+            try:
+                planner.refresh()
+            except Exception as exc:  # noqa: BLE001 - what the test is about
+                errors.append(exc)
+
+    t = threading.Thread(target=refresh_all_along, daemon=True)
+    try:
+        planner.refresh()
+        t.start()
+        for _ in range(3):
+            _recreate(config, topic)
+        time.sleep(1.0)
+    finally:
+        done.set()
+        t.join(60)
+        planner.close()
+    assert not errors, errors[:3]
