@@ -33,7 +33,12 @@ from txnstream.consumer_group import CHECKPOINT_INTERVAL_S, GroupMember
 from txnstream.consumer_txns import TxnAcks
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, verdict
-from txnstream.errors import ConfigError, TxnStreamError, message_error
+from txnstream.errors import (
+    ConfigError,
+    TransactionConflictError,
+    TxnStreamError,
+    message_error,
+)
 from txnstream.kafka.fetch import KafkaRecord, drain
 from txnstream.message import Message, split_headers
 from txnstream.pendingack.handle import PendingAckStats
@@ -278,15 +283,22 @@ class Consumer:
         self._ack([msg], txn, cumulative=False)
 
     def acknowledge_cumulative(self, msg: Message, txn: Transaction | None = None) -> None:
-        """Ack every delivered record of the partition up to and including ``msg``."""
+        """Ack every delivered record of the partition up to and including ``msg``.
+
+        In a txn, one that would also take records given back for redelivery (an aborted
+        txn's acks, a nack) and not received again raises ``TransactionConflictError``
+        naming them, and the txn can only abort: they were never processed, and an
+        abort confirmed in the background can give them back at any moment. Outside a
+        txn it takes them, as Pulsar's does.
+        """
         self._ack([msg], txn, cumulative=True)
 
     def cumulative_coverage(self, msg: Message) -> list[int]:
         """The offsets ``acknowledge_cumulative(msg)`` would ack now.
 
         Every unacked one of ``msg``'s partition up to it, including messages queued for
-        redelivery (after an abort) and not received again yet. A processor that
-        cumulatively acks a batch checks they are all its own inputs first.
+        redelivery (after an abort) and not received again yet (in a txn such an ack is
+        refused: :meth:`acknowledge_cumulative`).
         """
         with self._lock:
             return self._reader_for(msg).covered_by(msg.offset)
@@ -374,6 +386,15 @@ class Consumer:
                 cumulative = r.cumulative_is_exact(offsets, txn_id)
             covered = r.covered_by(msg.offset) if cumulative else offsets
             try:
+                if cumulative and txn_id is not None and (
+                        back := self._queue.given_back(msg.tp, covered)):
+                    raise TransactionConflictError(
+                        f"transaction {txn_id} conflicts on {self.subscription}@{msg.tp}: "
+                        f"its cumulative ack of offset {msg.offset} would also ack offsets "
+                        f"{back[:10]}{' and more' if len(back) > 10 else ''}, given back "
+                        "for redelivery (an aborted transaction's acks, or a negative ack) "
+                        "and not received again; receive them first, or ack individually",
+                        txn_id)
                 if cumulative:
                     r.handle.ack_cumulative(msg.offset, txn_id)
                 else:

@@ -185,6 +185,9 @@ class ReadyQueue:
         """In delivery order (the fetch loop appends here directly)."""
         self._nacked: list[tuple[float, int, Message]] = []
         self._seq = 0
+        self._given_back: dict[TopicPartition, set[int]] = {}
+        """Offsets queued again (nacked, redelivered: an aborted txn's acks) and not
+        handed out since: see :meth:`given_back`. Empty on the common path."""
 
     def take(self, n: int, now: float) -> list[Message]:
         """Up to ``n``: nacked ones due first, then the ready ones."""
@@ -199,12 +202,33 @@ class ReadyQueue:
         else:
             while ready and len(out) < n:
                 out.append(ready.popleft())
+        if self._given_back:
+            self._handed_out(out)
         return out
+
+    def _handed_out(self, msgs: list[Message]) -> None:
+        for m in msgs:
+            offs = self._given_back.get(m.tp)
+            if offs is not None:
+                offs.discard(m.offset)
+                if not offs:
+                    del self._given_back[m.tp]
+
+    def given_back(self, tp: TopicPartition, offsets: Iterable[int]) -> list[int]:
+        """Those of ``offsets`` queued again and not handed out since.
+
+        Records an aborted txn's acks gave back (or a nack, a redelivery) below where
+        the caller has already received: a cumulative ack in a txn must not take them
+        unprocessed (the consumer refuses it as a conflict).
+        """
+        offs = self._given_back.get(tp)
+        return sorted(o for o in offsets if o in offs) if offs else []
 
     def nack(self, msg: Message, due: float) -> None:
         """Hand ``msg`` out again at ``due`` (monotonic seconds)."""
         self._seq += 1
         heapq.heappush(self._nacked, (due, self._seq, msg))
+        self._given_back.setdefault(msg.tp, set()).add(msg.offset)
 
     def redeliver(self, msgs: Iterable[Message]) -> int:
         """Queue ``msgs`` again in offset order, ahead of later ones; how many were new.
@@ -216,6 +240,8 @@ class ReadyQueue:
         back = {message_order(m): m for m in msgs if message_order(m) not in waiting}
         if back:
             self.ready = deque(sorted([*self.ready, *back.values()], key=message_order))
+            for m in back.values():
+                self._given_back.setdefault(m.tp, set()).add(m.offset)
         return len(back)
 
     def drop(self, tp: TopicPartition) -> None:
@@ -223,3 +249,4 @@ class ReadyQueue:
         self.ready = deque(m for m in self.ready if m.tp != tp)
         self._nacked = [n for n in self._nacked if n[2].tp != tp]
         heapq.heapify(self._nacked)
+        self._given_back.pop(tp, None)

@@ -224,3 +224,24 @@ def test_a_committed_txns_acks_are_not_delivered_by_the_new_owner():
     assert r.deliver_pos == 3 and r.cursor() == 3
     deliver(r, q, range(3, 5))
     assert offsets(q.take(10, 0.0)) == [3, 4]
+
+
+def test_records_given_back_are_known_until_handed_out_again_and_no_longer():
+    """What a cumulative ack in a txn may not take (the consumer refuses it): records an
+    aborted txn or a nack gave back, while they wait. The set empties as they are taken
+    or their partition is dropped, so it never outgrows the queue."""
+    r, q, _ = received_and_acked_cumulatively(3, T1)
+    deliver(r, q, [3, 4])
+    assert offsets(q.take(2, 0.0)) == [3, 4]  # received, after 0-2
+    q.redeliver(r.end_txn(T1, committed=False))
+    assert q.given_back(TP, r.covered_by(4)) == [0, 1, 2]
+    assert offsets(q.take(2, 0.0)) == [0, 1]
+    assert q.given_back(TP, range(5)) == [2]
+    nacked = q.take(1, 0.0)[0]
+    q.nack(nacked, due=1.0)
+    assert q.given_back(TP, range(5)) == [2]
+    q.take(10, 1.0)
+    assert q.given_back(TP, range(5)) == [] and q._given_back == {}
+    q.nack(msg(7), due=9.0)
+    q.drop(TP)
+    assert q._given_back == {}

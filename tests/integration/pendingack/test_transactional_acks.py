@@ -62,6 +62,37 @@ def test_abort_redelivers(config, worker, client):
     assert sorted(m.value for m in again) == [b"m0", b"m1", b"m2"]
 
 
+def test_a_cumulative_ack_in_a_txn_never_covers_inputs_an_abort_gave_back(
+        config, worker, client):
+    """Soak seed 5's loss (RELIABILITY.md): txn A acked inputs 0-1 cumulatively and
+    aborted while the caller had already taken 2-3; A's abort queued 0-1 again. B's
+    cumulative ack of 3 would ack 0-1 too, never processed: it conflicts instead,
+    naming them, and B can only abort. Once received again they ack as usual."""
+    topic = make_topic(config, 1)
+    fill(client, topic, 4)
+    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    first = receive_all(c, 2)
+    a = client.new_transaction()
+    c.acknowledge_cumulative(first[1], txn=a)
+    later = receive_all(c, 2)
+    assert [m.offset for m in later] == [2, 3]
+    a.abort()  # its acks undone: 0 and 1 are queued again, not received yet
+    b = client.new_transaction()
+    with pytest.raises(TransactionConflictError) as exc:
+        c.acknowledge_cumulative(later[1], txn=b)
+    msg = str(exc.value)
+    assert f"{topic}" in msg and "[0, 1]" in msg and "not received again" in msg, msg
+    with pytest.raises(TxnStreamError):
+        b.commit()  # abort-only: the commit aborts it
+    again = receive_all(c, 2)
+    assert [m.offset for m in again] == [0, 1]
+    with client.transaction() as t:
+        c.acknowledge_cumulative(later[1], txn=t)  # 0-3 all received: one ack takes them
+    wait_until(lambda: (c.receive(timeout_s=0.2), c.pending_ack_stats(later[1].tp).cursor)[1]
+               == 4, 20, "the cumulative ack applied")
+    c.close()
+
+
 def test_conflict_fails_only_the_second_transaction(config, worker, client):
     topic = make_topic(config, 1)
     fill(client, topic, 2)
