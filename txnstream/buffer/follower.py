@@ -56,7 +56,7 @@ RESCAN_INTERVAL_S = 0.25
 SCAN_RETRY_S = 15.0
 """How long a snapshot scan that meets a Kafka error (a broker restarting, a leader
 moving) is retried before the error is raised (``follow``) or the partition waits for
-the next rescan (``poll``)."""
+the next rescan (``poll``, and ``follow`` of a partition known transactional)."""
 WAIT_WARN_AFTER_S = 10.0
 """A partition registered but not served for this long is logged as a warning."""
 
@@ -108,7 +108,16 @@ class BufferStateFollower:
             return self.status[tp]
         slot = self._store.partition_of(tp)
         self._slot[tp] = slot
-        found = self._find(tp)
+        try:
+            found = self._find(tp)
+        except (KafkaException, TimeoutError) as exc:
+            if plain_ok:
+                raise
+            # Transactional whatever a scan would say: it waits for the next rescan
+            # (a reader's receive() must not die of brokers down past the retries).
+            log.warning("%s: cannot read the buffer state of %s yet: %s", self.name, tp, exc)
+            self._wait(tp)
+            return self.status[tp]
         if found.best is not None:
             self._start_view(tp, found.best)
         elif found.registered:

@@ -65,3 +65,28 @@ def test_a_rescan_that_keeps_failing_leaves_the_partition_waiting(follower, capl
         follower._rescan(TP)  # must not raise
     assert follower.status[TP] is ServeStatus.WAITING
     assert "cannot read the buffer state of t-0 yet" in caplog.text
+
+
+def test_a_partition_known_transactional_waits_when_its_scan_keeps_failing(follower, caplog):
+    """Soak seed 5, stop 33: a processor died of ``_TIMED_OUT`` out of ``receive()``. Its
+    fetch met a txn record of a partition it did not follow yet (``follow(tp,
+    plain_ok=False)``) while the brokers were down longer than the scan's retries. Such
+    a partition is transactional whatever the scan says: it waits (nothing of it is
+    delivered) and the next rescan finds its state."""
+    follower._store = FlakyStore(failures=10**6)
+    with caplog.at_level(logging.WARNING):
+        assert follower.follow(TP, plain_ok=False) is ServeStatus.WAITING
+    assert TP not in follower.views
+    assert "cannot read the buffer state of t-0 yet" in caplog.text
+    follower._store = FlakyStore(failures=0)
+    follower._rescan(TP)  # the next rescan: registered, still no snapshot
+    assert follower.status[TP] is ServeStatus.WAITING
+
+
+def test_a_partition_of_unknown_kind_still_raises_when_its_scan_keeps_failing(follower):
+    """Without a txn record seen, waiting could hold a plain partition for good: the
+    error is raised (the consumer's assignment retries it; a Spark query fails, as
+    Kafka's source does after its offset fetch retries)."""
+    follower._store = FlakyStore(failures=10**6)
+    with pytest.raises(KafkaException):
+        follower.follow(TP)
