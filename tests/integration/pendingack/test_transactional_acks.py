@@ -19,6 +19,13 @@ def fill(client, topic, n):
     p.flush()
 
 
+def subscribed(config, client, n):
+    """A fresh topic holding ``n`` plain records, and a consumer of a fresh subscription."""
+    topic = make_topic(config, 1)
+    fill(client, topic, n)
+    return topic, client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+
+
 def receive_all(consumer, n, timeout_s=8):
     out = []
     while len(out) < n:
@@ -49,9 +56,7 @@ def test_commit_applies_acks_restarted_consumer_does_not_see_them(config, worker
 
 
 def test_abort_redelivers(config, worker, client):
-    topic = make_topic(config, 1)
-    fill(client, topic, 3)
-    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    _, c = subscribed(config, client, 3)
     msgs = receive_all(c, 3)
     txn = client.new_transaction()
     c.acknowledge_cumulative(msgs[2], txn=txn)
@@ -68,9 +73,7 @@ def test_a_cumulative_ack_in_a_txn_never_covers_inputs_an_abort_gave_back(
     aborted while the caller had already taken 2-3; A's abort queued 0-1 again. B's
     cumulative ack of 3 would ack 0-1 too, never processed: it conflicts instead,
     naming them, and B can only abort. Once received again they ack as usual."""
-    topic = make_topic(config, 1)
-    fill(client, topic, 4)
-    c = client.subscribe(topic, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    topic, c = subscribed(config, client, 4)
     first = receive_all(c, 2)
     a = client.new_transaction()
     c.acknowledge_cumulative(first[1], txn=a)
