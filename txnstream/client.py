@@ -91,8 +91,9 @@ class Client:
             tc_id, seq = self.tc.txn_ids.take()
             txn = Transaction(self.tc, TxnID(tc_id, seq), timeout,
                               pipeline=self._registrations)
-            activate = self.tc.txn_ids.activation(tc_id, seq, int(timeout * 1000))
-            if not txn.in_background(activate):
+            open_ms, timeout_ms = int(time.time() * 1000), int(timeout * 1000)
+            activate = self.tc.txn_ids.activation(tc_id, seq, timeout_ms, open_ms)
+            if not txn.activate_in_background(open_ms, timeout_ms, activate):
                 activate()
             return txn
         if tc_id is None:

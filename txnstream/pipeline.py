@@ -32,6 +32,11 @@ from txnstream.types import TxnID
 
 __all__ = ["BackgroundRequests", "RequestPipeline"]
 
+LINGER_S = 0.005
+"""How long a txn's pipelined activation and registrations wait before they are sent:
+partitions met meanwhile go in one request, and a commit that starts first carries them
+in its END (one coordinator turn, not two). As long as the records' own ``linger.ms``
+(5 ms), so nothing waits for it that would not wait for them."""
 END_THREADS = 16
 """Threads for commits in the background (:meth:`Transaction.commit_async`)."""
 REGISTRATION_THREADS = 64
@@ -123,6 +128,19 @@ class BackgroundRequests:
         self._futures: list[Future[None]] = []
         self._ahead: set[Any] = set()
         """Registered in requests sent ahead of their use (:meth:`send_ahead`)."""
+        self._unconfirmed: set[Any] = set()
+        """Partitions to register, lingering or sent, not confirmed yet (:meth:`carried`)."""
+        self._lingering: set[Any] = set()
+        """Partitions waiting out the linger, not sent yet."""
+        self._activation: tuple[int, int] | None = None
+        """(open time, timeout) ms of an activation not confirmed yet."""
+        self._activate: Callable[[], object] | None = None
+        """The ACTIVATE still lingering (None once sent or carried)."""
+        self._register: Callable[[tuple[Any, ...]], object] | None = None
+        self._lingers = False
+        """A pipeline thread waits out the linger (it sends what lingers then)."""
+        self._hurry = threading.Event()
+        """Set: the lingering thread sends at once (a wait) or finds nothing (carried)."""
         self.error: BaseException | None = None
 
     def send(self, request: Callable[[], object]) -> bool:
@@ -144,6 +162,77 @@ class BackgroundRequests:
             self._futures = [f for f in self._futures if not f.done()]
             self._futures.append(future)
         return True
+
+    def send_registration(self, parts: tuple[Any, ...],
+                          register: Callable[[tuple[Any, ...]], object]) -> bool:
+        """Register ``parts`` on the pipeline, after :data:`LINGER_S` (False: none).
+
+        Partitions met within the linger go in one request; a commit that starts first
+        carries them in its END instead (:meth:`carried`), and :meth:`wait` sends them
+        at once. Until confirmed, :meth:`carried` has them.
+        """
+        with self._lock:
+            self._unconfirmed.update(parts)
+            self._lingering.update(parts)
+            self._register = register
+        return self._linger()
+
+    def send_activation(self, open_time_ms: int, timeout_ms: int,
+                        activate: Callable[[], object]) -> bool:
+        """Send an ACTIVATE as :meth:`send_registration` sends a registration."""
+        with self._lock:
+            self._activation = (open_time_ms, timeout_ms)
+            self._activate = activate
+        return self._linger()
+
+    def _linger(self) -> bool:
+        with self._lock:
+            if self._lingers:
+                return True  # the one waiting takes these too
+            self._lingers = True
+            self._hurry.clear()
+        if self.send(self._send_lingering):
+            return True
+        with self._lock:  # no pipeline (closed): the caller sends what lingers
+            self._lingers = False
+            self._unconfirmed.difference_update(self._lingering)
+            self._lingering.clear()
+            if self._activate is not None:
+                self._activation = self._activate = None
+        return False
+
+    def _send_lingering(self) -> None:
+        """After the linger (or a hurry), send what is still lingering, in order."""
+        self._hurry.wait(LINGER_S)
+        with self._lock:
+            self._lingers = False
+            parts, self._lingering = tuple(sorted(self._lingering)), set()
+            activate, self._activate = self._activate, None
+            register = self._register
+        if activate is not None:
+            activate()
+            with self._lock:
+                self._activation = None
+        if parts and register is not None:
+            register(parts)
+            with self._lock:
+                self._unconfirmed.difference_update(parts)
+
+    def carried(self, max_partitions: int) -> tuple[tuple[Any, ...], tuple[int, int] | None]:
+        """What a commit's END carries: the partitions and activation not confirmed yet.
+
+        Those still lingering are never sent on their own; those sent are applied again
+        as their own requests would (nothing new), so the commit waits for no reply.
+        More than ``max_partitions``: it waits for them (:meth:`wait`), carrying none.
+        """
+        with self._lock:
+            if len(self._unconfirmed) <= max_partitions:
+                self._lingering.clear()
+                self._activate = None
+                self._hurry.set()
+                return tuple(sorted(self._unconfirmed)), self._activation
+        self.wait()
+        return (), None
 
     def send_ahead(self, keys: set[Any], request: Callable[[tuple[Any, ...]], object]) -> None:
         """Send ``request(those keys not sent ahead yet)``, ahead of the keys' use."""
@@ -169,7 +258,8 @@ class BackgroundRequests:
         return True
 
     def wait(self, timeout_s: float | None = None) -> None:
-        """Wait for the requests sent so far (``timeout_s``: at most)."""
+        """Wait for the requests sent so far, lingering ones sent now (``timeout_s``)."""
+        self._hurry.set()
         with self._lock:
             futures, self._futures = self._futures, []
         if not futures:
@@ -201,3 +291,7 @@ class BackgroundRequests:
         with self._lock:
             self._futures.clear()
             self._ahead.clear()
+            self._unconfirmed.clear()
+            self._lingering.clear()
+            self._activation = self._activate = None
+        self._hurry.set()

@@ -1,9 +1,9 @@
 """``Transaction``: the client's handle on one coordinator transaction.
 
 Produced partitions and acked subscriptions are registered with the coordinator (once
-per transaction, cached here). ``commit()`` first waits for the transaction's
-outstanding registrations and sends; a failed one makes the transaction abort-only, so
-its commit raises and aborts instead.
+per transaction, cached here). ``commit()`` first waits for the transaction's sends; a
+failed send or registration makes the transaction abort-only, so its commit raises and
+aborts instead. Its END carries the registrations not confirmed yet.
 
 Pipelined registration: a new partition's ``ADD_PARTITIONS`` goes out in the
 background (:mod:`txnstream.pipeline`) and the write proceeds at once, except a
@@ -17,15 +17,13 @@ TIMED_OUT without a request, and ``commit()`` raises ``TransactionTimeoutError``
 once (telling the coordinator to abort in the background, best effort).
 
 Sends racing an end: a send checks that the transaction is OPEN and hands its record to
-librdkafka inside one guarded section (:meth:`sending`); ``commit()``/``abort()`` leave
-OPEN first and then wait for the sends already inside it, so every send either is
-counted by the flush that precedes the END or fails with ``InvalidTxnStatusError``
-naming the transaction and its state (Pulsar rejects such sends too). A record written
-after the COMMIT marker would be dropped by every reader as a straggler while its
-sender was told it succeeded. Other processes writing into the same TxnID (a handle
-from ``client.attach_transaction``) cannot see this process's status: their
-:meth:`flush` asks the coordinator, after their sends are durable, whether the
-transaction is still OPEN, and raises if it is not.
+librdkafka inside one guarded section (:meth:`sending`); an end leaves OPEN first, then
+waits for the sends inside it, so every send is counted by the flush before the END or
+fails with ``InvalidTxnStatusError`` (Pulsar rejects such sends too): a record after
+the COMMIT marker would be dropped as a straggler while its sender was told it
+succeeded. A handle from ``client.attach_transaction`` in another process cannot see
+this one's status: its :meth:`flush` asks the coordinator, once its sends are durable,
+whether the transaction is still OPEN, and raises if not.
 
 Locks: ``_lock`` serialises the ends (commit/abort) and registrations and is held while
 flushers and end listeners run (they take a consumer's or producer's lock).
@@ -70,6 +68,8 @@ _ENDED_ERRORS = (TransactionTimeoutError, InvalidTxnStatusError, NotAuthorizedEr
 ABORT_FLUSH_TIMEOUT_S = 10.0
 """How long ``abort()`` waits for the txn's outstanding sends (Pulsar's abort waits for
 them too); their records are dropped by readers either way, so it need not wait long."""
+MAX_CARRIED_PARTITIONS = 1000
+"""Unconfirmed registrations one END carries; a commit with more waits for them."""
 SEND_DRAIN_TIMEOUT_S = 30.0
 """How long an end waits for sends that passed the OPEN check to reach librdkafka; a
 send holds the guard only for one ``produce()`` call (plus librdkafka back-pressure)."""
@@ -98,6 +98,8 @@ class Transaction:
         self._timed_out = False
         """commit() found the deadline passed: every later commit() says so again."""
         self._status = TxnStatus.OPEN
+        self._carried: tuple[tuple[TopicPartition, ...], tuple[int, int] | None] = ((), None)
+        """What the commit's END carries (:meth:`BackgroundRequests.carried`)."""
         self._partitions: set[TopicPartition] = set()
         self._subscriptions: set[SubscriptionRef] = set()
         self._lock = threading.RLock()
@@ -176,9 +178,9 @@ class Transaction:
     def register_partitions(self, tps: Iterable[TopicPartition]) -> None:
         """Tell the coordinator about produced partitions (before writing to them).
 
-        Pipelined (in the background; ``commit()`` and :meth:`flush` wait for it, a
-        failure makes the txn abort-only) once this client registered each topic; else
-        it waits for the coordinator and raises its error.
+        Pipelined (in the background; :meth:`flush` waits for it, ``commit()`` carries
+        it, a failure makes the txn abort-only) once this client registered each topic;
+        else it waits for the coordinator and raises its error.
         """
         tps = list(tps)
         if self._status is TxnStatus.OPEN and all(tp in self._partitions for tp in tps):
@@ -191,7 +193,7 @@ class Transaction:
             parts = tuple(sorted(new))
             pipeline = self._pipeline
             if pipeline is not None and all(pipeline.knows(tp.topic) for tp in parts) \
-                    and self.in_background(lambda: self._add_partitions(parts)):
+                    and self._requests.send_registration(parts, self._add_partitions):
                 self._partitions |= new
                 return
             self._add_partitions(parts)
@@ -202,6 +204,11 @@ class Transaction:
     def _add_partitions(self, parts: tuple[TopicPartition, ...]) -> None:
         self._tc.request(TcOp.ADD_PARTITIONS, self.id.tc_id, txn_seq=self.id.least_bits,
                          partitions=parts)
+
+    def activate_in_background(self, open_time_ms: int, timeout_ms: int,
+                               request: Callable[[], object]) -> bool:
+        """Send its ACTIVATE on the pipeline (a commit before the reply carries it)."""
+        return self._requests.send_activation(open_time_ms, timeout_ms, request)
 
     def in_background(self, request: Callable[[], object]) -> bool:
         """Send a coordinator ``request`` of this txn on the client's pipeline.
@@ -256,11 +263,7 @@ class Transaction:
             self._end_listeners[key] = listener
 
     def ended_remotely(self, error: TxnStreamError) -> None:
-        """The coordinator ended the txn without this handle's END.
-
-        Told by its notice, or by a refused registration: later sends raise ``error``
-        and write nothing; a commit raises it.
-        """
+        """Ended without this handle's END: later sends and a commit raise ``error``."""
         with self._state_lock:
             if self._status is not TxnStatus.OPEN:
                 return  # this handle is ending it itself (its own abort's notice)
@@ -324,15 +327,16 @@ class Transaction:
     # ------------------------------------------------------------ ends
 
     def commit(self) -> None:
-        """Commit: 1. wait for the registrations, 2. flush the sends, 3. END (commit).
+        """Commit: 1. flush the sends, 2. END (commit) carrying what is unconfirmed.
 
-        Raises (after aborting) if abort-only: a failed registration's own error (e.g.
+        The END carries the pipelined registrations and activation not confirmed yet,
+        applied first with their checks: one turn (docs/coordinator.md). Raises (after
+        aborting) if abort-only: a failed registration's own error (e.g.
         ``TransactionTimeoutError``, ``InvalidTxnStatusError`` after an admin abort),
         else ``TxnStreamError`` naming the failed send or ack. Past the deadline it
         raises ``TransactionTimeoutError`` with no request (the abort is sent in the
-        background). ``TransactionOutcomeUnknownError`` if the coordinator did not
-        answer: the status stays COMMITTING and a later ``commit()`` asks again
-        (idempotent).
+        background). ``TransactionOutcomeUnknownError`` if unanswered: the status
+        stays COMMITTING and a later ``commit()`` asks again (idempotent).
         """
         with self._lock:
             if self._status is TxnStatus.COMMITTED:
@@ -342,11 +346,11 @@ class Transaction:
             if self._status is not TxnStatus.COMMITTING:  # a retry skips straight to END
                 self._check_open("commit")
                 self._leave_open(TxnStatus.COMMITTING)
-                self._requests.wait()  # the registrations sent so far
                 try:
                     self._run_flushers()
                 except Exception as exc:
                     self.mark_abort_only(exc)
+                self._carried = self._requests.carried(MAX_CARRIED_PARTITIONS)
                 if self._abort_only is not None:
                     cause = self._abort_only
                     self._set_status(TxnStatus.ABORTING)
@@ -358,9 +362,12 @@ class Transaction:
                     raise TxnStreamError(
                         f"transaction {self.id} was aborted instead of committed: {cause}",
                         self.id) from cause
-            try:
+            parts, act = self._carried
+            try:  # a retry carries them again: the coordinator answers as it decided
                 self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits,
-                                 commit=True)
+                                 commit=True, partitions=parts,
+                                 open_time_ms=act[0] if act else 0,
+                                 timeout_ms=act[1] if act else 0)
             except RequestTimeoutError as exc:
                 raise TransactionOutcomeUnknownError(
                     f"commit of {self.id} got no answer: it may have committed or not; "
@@ -372,11 +379,7 @@ class Transaction:
             self._ended(TxnStatus.COMMITTED)
 
     def commit_async(self) -> Future[None]:
-        """Commit in the background; ``future.result()`` gives :meth:`commit`'s outcome.
-
-        A client keeps many transactions open (a Kafka producer keeps one): the next
-        one is written while this one commits, never waiting for its round trips.
-        """
+        """Commit in the background; ``future.result()`` gives :meth:`commit`'s outcome."""
         future = self._pipeline.submit_end(self.commit) if self._pipeline else None
         if future is None:  # no pipeline (or closed): commit here
             future = Future()
@@ -390,9 +393,8 @@ class Transaction:
     def abort(self) -> None:
         """Abort; its writes are never delivered and its acks are undone.
 
-        Waits (briefly) for the txn's outstanding sends first, as Pulsar's abort does.
-        ``TransactionOutcomeUnknownError`` if the coordinator did not answer: the status
-        stays ABORTING (COMMITTING after an unknown commit); ``abort()`` asks again.
+        Waits (briefly) for its outstanding sends first, as Pulsar's abort does.
+        ``TransactionOutcomeUnknownError`` if unanswered: ``abort()`` asks again.
         """
         with self._lock:
             if self._status is TxnStatus.ABORTED:
@@ -407,12 +409,9 @@ class Transaction:
             self._send_abort()
 
     def _time_out(self) -> None:
-        """Past the deadline: raise the coordinator's ``TransactionTimeoutError``.
+        """Past the deadline: TIMED_OUT, an abort asked in the background, and raise.
 
-        1. Leave OPEN (TIMED_OUT), waiting for sends past their OPEN check (none lands
-           after the abort). 2. Ask the coordinator to abort, in the background, best
-           effort (it aborts at its own deadline anyway; asking frees the partitions
-           sooner); its confirmation moves the status to ABORTED, runs the listeners.
+        Best effort: the coordinator aborts it at its own deadline anyway.
         """
         if self._status is TxnStatus.OPEN:
             self._timed_out = True
@@ -450,8 +449,7 @@ class Transaction:
             raise
         self._ended(TxnStatus.ABORTED)
 
-    def _ended(self, status: TxnStatus) -> None:
-        """The coordinator confirmed the outcome: record it, tell the listeners once."""
+    def _ended(self, status: TxnStatus) -> None:  # the outcome: listeners told once
         with self._state_lock:
             self._status = status
             listeners = list(self._end_listeners.values())

@@ -162,7 +162,7 @@ def test_context_manager_past_its_deadline_raises_the_timeout():
 def test_registrations_of_a_topic_are_pipelined_only_after_its_first_succeeded():
     """The first ADD_PARTITIONS of a topic by this client is sent by the writer itself
     (the coordinator writes the buffer registration before it answers); later ones go
-    out on the pipeline's threads; commit waits for them first."""
+    out on the pipeline's threads after a linger, or the commit's END carries them."""
     tc, clock = StubTc(), Clock()
     threads: list[tuple[tuple[TopicPartition, ...], str]] = []
     real = tc.request
@@ -180,11 +180,14 @@ def test_registrations_of_a_topic_are_pipelined_only_after_its_first_succeeded()
         txn.register_partitions([TopicPartition("t", 1)])
         txn.register_partitions([TopicPartition("u", 0)])
         txn.commit()
-        assert [(p[0].topic, p[0].partition) for p, _ in threads] == [("t", 0), ("t", 1),
-                                                                      ("u", 0)]
         me = threading.current_thread().name
-        assert threads[0][1] == me and threads[2][1] == me
-        assert threads[1][1] != me, "the second partition of a known topic was not pipelined"
+        mine = [(p[0].topic, p[0].partition) for p, t in threads if t == me]
+        assert mine == [("t", 0), ("u", 0)], \
+            "a topic's first registration was not awaited, or a later one was"
+        carried = [f.get("partitions", ()) for op, f in tc.calls if op is TcOp.END][0]
+        pipelined = [p for p, t in threads if t != me]
+        assert pipelined == [(TopicPartition("t", 1),)] or \
+            TopicPartition("t", 1) in carried, "t-1 was neither pipelined nor carried"
         ops = [op for op, _ in tc.calls]
         assert ops[-1] is TcOp.END and tc.ends() == [True]
     finally:
@@ -202,10 +205,38 @@ def test_a_failed_pipelined_registration_aborts_the_commit_with_its_error():
         refused = InvalidTxnStatusError(TxnID(1, 8), TxnStatus.OPEN, TxnStatus.ABORTED)
         tc.fail[TcOp.ADD_PARTITIONS] = refused
         txn.register_partitions([TopicPartition("t", 3)])      # returns before the answer
+        assert eventually(lambda: any(op is TcOp.ADD_PARTITIONS and f["partitions"] == (
+            TopicPartition("t", 3),) for op, f in tc.calls))  # sent after the linger
+        time.sleep(0.1)  # its refusal reached the txn
         with pytest.raises(InvalidTxnStatusError) as exc:
             txn.commit()
         assert exc.value is refused
         assert tc.ends() == [True, False], "the failed txn was committed, or not aborted"
+        assert txn.status is TxnStatus.ABORTED
+    finally:
+        pipeline.close()
+
+
+def test_a_commit_carries_the_registrations_not_confirmed_and_their_refusal_aborts_it():
+    """A commit sent before a pipelined registration's reply carries it in its END; the
+    coordinator applies it with the same checks, so a refusal fails the END (the stub
+    refuses it as the coordinator would) and the txn is aborted, not committed."""
+    tc, clock = StubTc(), Clock()
+    pipeline = RequestPipeline()
+    try:
+        first = make_txn(tc, clock, pipeline=pipeline)
+        first.register_partitions([TopicPartition("t", 0)])    # the topic is known now
+        first.commit()
+        txn = Transaction(tc, TxnID(1, 8), 10, clock=clock, pipeline=pipeline)  # type: ignore[arg-type]
+        txn.register_partitions([TopicPartition("t", 3)])
+        refused = InvalidTxnStatusError(TxnID(1, 8), TxnStatus.OPEN, TxnStatus.ABORTED)
+        tc.fail[TcOp.END] = refused
+        with pytest.raises(InvalidTxnStatusError) as exc:
+            txn.commit()                                       # at once: within the linger
+        assert exc.value is refused
+        end = [f for op, f in tc.calls if op is TcOp.END][-1]
+        assert end["commit"] and TopicPartition("t", 3) in end["partitions"], \
+            "the commit's END did not carry the unconfirmed registration"
         assert txn.status is TxnStatus.ABORTED
     finally:
         pipeline.close()

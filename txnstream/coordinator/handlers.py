@@ -15,7 +15,14 @@ sends a reply only after the entries read back, the finalizer answers the waiter
   partition that does not exist is refused (its marker could never be written).
 * **END** decides one txn, **END_GROUP** every txn of a group under one key. An END
   with reason ``force`` from an admin ends a decided txn stuck on a partition that
-  refuses its marker (``txnstream txn force-end``).
+  refuses its marker (``txnstream txn force-end``). A commit also carries what its
+  client's pipelined requests may not have confirmed yet: the activation
+  (``open_time_ms``) and partitions. They are applied first, as ACTIVATE and
+  ADD_PARTITIONS would apply them (the same checks; a refusal fails the END and
+  decides nothing), and logged before the COMMITTING entry: a commit costs one turn,
+  not a registration turn and then an END turn (Kafka's EndTxn likewise needs no
+  earlier reply). Their own requests, if they arrive after the decision, are answered
+  OK when they add nothing (:meth:`_already_in`).
 * **GET**, **LIST**, **STATS** read; LIST answers in pages of :data:`LIST_PAGE`.
 
 Before any of them, :func:`~txnstream.coordinator.request_checks.check_request` checks
@@ -190,7 +197,9 @@ class TcRequestHandler:
 
     def _activate(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                   caller: Caller) -> TcReply:
-        self._owned(tc, req.txn_seq, caller, "activate", admin_may=False)
+        meta = self._owned(tc, req.txn_seq, caller, "activate", admin_may=False)
+        if self._already_in(meta, not meta.reserved):
+            return self._ok(tc, req)
         tc.store.activate(req.txn_seq, self._timeout_ms(req), req.open_time_ms, now_ms,
                           req.request_id)
         return self._ok(tc, req)
@@ -200,6 +209,8 @@ class TcRequestHandler:
     def _add_partitions(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                         caller: Caller) -> TcReply:
         meta = self._owned(tc, req.txn_seq, caller, "add partitions to", admin_may=False)
+        if self._already_in(meta, meta.partitions.issuperset(req.partitions)):
+            return self._ok(tc, req)
         if self.partitions is not None and meta.status is TxnStatus.OPEN \
                 and now_ms < meta.deadline_ms:  # an ended txn is refused as it was
             self._check_exist(req, set(req.partitions) - meta.partitions)
@@ -214,6 +225,16 @@ class TcRequestHandler:
                 tc.late_aborts.append((meta.txn_id, late))
             raise
         return self._ok(tc, req)
+
+    @staticmethod
+    def _already_in(meta: TxnMeta, nothing_new: bool) -> bool:
+        """Whether a registration (or activation) is already part of a committing txn.
+
+        Its commit carried it (:meth:`_end`), so a pipelined request that arrives after
+        the decision is confirmed, not refused: it adds nothing, and the txn ends as
+        decided. One that would add something is refused as before (too late to join).
+        """
+        return nothing_new and meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)
 
     def _check_exist(self, req: TcRequest, new: set[TopicPartition]) -> None:
         """Refuse partitions that do not exist (their marker could never be written).
@@ -245,8 +266,15 @@ class TcRequestHandler:
              caller: Caller) -> TcReply | None:
         if req.reason == FORCE_END:
             return self._force_end(tc, req, now_ms, caller)
-        self._owned(tc, req.txn_seq, caller, "commit" if req.commit else "abort",
-                    admin_may=not req.commit)
+        meta = self._owned(tc, req.txn_seq, caller, "commit" if req.commit else "abort",
+                           admin_may=not req.commit)
+        if req.commit and meta.status is TxnStatus.OPEN:
+            # What the client's pipeline may not have confirmed yet: applied (and logged)
+            # before the decision, with the checks of their own requests.
+            if req.open_time_ms and meta.reserved:
+                self._activate(tc, req, now_ms, caller)
+            if req.partitions:
+                self._add_partitions(tc, req, now_ms, caller)
         reason = ABORT_ADMIN if req.reason == ABORT_ADMIN and caller.admin else ABORT_CLIENT
         res = tc.store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
         if res.meta.status.is_final:

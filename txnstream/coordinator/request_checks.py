@@ -46,13 +46,13 @@ def check_request(req: TcRequest, max_timeout_ms: int, max_reserve: int) -> None
         raise _bad(req, "client_id", f"is over {MAX_ID_CHARS} characters")
     if req.op in _WITH_TXN and not 0 <= req.txn_seq <= MAX_SEQ:
         raise _bad(req, "txn_seq", f"must be a TxnID sequence 0..{MAX_SEQ}, got {req.txn_seq}")
-    if req.op in (TcOp.NEW, TcOp.RESERVE, TcOp.ACTIVATE) and not (
+    if req.op in (TcOp.NEW, TcOp.RESERVE, TcOp.ACTIVATE, TcOp.END) and not (
             req.timeout_ms == 0 or 1 <= req.timeout_ms <= max_timeout_ms):
         raise _bad(req, "timeout_ms", f"must be 1..{max_timeout_ms} ms (the coordinator's "
                    f"max_txn_timeout_s), or 0 for its default; got {req.timeout_ms}")
     if req.op is TcOp.RESERVE and not 1 <= req.count <= max_reserve:
         raise _bad(req, "count", f"must be 1..{max_reserve}, got {req.count}")
-    if req.op is TcOp.ACTIVATE and req.open_time_ms < 0:
+    if req.op in (TcOp.ACTIVATE, TcOp.END) and req.open_time_ms < 0:
         raise _bad(req, "open_time_ms", f"must be >= 0, got {req.open_time_ms}")
     if req.reason is not None and len(req.reason) > MAX_REASON_CHARS:
         raise _bad(req, "reason", f"is over {MAX_REASON_CHARS} characters")

@@ -62,7 +62,9 @@ __all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "ClientConn
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TXNS2"
+MAGIC = b"TXNS3"
+"""The line's version: 3 since a commit's END carries its unconfirmed registrations
+(a worker of version 2 would commit without them), so the two refuse each other."""
 FRAME = struct.Struct(">I")
 NONCE_BYTES = 16
 MAX_FRAME_BYTES = 8 << 20

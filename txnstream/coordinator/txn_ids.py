@@ -114,13 +114,16 @@ class TxnIdPool:
                 self._refill(left)
             return self._tc_id, self._seqs.pop(0)
 
-    def activation(self, tc_id: int, seq: int, timeout_ms: int) -> Callable[[], TcReply]:
+    def activation(self, tc_id: int, seq: int, timeout_ms: int,
+                   open_time_ms: int | None = None) -> Callable[[], TcReply]:
         """The ``ACTIVATE`` of a TxnID handed out now, to send now or on a pipeline.
 
-        Its open time and its request deadline (R) run from now, however long it waits
-        for a pipeline thread: step 2 of the lease contract.
+        Its open time (``open_time_ms``: now unless given) and its request deadline (R)
+        run from now, however long it waits for a pipeline thread: step 2 of the lease
+        contract.
         """
-        open_time_ms = int(time.time() * 1000)
+        if open_time_ms is None:
+            open_time_ms = int(time.time() * 1000)
         give_up = self._clock() + self.request_timeout_s
 
         def activate() -> TcReply:

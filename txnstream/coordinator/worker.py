@@ -105,6 +105,7 @@ from txnstream.errors import (
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
 from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.markers import MarkerSigner
+from txnstream.types import TopicPartition
 
 __all__ = ["CoordinatorWorker"]
 
@@ -304,6 +305,7 @@ class CoordinatorWorker:
         now_ms = int(time.time() * 1000)
         handled: dict[int, TcIncarnation] = {}
         replies: dict[int, list[tuple[TcRequest, TcReply]]] = defaultdict(list)
+        carried: set[TopicPartition] = set()
         # Block on requests (returns as soon as one arrives) unless finalization work waits.
         idle = not any(tc.store.ending() for tc in self.tcs.values()
                        if tc.phase is TcPhase.SERVING)
@@ -349,6 +351,9 @@ class CoordinatorWorker:
                     f"coordinator {tc.tc_id} could not handle this {req.op.value} request "
                     f"({type(exc).__name__}); it was not applied"), self.worker_id))
                 continue
+            if req.op is TcOp.END and req.partitions and (
+                    reply is None or reply.error_kind is None):
+                carried.update(req.partitions)  # registered by the commit (handlers)
             if reply is not None and reply.error_kind is None and req.op in _WATCHED:
                 seq = reply.txn_seq if req.op is TcOp.NEW else req.txn_seq
                 tc.watchers[seq] = conn
@@ -382,9 +387,13 @@ class CoordinatorWorker:
         #    first registration only once its buffer registration is written.
         confirmed = self._ownership.read_back(want) if want else set()
         unregistered = self._registrar.register(
-            p for pairs in replies.values() for req, reply in pairs
-            if req.op is TcOp.ADD_PARTITIONS and reply.error_kind is None
-            for p in req.partitions)
+            [*(p for pairs in replies.values() for req, reply in pairs
+               if req.op is TcOp.ADD_PARTITIONS and reply.error_kind is None
+               for p in req.partitions), *carried])
+        if unregistered & carried:  # decided: the client registered their topics before
+            log.warning("worker %s: buffer registration of %s (carried by a commit) not "
+                        "written; their topics were registered before", self.worker_id,
+                        sorted(map(str, unregistered & carried))[:5])
         for tc_id, pairs in replies.items():
             tc = handled[tc_id]
             if not self._ownership.serving(tc) or (tc_id in appended and tc_id not in confirmed):

@@ -3,8 +3,8 @@ process, on the real broker (issue 13).
 
 A transaction's new partitions are registered in the background once this client has
 registered the topic before; the first registration of a topic is awaited (the
-coordinator writes the topic's buffer registration before it confirms it). Commit waits
-for every registration; one that failed aborts the txn and nothing of it is delivered.
+coordinator writes the topic's buffer registration before it confirms it). Commit carries
+the ones not confirmed yet; one that failed aborts the txn and nothing of it is delivered.
 """
 
 from __future__ import annotations
@@ -79,8 +79,10 @@ def test_a_topics_first_registration_is_awaited_and_later_ones_are_pipelined(
             "the first registration of the topic was not awaited by the send"
         producer.send(b"b", txn=txn, partition=1)
         producer.send(b"c", txn=txn, partition=2)
-    assert [p[0].partition for p, _ in sent] == [0, 1, 2]
+    # Later ones: off the writer's thread, partitions met within the linger in one
+    # request, or carried by the commit's END (test_commit_carries_registrations.py).
     assert all(t.startswith("txnstream-register") for _, t in sent[1:]), sent
+    assert {tp.partition for p, _ in sent[1:] for tp in p} <= {1, 2}, sent
     info = client.admin.get_transaction(txn.id)
     assert info.status is TxnStatus.COMMITTED
     assert set(info.partitions) == {f"{topic}-{p}" for p in (0, 1, 2)}
@@ -89,8 +91,9 @@ def test_a_topics_first_registration_is_awaited_and_later_ones_are_pipelined(
 
 def test_a_txn_writing_to_many_partitions_of_a_registered_topic_delivers_each_record_once(
         config, worker, client):
-    """Many pipelined registrations in one txn (and in txns side by side): commit waits
-    for all of them, every partition gets its marker, readers get everything once."""
+    """Many pipelined registrations in one txn (and in txns side by side): each
+    partition is registered (by its own request or the commit's END), gets its marker,
+    and readers get everything once."""
     parts = 16
     topic = make_topic(config, parts)
     producer = client.create_producer(topic)
@@ -109,8 +112,9 @@ def test_a_txn_writing_to_many_partitions_of_a_registered_topic_delivers_each_re
         txn.commit()
         info = client.admin.get_transaction(txn.id)
         assert len(info.partitions) == parts, info.partitions
-    assert len(sent) == 3 * parts, "one registration per txn and partition"
-    assert sum(t.startswith("txnstream-register") for _, t in sent) == 3 * parts, \
+    per_txn = Counter(tp for p, _ in sent for tp in p)
+    assert max(per_txn.values(), default=0) <= 3, "a partition registered twice by a txn"
+    assert all(t.startswith("txnstream-register") for _, t in sent), \
         "a registration of a registered topic was not pipelined"
     got = committed_values(client, topic, len(want))
     dupes = {v: n for v, n in Counter(got).items() if n > 1}
