@@ -4,9 +4,10 @@ Activations of reserved TxnIDs, partition registrations, and commits asked for w
 ``commit_async`` go out on its threads; :class:`BackgroundRequests` is one txn's share
 of them, which its commit waits for.
 
-A new partition's ``ADD_PARTITIONS`` goes out on a background thread and the write
-proceeds at once, except the first registration of a topic by this client, which the
-writer waits for: the coordinator writes the topic's buffer registration (every
+A new partition's ``ADD_PARTITIONS`` goes out on a background thread after
+:data:`LINGER_S` (a commit that starts first carries it in its END instead) and the
+write proceeds at once, except the first registration of a topic by this client, which
+the writer waits for: the coordinator writes the topic's buffer registration (every
 partition of it) before it confirms that first request, and readers rely on a
 registration preceding every txn record of a partition.
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.integration.coordinator.conftest import make_topic
+from tests.integration.coordinator.conftest import make_topic, wait_until
 from tests.integration.coordinator.test_pipelined_registration import committed_values
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import InvalidRequestError, InvalidTxnStatusError
@@ -106,8 +106,12 @@ def test_a_registration_after_the_commit_is_confirmed_if_carried_and_refused_if_
     producer.send(b"a", txn=txn, partition=1)
     txn.commit()
     seq, tc_id = txn.id.least_bits, txn.id.tc_id
+    wait_until(lambda: client.admin.get_transaction(txn.id).status.is_final, 15,
+               "the txn final")
     client.tc.request(TcOp.ADD_PARTITIONS, tc_id, txn_seq=seq,
                       partitions=(TopicPartition(topic, 1),))
+    assert seq not in worker.tcs[tc_id].watchers, \
+        "a late registration of a final txn left a watcher (kept for ever)"
     with pytest.raises(InvalidTxnStatusError):
         client.tc.request(TcOp.ADD_PARTITIONS, tc_id, txn_seq=seq,
                           partitions=(TopicPartition(topic, 2),))

@@ -182,9 +182,11 @@ def test_a_send_after_the_txn_timed_out_raises_at_once_and_writes_nothing(client
     alice = clients("alice")
     topic = make_topic(config, 1, "trust")
     producer = alice.create_producer(topic)
-    txn = alice.new_transaction(timeout_s=1.0, tc_id=3)
+    # 3 s: the first send (NEW, then the topic's first registration, both awaited) must
+    # land inside the timeout also on a loaded machine (1 s did not, once, under xdist).
+    txn = alice.new_transaction(timeout_s=3.0, tc_id=3)
     producer.send(b"in time", partition=0, txn=txn)
-    time.sleep(1.3)
+    time.sleep(3.3)
     with pytest.raises(TransactionTimeoutError, match="timed out|timeout"):
         producer.send(b"too late", partition=0, txn=txn)
     producer.flush()
