@@ -30,8 +30,9 @@ from txnstream.types import TopicPartition
 
 from .avro import ValueSchema
 from .options import Offsets, SourceOptions
-from .planner import FRESH_WAIT_S, LOST_HINT, Planner, TxnStreamPartition, _unpack_offsets
-from .planner import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
+from .partition import TxnStreamPartition, _unpack_offsets
+from .partition import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
+from .planner import FRESH_WAIT_S, LOST_HINT, Planner
 from .schema import RowColumns, UserHeaders, cached_value_schema, layout
 
 if TYPE_CHECKING:

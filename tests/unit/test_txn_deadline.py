@@ -194,14 +194,20 @@ def test_registrations_of_a_topic_are_pipelined_only_after_its_first_succeeded()
         pipeline.close()
 
 
+def txn_on_a_known_topic(tc: StubTc, clock: Clock, pipeline: RequestPipeline) -> Transaction:
+    """Txn (1,8), after another txn registered topic ``t`` (its later partitions are
+    pipelined)."""
+    first = make_txn(tc, clock, pipeline=pipeline)
+    first.register_partitions([TopicPartition("t", 0)])
+    first.commit()
+    return Transaction(tc, TxnID(1, 8), 10, clock=clock, pipeline=pipeline)  # type: ignore[arg-type]
+
+
 def test_a_failed_pipelined_registration_aborts_the_commit_with_its_error():
     tc, clock = StubTc(), Clock()
     pipeline = RequestPipeline()
     try:
-        first = make_txn(tc, clock, pipeline=pipeline)
-        first.register_partitions([TopicPartition("t", 0)])    # the topic is known now
-        first.commit()
-        txn = Transaction(tc, TxnID(1, 8), 10, clock=clock, pipeline=pipeline)  # type: ignore[arg-type]
+        txn = txn_on_a_known_topic(tc, clock, pipeline)
         refused = InvalidTxnStatusError(TxnID(1, 8), TxnStatus.OPEN, TxnStatus.ABORTED)
         tc.fail[TcOp.ADD_PARTITIONS] = refused
         txn.register_partitions([TopicPartition("t", 3)])      # returns before the answer
@@ -224,10 +230,7 @@ def test_a_commit_carries_the_registrations_not_confirmed_and_their_refusal_abor
     tc, clock = StubTc(), Clock()
     pipeline = RequestPipeline()
     try:
-        first = make_txn(tc, clock, pipeline=pipeline)
-        first.register_partitions([TopicPartition("t", 0)])    # the topic is known now
-        first.commit()
-        txn = Transaction(tc, TxnID(1, 8), 10, clock=clock, pipeline=pipeline)  # type: ignore[arg-type]
+        txn = txn_on_a_known_topic(tc, clock, pipeline)
         txn.register_partitions([TopicPartition("t", 3)])
         refused = InvalidTxnStatusError(TxnID(1, 8), TxnStatus.OPEN, TxnStatus.ABORTED)
         tc.fail[TcOp.END] = refused

@@ -15,7 +15,10 @@ import time
 import pytest
 
 from tests.integration.coordinator.conftest import make_topic, wait_until
-from tests.integration.coordinator.test_pipelined_registration import committed_values
+from tests.integration.coordinator.test_pipelined_registration import (
+    committed_values,
+    registered_topic,
+)
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import InvalidRequestError, InvalidTxnStatusError
 from txnstream.types import TopicPartition, TxnStatus
@@ -46,10 +49,7 @@ def test_a_commit_waits_for_no_registration_reply_and_every_record_lands_once(
     (a slow coordinator turn): the commit does not wait for it, its END carries the
     partitions (and the activation), the markers reach all three and a committed-only
     reader gets each record once. On the old code the commit waited out the hold."""
-    topic = make_topic(config, 4)
-    producer = client.create_producer(topic)
-    with client.transaction() as warm:
-        producer.send(b"warm", txn=warm, partition=0)    # the topic's first: awaited
+    topic, producer = registered_topic(config, client, 4)
     ends = _ends(client)
     real = client.tc.request
 
@@ -98,10 +98,7 @@ def test_a_registration_after_the_commit_is_confirmed_if_carried_and_refused_if_
     """A pipelined ADD_PARTITIONS that the END overtook adds nothing: answered OK (no
     error for the client, none counted by the worker); one naming a partition the txn
     never had is refused as too late, as before."""
-    topic = make_topic(config, 4)
-    producer = client.create_producer(topic)
-    with client.transaction() as warm:
-        producer.send(b"warm", txn=warm, partition=0)
+    topic, producer = registered_topic(config, client, 4)
     txn = client.new_transaction(timeout_s=60)
     producer.send(b"a", txn=txn, partition=1)
     txn.commit()

@@ -64,6 +64,16 @@ def record_registrations(client) -> list[tuple[tuple, str]]:
     return sent
 
 
+def registered_topic(config, client, partitions: int):
+    """A fresh topic this client registered (one txn wrote ``b"warm"`` to partition 0):
+    its later registrations are pipelined. The topic and a producer for it."""
+    topic = make_topic(config, partitions)
+    producer = client.create_producer(topic)
+    with client.transaction() as warm:
+        producer.send(b"warm", txn=warm, partition=0)
+    return topic, producer
+
+
 def test_a_topics_first_registration_is_awaited_and_later_ones_are_pipelined(
         config, worker, client):
     """The safety rule: a record is written only after the first ADD_PARTITIONS of its
@@ -95,10 +105,7 @@ def test_a_txn_writing_to_many_partitions_of_a_registered_topic_delivers_each_re
     partition is registered (by its own request or the commit's END), gets its marker,
     and readers get everything once."""
     parts = 16
-    topic = make_topic(config, parts)
-    producer = client.create_producer(topic)
-    with client.transaction() as warm:                     # the topic is registered now
-        producer.send(b"warm", txn=warm, partition=0)
+    topic, producer = registered_topic(config, client, parts)
     sent = record_registrations(client)
     txns = [client.new_transaction(timeout_s=60) for _ in range(3)]
     want = [b"warm"]
@@ -129,10 +136,7 @@ def test_a_failed_pipelined_registration_aborts_the_commit_and_nothing_is_delive
     registration is refused, commit raises the coordinator's InvalidTxnStatusError
     instead of committing, and a committed-only reader gets none of its records (the
     one in the partition the coordinator never learnt of included)."""
-    topic = make_topic(config, 4)
-    producer = client.create_producer(topic)
-    with client.transaction() as warm:
-        producer.send(b"warm", txn=warm, partition=0)
+    topic, producer = registered_topic(config, client, 4)
     txn = client.new_transaction(timeout_s=60)
     producer.send(b"doomed-0", txn=txn, partition=0)
     txn.flush()                                            # partition 0 is registered
@@ -235,10 +239,7 @@ def test_txns_committed_in_the_background_overlap_and_each_lands_once_or_raises(
     written while the ones before commit (``commit_async``). Every committed record is
     delivered once; a txn an admin aborted meanwhile fails its future, and nothing of it
     is delivered."""
-    topic = make_topic(config, 4)
-    producer = client.create_producer(topic)
-    with client.transaction() as warm:
-        producer.send(b"warm", txn=warm, partition=0)
+    topic, producer = registered_topic(config, client, 4)
     futures, want = [], [b"warm"]
     doomed = None
     for t in range(6):
