@@ -136,7 +136,7 @@ class Consumer:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                out = self._queue.take(max_records, time.monotonic())
+                out = self._queue.take(max_records, time.monotonic(), self._still_unacked)
                 if out:
                     return out
             left = deadline - time.monotonic()
@@ -429,10 +429,19 @@ class Consumer:
         return view.visible(msg.offset, msg.txn_id.to_bytes() if msg.txn_id else None)
 
     def negative_acknowledge(self, msg: Message) -> None:
-        """Redeliver ``msg`` after the nack delay."""
+        """Redeliver ``msg`` after the nack delay, once, if it is still unacked then.
+
+        Acked in the meantime (plainly, or in a txn: that txn's outcome decides) it is
+        not delivered again; nacked twice it comes back once.
+        """
         with self._lock:
             self._reader_for(msg)
             self._queue.nack(msg, time.monotonic() + self._nack_delay)
+
+    def _still_unacked(self, msg: Message) -> bool:
+        """Whether a record queued again is delivered and unacked here (under the lock)."""
+        r = self._readers.get(msg.tp)
+        return r is not None and msg.offset in r.unacked
 
     def _reader_for(self, msg: Message) -> PartitionDelivery:
         r = self._readers.get(msg.tp)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -184,19 +184,45 @@ class ReadyQueue:
         self.ready: deque[Message] = deque()
         """In delivery order (the fetch loop appends here directly)."""
         self._nacked: list[tuple[float, int, Message]] = []
+        self._nacked_seq: dict[tuple[TopicPartition, int], int] = {}
+        """Per nacked message, its latest entry in ``_nacked`` (older ones are skipped):
+        at most one per waiting message."""
         self._seq = 0
         self._given_back: dict[TopicPartition, set[int]] = {}
         """Offsets queued again (nacked, redelivered: an aborted txn's acks) and not
         handed out since: see :meth:`given_back`. Empty on the common path."""
 
-    def take(self, n: int, now: float) -> list[Message]:
-        """Up to ``n``: nacked ones due first, then the ready ones."""
+    def take(self, n: int, now: float,
+             unacked: Callable[[Message], bool] | None = None) -> list[Message]:
+        """Up to ``n``: nacked ones due first, then the ready ones.
+
+        ``unacked``: whether a message queued again (nacked, redelivered) is still
+        unacked here; one that is not (acked since, plainly or in a txn, or no longer
+        this consumer's) is dropped, not handed out. Pulsar's broker redelivers only
+        positions still unacked: an ack between the nack and its delay wins.
+        """
         out: list[Message] = []
         nacked = self._nacked
         while nacked and nacked[0][0] <= now and len(out) < n:
-            out.append(heapq.heappop(nacked)[2])
+            _, seq, m = heapq.heappop(nacked)
+            key = (m.tp, m.offset)
+            if self._nacked_seq.get(key) != seq:
+                continue  # nacked again since: its later entry hands it out
+            del self._nacked_seq[key]
+            if unacked is None or unacked(m):
+                out.append(m)
+            else:
+                self._handed_out((m,))
         ready = self.ready
-        if len(out) + len(ready) <= n:
+        if unacked is not None and self._given_back:
+            while ready and len(out) < n:
+                m = ready.popleft()
+                offs = self._given_back.get(m.tp)
+                if offs is not None and m.offset in offs and not unacked(m):
+                    self._handed_out((m,))
+                    continue
+                out.append(m)
+        elif len(out) + len(ready) <= n:
             out.extend(ready)
             ready.clear()
         else:
@@ -206,7 +232,7 @@ class ReadyQueue:
             self._handed_out(out)
         return out
 
-    def _handed_out(self, msgs: list[Message]) -> None:
+    def _handed_out(self, msgs: Iterable[Message]) -> None:
         for m in msgs:
             offs = self._given_back.get(m.tp)
             if offs is not None:
@@ -225,8 +251,18 @@ class ReadyQueue:
         return sorted(o for o in offsets if o in offs) if offs else []
 
     def nack(self, msg: Message, due: float) -> None:
-        """Hand ``msg`` out again at ``due`` (monotonic seconds)."""
+        """Hand ``msg`` out again at ``due`` (monotonic seconds), once.
+
+        Nacked again before that, the later due time replaces the earlier one (Pulsar's
+        nack tracker keeps one entry per message); one already queued for redelivery
+        (an aborted txn's acks) comes back with that redelivery only.
+        """
+        key = (msg.tp, msg.offset)
+        offs = self._given_back.get(msg.tp)
+        if key not in self._nacked_seq and offs is not None and msg.offset in offs:
+            return
         self._seq += 1
+        self._nacked_seq[key] = self._seq
         heapq.heappush(self._nacked, (due, self._seq, msg))
         self._given_back.setdefault(msg.tp, set()).add(msg.offset)
 
@@ -236,7 +272,7 @@ class ReadyQueue:
         One already waiting (ready or nacked) is not queued twice.
         """
         waiting = {message_order(m) for m in self.ready}
-        waiting.update(message_order(n[2]) for n in self._nacked)
+        waiting.update((tp.topic, tp.partition, off) for tp, off in self._nacked_seq)
         back = {message_order(m): m for m in msgs if message_order(m) not in waiting}
         if back:
             self.ready = deque(sorted([*self.ready, *back.values()], key=message_order))
@@ -249,4 +285,6 @@ class ReadyQueue:
         self.ready = deque(m for m in self.ready if m.tp != tp)
         self._nacked = [n for n in self._nacked if n[2].tp != tp]
         heapq.heapify(self._nacked)
+        for key in [k for k in self._nacked_seq if k[0] == tp]:
+            del self._nacked_seq[key]
         self._given_back.pop(tp, None)

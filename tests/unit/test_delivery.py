@@ -166,6 +166,47 @@ def test_a_nacked_record_comes_back_after_its_delay_before_newer_ready_ones():
     assert offsets(q.take(10, 5.0)) == [0, 2]
 
 
+def unacked_in(r: PartitionDelivery):
+    return lambda m: m.tp == r.tp and m.offset in r.unacked
+
+
+def test_a_record_nacked_twice_comes_back_once_at_its_latest_due_time():
+    r, q = reader(), ReadyQueue()
+    deliver(r, q, range(1))
+    m = q.take(1, 0.0)[0]
+    q.nack(m, due=1.0)
+    q.nack(m, due=3.0)
+    assert q.take(10, 2.0, unacked_in(r)) == []
+    assert offsets(q.take(10, 3.0, unacked_in(r))) == [0]
+    assert q.take(10, 9.0, unacked_in(r)) == []
+
+
+def test_a_nacked_record_acked_before_its_delay_is_up_is_dropped():
+    r, q = reader(), ReadyQueue()
+    deliver(r, q, range(2))
+    m0, _ = q.take(2, 0.0)
+    q.nack(m0, due=1.0)
+    r.handle.ack_individual([0], T1)
+    r.acked([0], in_txn=True)
+    assert q.take(10, 2.0, unacked_in(r)) == []  # its txn decides, not the nack
+    assert q.given_back(TP, [0]) == []
+
+
+def test_an_abort_after_a_superseded_nack_still_redelivers():
+    """A stale nack entry left in the queue must not count as waiting."""
+    r, q = reader(), ReadyQueue()
+    deliver(r, q, range(1))
+    m = q.take(1, 0.0)[0]
+    q.nack(m, due=5.0)
+    q.nack(m, due=1.0)  # the later nack wins: due at 1, the entry due at 5 is stale
+    assert offsets(q.take(10, 1.0, unacked_in(r))) == [0]
+    r.handle.ack_individual([0], T1)
+    r.acked([0], in_txn=True)
+    assert q.redeliver(r.end_txn(T1, committed=False)) == 1
+    assert offsets(q.take(10, 2.0, unacked_in(r))) == [0]
+    assert q.take(10, 6.0, unacked_in(r)) == []
+
+
 def test_dropping_a_partition_forgets_only_its_waiting_messages():
     q = ReadyQueue()
     q.ready.extend([msg(0, 0), msg(0, 1), msg(1, 0)])
