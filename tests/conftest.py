@@ -9,6 +9,7 @@ from Maven Central) on free ports, stopped at the end of the session whatever ha
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import gc
 import logging
 import os
@@ -138,6 +139,38 @@ SHARED_BROKER_ENV = "TXNSTREAM_TEST_SHARED_BOOTSTRAP"
 _SHARED_BROKER = pytest.StashKey["object"]()
 
 
+HANG_GRACE_S = 120
+"""How long past its pytest-timeout a test may still run before the hook below ends its
+process."""
+
+_REAL_STDERR = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """A test that outlives its pytest-timeout by :data:`HANG_GRACE_S` ends its process,
+    after every thread's stack is written to the run's stderr.
+
+    pytest-timeout's alarm only runs once the main thread is back in Python: a test
+    blocked in C (a librdkafka call that never returns, a lock held in a C loop), or one
+    whose teardown blocks again after the alarm failed it, hangs the whole run (a CI
+    run sat 64 minutes after its last test's dot, with no word of which test or where).
+    faulthandler's watchdog is a C thread: it writes the stacks and exits even then.
+    Under pytest-xdist the controller reports the worker's crash, naming the test, and
+    the run goes on with a new worker.
+    """
+    marker = item.get_closest_marker("timeout")
+    timeout = float(marker.args[0]) if marker and marker.args else \
+        float(item.config.getini("timeout") or 0)
+    if timeout > 0:
+        faulthandler.dump_traceback_later(timeout + HANG_GRACE_S, exit=True,
+                                          file=item.config.stash[_REAL_STDERR])
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """The run's scratch directory (the wheel's, :mod:`tests.wheel_build`), made by the
     controller and removed when the run ends; and under pytest-xdist, the controller
@@ -149,6 +182,8 @@ def pytest_configure(config: pytest.Config) -> None:
     ``$TXNSTREAM_BOOTSTRAP``. The controller stops it once the workers have exited, so
     no client outlives it.
     """
+    # Capture is suspended here: fd 2 is the run's stderr (a worker's is its controller's).
+    config.stash[_REAL_STDERR] = os.dup(2)
     if hasattr(config, "workerinput"):
         return
     scratch = tempfile.mkdtemp(prefix="txnstream-test-run-")
