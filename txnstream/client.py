@@ -16,7 +16,7 @@ from txnstream.config import Config
 from txnstream.consumer import Consumer
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.tc_client import TransactionCoordinatorClient
-from txnstream.errors import ConfigError, InvalidTxnStatusError
+from txnstream.errors import ConfigError, InvalidTxnStatusError, TxnStreamError
 from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer
 from txnstream.transaction import Transaction
@@ -56,6 +56,7 @@ class Client:
             raise ConfigError("pass either config= or bootstrap_servers/librdkafka settings")
         self.config = config
         self._tc: TransactionCoordinatorClient | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self._registrations = RequestPipeline()
         self._made: weakref.WeakSet[Producer | Consumer] = weakref.WeakSet()
@@ -66,6 +67,7 @@ class Client:
     def tc(self) -> TransactionCoordinatorClient:
         """The coordinator client, made on first use."""
         with self._lock:
+            self._check_open()
             if self._tc is None:
                 self._tc = TransactionCoordinatorClient(self.config)
             return self._tc
@@ -185,6 +187,7 @@ class Client:
 
         Closed by :meth:`close` if not closed before.
         """
+        self._check_open()
         producer = Producer(self.config, topic, **kafka)
         self._made.add(producer)
         return producer
@@ -195,6 +198,7 @@ class Client:
 
         Closed by :meth:`close` if not closed before.
         """
+        self._check_open()
         consumer = Consumer(self.config, self.admin, topics, subscription, initial_position,
                             **options)
         self._made.add(consumer)
@@ -208,6 +212,7 @@ class Client:
         closed already are skipped). Pipelined registrations not sent yet are dropped:
         their transactions become abort-only.
         Every client is closed even if one fails; the first failure is raised after.
+        Afterwards this client makes nothing new: a use raises ``TxnStreamError``.
         """
         failed: Exception | None = None
         for made in list(self._made):
@@ -218,11 +223,17 @@ class Client:
                 failed = failed or exc
         self._made.clear()
         self._registrations.close()
-        if self._tc is not None:
-            self._tc.close()
-            self._tc = None
+        with self._lock:
+            self._closed = True
+            tc, self._tc = self._tc, None
+        if tc is not None:
+            tc.close()
         if failed is not None:
             raise failed
+
+    def _check_open(self) -> None:
+        if self._closed:  # a use after close() would make connections nobody closes
+            raise TxnStreamError("this txnstream Client is closed: make a new one")
 
     def __enter__(self) -> Client:
         return self

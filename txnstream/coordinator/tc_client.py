@@ -58,6 +58,7 @@ from txnstream.errors import (
     InvalidRequestError,
     NotCoordinatorError,
     RequestTimeoutError,
+    TxnStreamError,
     WorkerIdentityError,
 )
 from txnstream.markers import MarkerSigner
@@ -146,6 +147,7 @@ class TransactionCoordinatorClient:
         self._io = IoLoop("txnstream-tc-client")
         self._conns: dict[Endpoint, ClientConnection] = {}
         self._conn_lock = threading.Lock()
+        self._closed = False
         self.directory = EndpointDirectory(config, self.num_coordinators,
                                            self._on_owner_change, signer)
         self.live_txns: weakref.WeakValueDictionary[TxnID, Any] = \
@@ -163,6 +165,8 @@ class TransactionCoordinatorClient:
     def _connection(self, endpoint: Endpoint) -> ClientConnection:
         """The open connection to ``endpoint``, made if needed (one per worker)."""
         with self._conn_lock:
+            if self._closed:  # a request begun before close() ends here, not retried
+                raise self._closed_error()
             conn = self._conns.get(endpoint)
             if conn is not None and not conn.closed.is_set():
                 return conn
@@ -233,6 +237,8 @@ class TransactionCoordinatorClient:
             raise CoordinatorNotFoundError(
                 f"coordinator {tc_id} does not exist: there are {self.num_coordinators} "
                 f"(0..{self.num_coordinators - 1})")
+        if self._closed:
+            raise self._closed_error()
         deadline_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
         request_id = uuid.uuid4().hex
         req = TcRequest(request_id, self.client_id, -1, op, tc_id,
@@ -350,11 +356,17 @@ class TransactionCoordinatorClient:
         if pool is not None:
             pool.release()
         with self._conn_lock:
+            self._closed = True
             conns, self._conns = list(self._conns.values()), {}
         for c in conns:
             c.close()
         self._io.close()
         self.directory.close()
+
+
+    def _closed_error(self) -> TxnStreamError:
+        return TxnStreamError(f"coordinator client {self.client_id} is closed: nothing is "
+                              "sent after close()")
 
 
 def _run_all(fns: list[Callable[[], None]]) -> None:

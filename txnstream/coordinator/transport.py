@@ -123,8 +123,16 @@ class IoLoop:
         self.loop.run_forever()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result (from another thread)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        """Run ``coro`` on the loop and wait for its result (from another thread).
+
+        ``ConnectionError`` if the loop is closed (``coro`` is closed, never run).
+        """
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError as exc:  # closed: no connection is made or used any more
+            coro.close()
+            raise ConnectionError("the connection loop is closed") from exc
+        return future.result(timeout)
 
     def call(self, fn: Callable[..., object], *args: Any) -> None:
         """Call ``fn(*args)`` on the loop soon; returns at once."""
@@ -376,6 +384,8 @@ class ClientConnection(_Conn):
         ``CoordinatorAuthError`` if refused or if the worker cannot prove it knows
         the secret.
         """
+        if io.loop.is_closed():  # before any coroutine exists: none is left unawaited
+            raise ConnectionError("the connection loop is closed")
         name = principal.encode()
         if not 0 < len(name) <= MAX_PRINCIPAL_BYTES:
             raise ConfigError(f"tc_principal {principal!r} is not 1-{MAX_PRINCIPAL_BYTES} "

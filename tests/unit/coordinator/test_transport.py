@@ -116,6 +116,7 @@ def make_client() -> Iterator[Callable[..., tuple[TransactionCoordinatorClient, 
         c._io = IoLoop("test-tc-client")
         c._conns = {}
         c._conn_lock = threading.Lock()
+        c._closed = False
         d = Directory()
         d.on_change = c._on_owner_change
         c.directory = d  # type: ignore[assignment]
