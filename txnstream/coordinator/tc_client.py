@@ -363,7 +363,6 @@ class TransactionCoordinatorClient:
         self._io.close()
         self.directory.close()
 
-
     def _closed_error(self) -> TxnStreamError:
         return TxnStreamError(f"coordinator client {self.client_id} is closed: nothing is "
                               "sent after close()")
