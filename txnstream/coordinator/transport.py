@@ -384,8 +384,6 @@ class ClientConnection(_Conn):
         ``CoordinatorAuthError`` if refused or if the worker cannot prove it knows
         the secret.
         """
-        if io.loop.is_closed():  # before any coroutine exists: none is left unawaited
-            raise ConnectionError("the connection loop is closed")
         name = principal.encode()
         if not 0 < len(name) <= MAX_PRINCIPAL_BYTES:
             raise ConfigError(f"tc_principal {principal!r} is not 1-{MAX_PRINCIPAL_BYTES} "
