@@ -174,7 +174,7 @@ class _Rows(RowColumns):
 
     def add(self, batch: Sequence[KafkaRecord], pos: int) -> int:
         """Take the deliverable records of ``batch``; returns the next position to read."""
-        from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
+        from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_TAG_HEADER
 
         end, skip, spans, names = self.p.end, self.skip, self.spans, self.txn_names
         plain = self.p.plain
@@ -194,7 +194,8 @@ class _Rows(RowColumns):
             h = m.headers()
             if plain and h and any(k in (TXN_ID_HEADER, TXN_MARKER_HEADER) for k, _ in h):
                 self._unregistered(off)
-            if h is not None and len(h) == 1 and h[0][0] == TXN_ID_HEADER:  # the common case
+            if h is not None and 0 < len(h) <= 2 and h[0][0] == TXN_ID_HEADER \
+                    and (len(h) == 1 or h[1][0] == TXN_TAG_HEADER):  # the common case
                 user: UserHeaders = []
                 raw = h[0][1]
                 if spans and raw in spans:
@@ -216,6 +217,8 @@ class _Rows(RowColumns):
                             break
                     elif k == TXN_MARKER_HEADER:
                         break  # a marker is never delivered, even if not in the skip list
+                    elif k == TXN_TAG_HEADER:
+                        continue  # membership: the fold checked it
                     else:
                         user.append({"key": k, "value": v})
                 else:

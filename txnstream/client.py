@@ -90,9 +90,9 @@ class Client:
         if tc_id is None and group_key is None:
             # A TxnID from a reserved block, activated in the background (commit waits):
             # no round trip of its own. Its deadline counts from now on both sides.
-            tc_id, seq = self.tc.txn_ids.take()
+            tc_id, seq, key = self.tc.txn_ids.take()
             txn = Transaction(self.tc, TxnID(tc_id, seq), timeout,
-                              pipeline=self._registrations)
+                              pipeline=self._registrations, key=key)
             open_ms, timeout_ms = int(time.time() * 1000), int(timeout * 1000)
             activate = self.tc.txn_ids.activation(tc_id, seq, timeout_ms, open_ms)
             if not txn.activate_in_background(open_ms, timeout_ms, activate):
@@ -104,7 +104,7 @@ class Client:
                                 group_key=group_key)
         # Its deadline counts from now, after the reply: never before the coordinator's.
         return Transaction(self.tc, TxnID(tc_id, reply.txn_seq), timeout,
-                           pipeline=self._registrations)
+                           pipeline=self._registrations, key=_first_key(reply.txn_keys))
 
     def _txn_timeout(self, timeout_s: object) -> float:
         """A transaction's timeout in seconds: ``timeout_s`` checked, or the default."""
@@ -132,7 +132,8 @@ class Client:
         ``TransactionNotFoundError`` if the coordinator does not know it.
         """
         tid = validate.txn_id(txn_id, "txn_id")
-        info = self.tc.request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits).txns[0]
+        reply = self.tc.request(TcOp.GET, tid.tc_id, txn_seq=tid.least_bits)
+        info = reply.txns[0]
         if info.status is not TxnStatus.OPEN:
             raise InvalidTxnStatusError(tid, TxnStatus.OPEN, info.status,
                                         f"cannot attach to transaction {tid}: it is "
@@ -140,7 +141,7 @@ class Client:
         age_s = max(0.0, time.time() - info.open_time_ms / 1000)
         return Transaction(self.tc, tid, info.timeout_ms / 1000, attached=True,
                            opened_at=time.monotonic() - age_s + ATTACH_CLOCK_SKEW_S,
-                           pipeline=self._registrations)
+                           pipeline=self._registrations, key=_first_key(reply.txn_keys))
 
     def end_group(self, tc_id: int, group_key: str, txn_seqs: Sequence[int],
                   commit: bool = True, timeout_s: float | None = None) -> bool:
@@ -246,3 +247,8 @@ class Client:
             self.close()
         except Exception:  # the body's error is the one to see, not a close's after it
             log.warning("closing the client after an error", exc_info=True)
+
+
+def _first_key(keys: Sequence[bytes]) -> bytes | None:
+    """The txn key a reply gives for its one TxnID (None: the workers check no membership)."""
+    return keys[0] if keys and keys[0] else None

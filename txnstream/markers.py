@@ -28,11 +28,13 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
+from txnstream.membership import MembershipKey, workers_root_key
 from txnstream.message import (
     RESERVED_HEADERS,
     TXN_ID_HEADER,
     TXN_MAC_HEADER,
     TXN_MARKER_HEADER,
+    TXN_TAG_HEADER,
     Headers,
     split_headers,
 )
@@ -42,6 +44,7 @@ __all__ = [
     "TXN_ID_HEADER",
     "TXN_MARKER_HEADER",
     "TXN_MAC_HEADER",
+    "TXN_TAG_HEADER",
     "RESERVED_HEADERS",
     "MarkerKind",
     "MarkerSigner",
@@ -102,17 +105,28 @@ class MarkerSigner:
     buffer owner; nobody without that secret can make one that does.
     """
 
-    def __init__(self, key: bytes, cluster_id: str) -> None:
+    def __init__(self, key: bytes, cluster_id: str,
+                 membership: MembershipKey | None = None) -> None:
         if len(key) < 16:
             raise ValueError("a marker key must be at least 16 bytes")
         self._key = key
         self._cluster = cluster_id.encode()
+        self.membership = membership
+        """The workers' membership key (:mod:`txnstream.membership`): txn keys the
+        coordinators hand out, tags the buffer owners check. None: records are not
+        checked for membership (a signer made from a bare key, in tests)."""
 
     @classmethod
     def from_secret(cls, secret: str, cluster_id: str) -> MarkerSigner:
-        """The signer of the workers holding ``secret`` on Kafka cluster ``cluster_id``."""
+        """The signer of the workers holding ``secret`` on Kafka cluster ``cluster_id``.
+
+        The marker key is still version 1's (one HMAC of the secret), so markers written
+        before the membership work verify; the membership key comes from the secret
+        through scrypt and HKDF (:func:`~txnstream.membership.workers_root_key`).
+        """
         key = hmac.new(secret.encode(), b"txnstream marker key v1", hashlib.sha256).digest()
-        return cls(key, cluster_id)
+        root = workers_root_key(secret)
+        return cls(key, cluster_id, MembershipKey.from_root(root, cluster_id))
 
     def tag(self, topic: str, partition: int, value: bytes) -> bytes:
         """The ``txn.mac`` of a marker with ``value`` in ``topic``-``partition``."""

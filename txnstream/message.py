@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["Headers", "Message", "RESERVED_HEADERS", "TXN_ID_HEADER", "TXN_MAC_HEADER",
-           "TXN_MARKER_HEADER", "split_headers"]
+           "TXN_MARKER_HEADER", "TXN_TAG_HEADER", "split_headers"]
 
 TXN_ID_HEADER = "txn.id"
 TXN_MARKER_HEADER = "txn.marker"
 TXN_MAC_HEADER = "txn.mac"
-RESERVED_HEADERS = frozenset((TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_MAC_HEADER))
+TXN_TAG_HEADER = "txn.tag"
+"""A txn record's proof of membership (:mod:`txnstream.membership`), beside ``txn.id``."""
+RESERVED_HEADERS = frozenset((TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_MAC_HEADER,
+                              TXN_TAG_HEADER))
 """Header names a user's record may not carry."""
 
 Headers = Sequence[tuple[str, bytes | None]] | None
@@ -42,6 +45,8 @@ def split_headers(headers: Headers) -> tuple[bytes | None, bool, list[tuple[str,
             txn_raw = v
         elif k == TXN_MARKER_HEADER:
             marker = True
+        elif k == TXN_TAG_HEADER:
+            continue
         else:
             user.append((k, v))  # type: ignore[arg-type]  # a user header's value as sent
     return txn_raw, marker, user

@@ -34,7 +34,8 @@ from txnstream import validate
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.kafka.clients import close_producer
 from txnstream.kafka.partitioning import murmur2_partition
-from txnstream.markers import RESERVED_HEADERS, TXN_ID_HEADER
+from txnstream.markers import RESERVED_HEADERS
+from txnstream.membership import txn_headers
 from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -74,10 +75,13 @@ class _TxnSends:
     report takes no lock), and :meth:`outstanding` folds them into ``acked``.
     """
 
-    __slots__ = ("headers", "registered", "sent", "acked", "acks", "delivered")
+    __slots__ = ("headers", "registered", "sent", "acked", "acks", "delivered", "_topic",
+                 "_txn")
 
     def __init__(self, topic: str, txn: Transaction) -> None:
-        self.headers: KafkaHeaders = [(TXN_ID_HEADER, txn.id.to_bytes())]
+        self._topic, self._txn = topic, txn
+        self.headers: dict[int, KafkaHeaders] = {}
+        """Partition -> the txn's headers there (``txn.id``, ``txn.tag``): made once each."""
         self.registered: set[int] = set()
         """Partitions ``txn.register_partitions`` accepted: later sends skip the call."""
         self.sent = 0
@@ -92,6 +96,14 @@ class _TxnSends:
                     f"send to {topic}-{msg.partition()} failed: {err}", txn.id))
 
         self.delivered = delivered
+
+    def headers_at(self, partition: int) -> KafkaHeaders:
+        """The txn's headers for a record at ``partition`` (made at its first record)."""
+        h = self.headers.get(partition)
+        if h is None:
+            txn = self._txn
+            h = self.headers[partition] = txn_headers(txn.id, txn.key, self._topic, partition)
+        return h
 
     def outstanding(self) -> int:
         """Sends not acknowledged yet (producer lock held); keeps ``acks`` short."""
@@ -179,8 +191,8 @@ class Producer:
         with txn.sending():  # an end waits for this block; none starts after it
             sends = self._count(txn, 1)
             try:
-                self._produce(value, kbytes, part,
-                              [*headers, *sends.headers] if headers else sends.headers,
+                ours = sends.headers_at(part)
+                self._produce(value, kbytes, part, [*headers, *ours] if headers else ours,
                               sends.delivered)
             except BaseException:
                 self._uncount(sends, 1)  # never handed to librdkafka: not outstanding
@@ -251,12 +263,13 @@ class Producer:
     def _send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
                     keys: Sequence[bytes | None] | None, sends: _TxnSends, n: int) -> None:
         """Hand the ``n`` records, counted on ``sends``, to librdkafka."""
-        hdrs, delivered = sends.headers, sends.delivered
+        by_part, headers_at, delivered = sends.headers, sends.headers_at, sends.delivered
         produce, poll, topic = self._kafka.produce, self._kafka.poll, self.topic
         sent = 0
         try:
             for value, key, part in zip(values, keys if keys is not None else [None] * n,
                                         partitions, strict=True):
+                hdrs = by_part.get(part) or headers_at(part)
                 while True:
                     try:
                         produce(topic, value, key, partition=part, headers=hdrs,

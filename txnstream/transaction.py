@@ -79,14 +79,17 @@ class Transaction:
     def __init__(self, tc: TransactionCoordinatorClient, txn_id: TxnID, timeout_s: float,
                  attached: bool = False, *, opened_at: float | None = None,
                  pipeline: RequestPipeline | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 key: bytes | None = None) -> None:
         """Made by ``Client.new_transaction`` / ``attach_transaction``.
 
         ``opened_at``: when the txn opened, on ``clock`` (default: now); ``pipeline``:
-        the client's background registrations (None: every registration is awaited).
+        the client's background registrations (None: every registration is awaited);
+        ``key``: its txn key (:mod:`txnstream.membership`), None without one.
         """
         self._tc = tc
         self.id = txn_id
+        self.key = key  # what makes its writers' records members of it (txn.tag)
         self.timeout_s = timeout_s
         self.attached = attached
         """True for a handle on a txn another process opened (``attach_transaction``)."""

@@ -352,6 +352,7 @@ class FakeTxn:
 
     def __init__(self) -> None:
         self.id = TxnID(0, 1)
+        self.key = None
         self.registered: list[Any] = []
 
     def register_partitions(self, tps: Any) -> None:

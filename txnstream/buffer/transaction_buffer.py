@@ -58,6 +58,7 @@ from txnstream.buffer.offset_runs import OffsetRuns
 from txnstream.errors import CorruptRecordError
 from txnstream.markers import (
     TXN_ID_HEADER,
+    TXN_TAG_HEADER,
     MarkerKind,
     MarkerSigner,
     RecordKind,
@@ -93,6 +94,8 @@ class Verdict(enum.Enum):
     STRAGGLER = "straggler"
     MARKER = "marker"
     FORGED = "forged"
+    JUNK = "junk"
+    """A record naming a txn without its ``txn.tag``: hidden, nothing else changes."""
     CORRUPT = "corrupt"
 
 
@@ -118,6 +121,8 @@ class BufferStats:
     blocking_txn: TxnID | None
     blocking_offset: int | None
     blocked_for_s: float | None
+    junk: int = 0
+    """Records folded that named a txn without being its member (forged ``txn.id``)."""
 
 
 @dataclass(slots=True)
@@ -176,6 +181,14 @@ class TransactionBuffer:
     """If set, only markers it verifies count; others are forged (hidden, nothing else)."""
     forged: int = 0
     """Forged markers folded (not kept in snapshots: a count for stats and metrics)."""
+    junk: int = 0
+    """Records folded as junk: a ``txn.id`` without its txn's ``txn.tag`` here (a count
+    for stats and metrics, not kept in snapshots)."""
+    legacy_until: int = 0
+    """Records below this offset that carry a ``txn.id`` and no ``txn.tag`` were written
+    before the workers checked membership: they follow the rules of that time (held
+    until their txn's marker or the owner's check). At and above it such a record is
+    junk. 0 (the default): every record is judged by membership."""
     journal: Journal | None = field(default=None, repr=False, compare=False)
     """If set, what the fold decides is also noted here, for the owner to publish
     (:mod:`txnstream.buffer.served`): hidden offsets and aborted spans."""
@@ -229,7 +242,28 @@ class TransactionBuffer:
             self._end(txn_id, marker.kind)
             self._raise_lwm(txn_id.tc_id, marker.lwm)
             return Verdict.MARKER
+        if not self._is_member(offset, txn_id, headers):
+            self._hide(offset)
+            self.junk += 1
+            _rate_limited.warning(
+                f"junk {self.tp}", "%s: hiding the record at offset %d: it names %s without "
+                "that txn's txn.tag here, so it is no member of it (a forged or copied "
+                "txn.id); it ends, blocks and joins nothing", self.tp, offset, txn_id)
+            return Verdict.JUNK
         return self._fold_txn_record(offset, txn_id, timestamp_ms)
+
+    def _is_member(self, offset: int, txn_id: TxnID, headers: Headers) -> bool:
+        """Whether a record naming ``txn_id`` belongs to it (:mod:`txnstream.membership`).
+
+        Always, when the fold has no membership key (workers without a secret).
+        """
+        membership = self.signer.membership if self.signer is not None else None
+        if membership is None:
+            return True
+        tag = next((v for k, v in headers or () if k == TXN_TAG_HEADER), None)
+        if tag is None and offset < self.legacy_until:
+            return True  # written before membership: judged by the rules of its time
+        return membership.is_member(txn_id, self.tp, tag)
 
     def _fold_txn_record(self, offset: int, txn_id: TxnID, timestamp_ms: int | None) -> Verdict:
         if self._has_ended(txn_id):
@@ -362,20 +396,21 @@ class TransactionBuffer:
                 now = now_ms if now_ms is not None else int(time.time() * 1000)
                 age = max(0.0, (now - entry.first_timestamp_ms) / 1000)
         return BufferStats(self.tp, self.last_offset, self.max_read_position,
-                           len(self.ongoing), len(self.aborted), txn_id, offset, age)
+                           len(self.ongoing), len(self.aborted), txn_id, offset, age,
+                           self.junk)
 
     def fold_messages(self, records: Iterable[Record]) -> int:
         """Fold many records in offset order: the state :meth:`fold` reaches one by one.
 
-        The fast path of readers (Spark's planner): a run of records of one ongoing
-        transaction costs a list append each, ``txn.id`` headers are parsed once per
-        transaction, and values are read for markers only. Records at or below
-        :attr:`last_offset` (a re-delivered prefix) are skipped. Returns how many were
-        folded.
+        The fast path of the owner: a run of records of one ongoing transaction (the
+        same ``txn.id`` and ``txn.tag`` headers as the run's first, which :meth:`fold`
+        judged a member) costs a comparison and a list append each, and values are read
+        for markers only. Records at or below :attr:`last_offset` (a re-delivered
+        prefix) are skipped. Returns how many were folded.
         """
-        ids: dict[bytes, TxnID] = {}
-        run_raw: bytes | None = None  # txn.id of the previous record, if it was pending
+        run_headers: Headers = None  # the headers of the run's first record
         run: OngoingTxn | None = None
+        legacy_until = self.legacy_until
         n = 0
         for m in records:
             offset = m.offset()
@@ -383,32 +418,22 @@ class TransactionBuffer:
                 continue
             n += 1
             headers = m.headers()
-            if headers is not None and len(headers) == 1 and headers[0][0] == TXN_ID_HEADER:
-                raw = headers[0][1]
-                if raw == run_raw and run is not None:
-                    run.offsets.append(offset)  # nothing ended since its previous record
-                    self.last_offset = offset
-                    continue
-                txn_id = ids.get(raw) if raw is not None else None
-                if txn_id is not None:
-                    self.last_offset = offset
-                    ts = m.timestamp()[1]
-                    verdict = self._fold_txn_record(offset, txn_id, ts if ts > 0 else None)
-                    self._advance()
-                    run_raw, run = ((raw, self.ongoing[txn_id])
-                                    if verdict is Verdict.TXN_PENDING else (None, None))
-                    continue
+            if run is not None and headers is not None and headers == run_headers \
+                    and (len(headers) > 1 or offset < legacy_until
+                         or self.signer is None or self.signer.membership is None):
+                run.offsets.append(offset)  # nothing ended since its previous record
+                self.last_offset = offset
+                continue
             is_marker = split_headers(headers)[1]  # the value is read for markers only
             ts = m.timestamp()[1]
             verdict = self.fold(offset, headers, m.value() if is_marker else None,
                                 ts if ts > 0 else None)
-            run_raw, run = None, None
-            if verdict is Verdict.TXN_PENDING:
-                raw = headers[0][1] if headers and len(headers) == 1 else None
+            run_headers, run = None, None
+            if verdict is Verdict.TXN_PENDING and headers is not None and len(headers) <= 2 \
+                    and headers[0][0] == TXN_ID_HEADER:
+                raw = headers[0][1]
                 if raw is not None:
-                    txn_id = TxnID.from_bytes(raw)
-                    ids[raw] = txn_id
-                    run_raw, run = raw, self.ongoing[txn_id]
+                    run_headers, run = headers, self.ongoing[TxnID.from_bytes(raw)]
         return n
 
     def fold_all(self, records: Iterable[tuple[int, Headers, bytes | None]]) -> None:

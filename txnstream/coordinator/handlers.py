@@ -41,7 +41,7 @@ A store error (:class:`~txnstream.errors.TxnStreamError`) becomes a failure repl
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from txnstream.config import Config
@@ -64,6 +64,7 @@ from txnstream.errors import (
     TxnStreamError,
 )
 from txnstream.kafka.topics import PartitionCatalog
+from txnstream.membership import MembershipKey
 from txnstream.types import ANONYMOUS, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["FORCE_END", "MAX_RESERVE", "LIST_PAGE", "Caller", "TcRequestHandler"]
@@ -112,6 +113,9 @@ class TcRequestHandler:
         self.worker_id = worker_id
         self.restarts = restarts
         """Replays after a failure per TC id (reported by STATS)."""
+        self.membership: MembershipKey | None = None
+        """The workers' membership key: replies that give TxnIDs give their txn keys
+        (None: the workers hold no secret, and records are not checked for membership)."""
         self._ops: dict[TcOp, Handler] = {
             TcOp.NEW: self._new,
             TcOp.RESERVE: self._reserve,
@@ -183,7 +187,15 @@ class TcRequestHandler:
         meta, _ = tc.store.new_txn(req.request_id, self._timeout_ms(req), now_ms, key,
                                    caller.principal)
         return TcReply(req.request_id, req.client_id, tc.tc_id,
-                       txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id)
+                       txn_seq=meta.txn_id.least_bits, owner_id=self.worker_id,
+                       txn_keys=self._keys(tc.tc_id, (meta.txn_id.least_bits,)))
+
+    def _keys(self, tc_id: int, seqs: Sequence[int]) -> tuple[bytes, ...]:
+        """The txn keys of ``seqs`` of TC ``tc_id`` (none without a membership key)."""
+        m = self.membership
+        if m is None:
+            return ()
+        return tuple(m.txn_key(TxnID(tc_id, s)) for s in seqs)
 
     def _reserve(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                  caller: Caller) -> TcReply:
@@ -193,7 +205,8 @@ class TcRequestHandler:
         seqs = tc.store.reserve(req.request_id, count, self._timeout_ms(req), now_ms,
                                 caller.principal)
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=seqs[0],
-                       group_seqs=tuple(seqs), owner_id=self.worker_id)
+                       group_seqs=tuple(seqs), owner_id=self.worker_id,
+                       txn_keys=self._keys(tc.tc_id, seqs))
 
     def _activate(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                   caller: Caller) -> TcReply:
@@ -342,8 +355,11 @@ class TcRequestHandler:
 
     def _get(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
         meta = self._owned(tc, req.txn_seq, caller, "read")
+        # The key goes to who may write the txn: its owner (attach_transaction), or an
+        # admin (who may end it anyway).
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
-                       txns=(TxnInfo.of(meta),), owner_id=self.worker_id)
+                       txns=(TxnInfo.of(meta),), owner_id=self.worker_id,
+                       txn_keys=self._keys(tc.tc_id, (req.txn_seq,)))
 
     def _list(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
         """One page of txns above ``after_seq``, in sequence order.

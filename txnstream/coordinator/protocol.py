@@ -176,6 +176,10 @@ class TcReply:
     owner_id: str | None = None
     more: bool = False
     """LIST: this is one page; the next starts after the last txn of ``txns``."""
+    txn_keys: tuple[bytes, ...] = ()
+    """The txn keys (:mod:`txnstream.membership`) of the TxnIDs this reply gives: NEW one,
+    RESERVE one per ``group_seqs``, GET one per ``txns`` (empty bytes where the caller
+    may not write the txn); empty when the workers check no membership."""
 
     @classmethod
     def failure(cls, req: TcRequest, exc: TxnStreamError, owner_id: str) -> TcReply:
@@ -192,6 +196,7 @@ class TcReply:
             "txn_seq": self.txn_seq, "already": self.already,
             "group_seqs": list(self.group_seqs), "txns": [t.to_avro() for t in self.txns],
             "stats": dict(self.stats), "owner_id": self.owner_id, "more": self.more,
+            "txn_keys": list(self.txn_keys),
         })
 
     @classmethod
@@ -202,7 +207,7 @@ class TcReply:
             return cls(r["request_id"], r["client_id"], r["tc_id"], r["error_kind"],
                        r["error_message"], r["txn_seq"], r["already"], tuple(r["group_seqs"]),
                        tuple(TxnInfo.from_avro(t) for t in r["txns"]), dict(r["stats"]),
-                       r["owner_id"], r["more"])
+                       r["owner_id"], r["more"], tuple(r["txn_keys"]))
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"tc_reply: {exc!r}") from exc
 

@@ -62,9 +62,10 @@ __all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "ClientConn
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TXNS3"
-"""The line's version: 3 since a commit's END carries its unconfirmed registrations
-(a worker of version 2 would commit without them), so the two refuse each other."""
+MAGIC = b"TXNS4"
+"""The line's version: 4 since replies carry txn keys (a version-3 client would write
+records without ``txn.tag``, junk to a version-4 buffer owner); 3 since a commit's END
+carries its unconfirmed registrations. Different versions refuse each other."""
 FRAME = struct.Struct(">I")
 NONCE_BYTES = 16
 MAX_FRAME_BYTES = 8 << 20

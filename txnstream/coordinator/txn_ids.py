@@ -88,6 +88,8 @@ class TxnIdPool:
         self._lock = threading.Lock()
         self._tc_id = -1
         self._seqs: list[int] = []
+        self._keys: dict[int, bytes] = {}
+        """The txn keys of ``_seqs`` (empty when the workers check no membership)."""
         self._usable_until = 0.0
         self._granted_at = 0.0
         self._size = RESERVE_FIRST
@@ -96,8 +98,10 @@ class TxnIdPool:
         self.lease_s = HAND_OUT_WINDOW_S + self.request_timeout_s + LEASE_CLOCK_SLACK_S
         """The lease each ``RESERVE`` asks for (see the class docstring)."""
 
-    def take(self) -> tuple[int, int]:
-        """``(tc_id, seq)`` of a fresh OPEN txn to activate; reserves a block if needed.
+    def take(self) -> tuple[int, int, bytes | None]:
+        """``(tc_id, seq, txn key)`` of a fresh OPEN txn; reserves a block if needed.
+
+        The key is None when the workers check no membership.
 
         A block whose ``RESERVE`` reply came after its hand-out window closed (a slow
         failover) is left to its lease and another is reserved, until the request
@@ -112,7 +116,8 @@ class TxnIdPool:
                         f"no block of TxnIDs reserved within {self.request_timeout_s:.0f}s "
                         "that could still be handed out: are the coordinators reachable?")
                 self._refill(left)
-            return self._tc_id, self._seqs.pop(0)
+            seq = self._seqs.pop(0)
+            return self._tc_id, seq, self._keys.pop(seq, None)
 
     def activation(self, tc_id: int, seq: int, timeout_ms: int,
                    open_time_ms: int | None = None) -> Callable[[], TcReply]:
@@ -146,6 +151,7 @@ class TxnIdPool:
         reply = self._tc.request(TcOp.RESERVE, tc_id, timeout_s=timeout_s, count=self._size,
                                  timeout_ms=int(self.lease_s * 1000))
         self._tc_id, self._seqs = tc_id, list(reply.group_seqs)
+        self._keys = dict(zip(reply.group_seqs, reply.txn_keys, strict=False))
         self._granted_at = sent
         self._usable_until = sent + HAND_OUT_WINDOW_S
 
@@ -153,6 +159,7 @@ class TxnIdPool:
         """Abort the TxnIDs never handed out (a closing client), best effort."""
         with self._lock:
             seqs, self._seqs = self._seqs, []
+            self._keys = {}
             if not seqs or self._clock() >= self._granted_at + self.lease_s:
                 return
             try:

@@ -223,6 +223,7 @@ class CoordinatorWorker:
                 if signer is None:
                     return  # stopped before the broker answered
                 self._finalizer.signer = self._endpoints.signer = signer
+                self._handler.membership = signer.membership
             else:
                 log.warning("worker %s: no workers' secret (tc_secret): markers are not "
                             "signed, so any producer that may write a data topic can forge "

@@ -7,15 +7,24 @@ released an open txn's records before its coordinator decided.
 """
 
 from txnstream.buffer import TransactionBuffer, Verdict
-from txnstream.markers import TXN_ID_HEADER, TXN_MAC_HEADER, MarkerKind, MarkerSigner, TxnMarker
+from txnstream.markers import (
+    TXN_ID_HEADER,
+    TXN_MAC_HEADER,
+    TXN_TAG_HEADER,
+    MarkerKind,
+    MarkerSigner,
+    TxnMarker,
+)
 from txnstream.types import TopicPartition, TxnID
 
 TP = TopicPartition("orders", 3)
 SIGNER = MarkerSigner.from_secret("the workers' secret", "cluster-A")
 
 
-def h(t: TxnID):
-    return [(TXN_ID_HEADER, t.to_bytes())]
+def h(t: TxnID, tp: TopicPartition = TP):
+    """A member record's headers (with the txn's tag, as a txnstream writer sends them)."""
+    assert SIGNER.membership is not None
+    return [(TXN_ID_HEADER, t.to_bytes()), (TXN_TAG_HEADER, SIGNER.membership.tag(t, tp))]
 
 
 def signed(m: TxnMarker, tp: TopicPartition = TP, signer: MarkerSigner = SIGNER):

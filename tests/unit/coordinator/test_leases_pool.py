@@ -51,7 +51,7 @@ class StandIn:
             self.clock.now += self.reserve_takes_s
             seqs = tuple(range(self.next_seq, self.next_seq + fields["count"]))
             self.next_seq += fields["count"]
-            return SimpleNamespace(group_seqs=seqs)
+            return SimpleNamespace(group_seqs=seqs, txn_keys=())
         return SimpleNamespace()
 
 
@@ -67,7 +67,7 @@ def test_every_txnid_is_handed_out_with_its_activation_deadline_and_slack_left()
     for step in range(400):
         clock.now += 0.37 if step % 50 else 9.0  # bursts and pauses
         before = len(tc.requests)
-        _, seq = pool.take()
+        _, seq, _ = pool.take()
         for op, sent, fields, _ in tc.requests[before:]:
             assert op is TcOp.RESERVE
             lease_s = fields["timeout_ms"] / 1000
@@ -94,14 +94,14 @@ def test_a_block_granted_after_its_window_is_not_handed_out():
         pool.take()
     assert all(op is TcOp.RESERVE for op, *_ in tc.requests) and len(tc.requests) >= 2
     tc.reserve_takes_s = 0.5
-    _, seq = pool.take()
+    _, seq, _ = pool.take()
     sent = tc.requests[-1][1]
     assert seq >= tc.next_seq - 4 and clock.now < sent + HAND_OUT_WINDOW_S
 
 
 def test_an_activation_deadline_runs_from_its_hand_out():
     pool, tc, clock = pool_of()
-    tc_id, seq = pool.take()
+    tc_id, seq, _ = pool.take()
     activate = pool.activation(tc_id, seq, 60_000)
     clock.now += 12.0  # waited for a pipeline thread
     activate()
