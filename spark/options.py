@@ -18,7 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from txnstream.config import Config, TopicNames, check_principal, read_secret_file
+from txnstream.config import (
+    Config,
+    KafkaSettings,
+    TopicNames,
+    check_principal,
+    read_secret_file,
+    txn_producer_problem,
+)
 from txnstream.errors import ConfigError
 from txnstream.validate import (
     MAX_LONG,
@@ -69,7 +76,8 @@ def _config(options: Mapping[str, str]) -> Config:
              if k.startswith("kafka.") and k != BOOTSTRAP}
     prefix = options.get("txnstream.prefix")
     return Config(bootstrap_servers=boot, topics=TopicNames(prefix) if prefix else TopicNames(),
-                  kafka=kafka, **_line(options))
+                  kafka=KafkaSettings(kafka, origin="from the options kafka.*"),
+                  **_line(options))
 
 
 def _line(options: Mapping[str, str]) -> dict[str, Any]:
@@ -410,8 +418,17 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
-        """Validate the options; ``ConfigError`` names the one at fault."""
+        """Validate the options; ``ConfigError`` names the one at fault.
+
+        The sink writes into txns, so ``kafka.*`` settings that break their durability
+        (``kafka.acks`` other than ``all``/``-1``, ``kafka.enable.idempotence`` false:
+        :func:`~txnstream.config.txn_producer_problem`) are refused here, on the driver,
+        before a batch runs.
+        """
         config = _config(options)
+        if (problem := txn_producer_problem(config.kafka)) is not None:
+            name, value, why = problem
+            raise ConfigError(f"option 'kafka.{name}' is {value!r}: {why}")
         options = _lower(options)
         timeout = seconds_text(options.get(TXN_TIMEOUT.lower(), DEFAULT_TXN_TIMEOUT),
                                f"option '{TXN_TIMEOUT}'", maximum=config.max_txn_timeout_s,

@@ -12,7 +12,7 @@ from typing import Any
 
 from txnstream import validate
 from txnstream.admin import Admin
-from txnstream.config import Config
+from txnstream.config import Config, KafkaSettings
 from txnstream.consumer import Consumer
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.tc_client import TransactionCoordinatorClient
@@ -51,7 +51,8 @@ class Client:
     def __init__(self, bootstrap_servers: str | None = None, *, config: Config | None = None,
                  **kafka: Any) -> None:
         if config is None:
-            config = Config.from_env(bootstrap_servers, kafka=kafka)
+            config = Config.from_env(bootstrap_servers,
+                                     kafka=KafkaSettings(kafka, origin="given to Client()"))
         elif bootstrap_servers or kafka:
             raise ConfigError("pass either config= or bootstrap_servers/librdkafka settings")
         self.config = config

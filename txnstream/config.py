@@ -18,7 +18,8 @@ from typing import Any
 from txnstream.errors import ConfigError
 
 __all__ = ["Config", "TopicNames", "KafkaSettings", "DEFAULT_BOOTSTRAP", "is_secret_setting",
-           "load_kafka_properties", "load_tc_users", "read_secret_file", "check_principal"]
+           "load_kafka_properties", "load_tc_users", "read_secret_file", "check_principal",
+           "txn_producer_problem", "check_txn_producer"]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 _SECRET_HINTS = ("password", "secret", "sasl.oauthbearer", "ssl.key", "jaas", "token")
@@ -31,11 +32,18 @@ def is_secret_setting(name: str) -> bool:
 
 
 class KafkaSettings(dict[str, Any]):
-    """librdkafka settings that print with their secrets masked.
+    """librdkafka settings that print with their secrets masked, and say where they came from.
 
     Clients get the real values (it is a plain dict to them); ``repr``/``str``, and so
-    every log line or error that formats a Config, show ``***`` instead.
+    every log line or error that formats a Config, show ``***`` instead. ``origin``
+    (``"given to Client()"``, ``"in FILE, from --kafka-config"``) is what an error about
+    one of them names; it survives :meth:`Config.with_` and pickling.
     """
+
+    def __init__(self, settings: Mapping[str, Any] | None = None, /,
+                 origin: str | None = None) -> None:
+        super().__init__(settings or {})
+        self.origin: str = origin or getattr(settings, "origin", None) or "in Config.kafka"
 
     def masked(self) -> dict[str, Any]:
         """A copy with every secret value replaced by ``***``."""
@@ -45,6 +53,76 @@ class KafkaSettings(dict[str, Any]):
         return repr(self.masked())
 
     __str__ = __repr__
+
+
+_ACKS = ("acks", "request.required.acks", "topic.acks", "topic.request.required.acks")
+"""librdkafka's names of the producer's ``acks`` (aliases, and as topic settings)."""
+_TOPIC_CONFIG = "default.topic.config"
+"""confluent-kafka's (deprecated) nested topic settings: ``acks`` may hide there too."""
+_ACKS_ALL = ("all", "-1")
+_IDEMPOTENCE_ON = ("true", "t", "1")
+"""The text of a true ``enable.idempotence``, as librdkafka reads it (any case)."""
+
+_ACKS_WHY = ("a transactional record must be acknowledged by every in-sync replica before "
+             "its txn can commit (with fewer, a record the broker refused or lost with its "
+             "leader counts as delivered, and readers see part of the txn); use acks=all "
+             "(the default), as Kafka requires of a transactional producer")
+_IDEMPOTENCE_WHY = ("a producer that writes into txns must be idempotent, or a retried send "
+                    "can be written twice or out of order within its txn; use "
+                    "enable.idempotence=true (the default), as Kafka requires of a "
+                    "transactional producer")
+
+
+def _text(value: object) -> str:
+    """A setting's value as a properties file would spell it (``false``, not ``False``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _is_acks_all(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value == -1
+    return isinstance(value, str) and value.strip().lower() in _ACKS_ALL
+
+
+def _is_true(value: object) -> bool:
+    if isinstance(value, (bool, int)):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in _IDEMPOTENCE_ON
+
+
+def txn_producer_problem(settings: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """The first librdkafka setting that breaks a txn's durability: (name, value, why).
+
+    None if there is none. A producer that writes into txns needs ``acks=all`` (or
+    ``-1``, under any of librdkafka's names for it) and ``enable.idempotence`` on (absent
+    is on: :meth:`Config.producer` defaults it); Kafka's Java producer refuses anything
+    else for a transactional producer. A value librdkafka cannot read is not judged here:
+    librdkafka refuses it itself.
+    """
+    nested = settings.get(_TOPIC_CONFIG)
+    found = [(k, settings[k]) for k in _ACKS if k in settings]
+    if isinstance(nested, Mapping):
+        found += [(f"{_TOPIC_CONFIG}.{k}", nested[k]) for k in _ACKS if k in nested]
+    for name, value in found:
+        if not _is_acks_all(value):
+            return name, _text(value), _ACKS_WHY
+    idempotence = settings.get("enable.idempotence", True)
+    if not _is_true(idempotence):
+        return "enable.idempotence", _text(idempotence), _IDEMPOTENCE_WHY
+    return None
+
+
+def check_txn_producer(settings: Mapping[str, Any], where: str) -> None:
+    """``ConfigError`` if ``settings`` break a txn's durability (:func:`txn_producer_problem`).
+
+    The error names the setting, its value, ``where`` it came from and why.
+    """
+    problem = txn_producer_problem(settings)
+    if problem is not None:
+        name, value, why = problem
+        raise ConfigError(f"{name}={value} ({where}): {why}")
 
 
 def _key_values(path: str | os.PathLike[str], what: str) -> list[tuple[str, str, int]]:
@@ -162,7 +240,8 @@ librdkafka's own printing."""
 class Config:
     """Settings shared by clients, workers and tools.
 
-    ``kafka`` holds librdkafka settings passed through unchanged to every Kafka client.
+    ``kafka`` holds librdkafka settings passed through unchanged to every Kafka client;
+    :meth:`producer` refuses those that break a txn's durability.
     """
 
     bootstrap_servers: str = DEFAULT_BOOTSTRAP
@@ -215,7 +294,8 @@ class Config:
     """Deadline for topic admin calls; KRaft metadata updates take well under a second."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kafka", KafkaSettings(self.kafka))  # masked when printed
+        # masked when printed; keeps its origin (where a producer's refusal says it is from)
+        object.__setattr__(self, "kafka", KafkaSettings(self.kafka))
         if not self.bootstrap_servers:
             raise ConfigError("bootstrap_servers is empty: give host:port of a Kafka broker")
         if not 1 <= self.num_coordinators <= 4096:
@@ -264,7 +344,8 @@ class Config:
             overrides["topics"] = TopicNames(prefix)
         props = os.environ.get("TXNSTREAM_KAFKA_CONFIG")
         if props and "kafka" not in overrides:
-            overrides["kafka"] = load_kafka_properties(props)
+            overrides["kafka"] = KafkaSettings(load_kafka_properties(props),
+                                               origin=f"in {props}, from $TXNSTREAM_KAFKA_CONFIG")
         env = os.environ
         secret = env.get("TXNSTREAM_TC_SECRET")
         if not secret and env.get("TXNSTREAM_TC_SECRET_FILE") and "tc_secret" not in overrides:
@@ -298,7 +379,15 @@ class Config:
         return conf
 
     def producer(self, **extra: Any) -> dict[str, Any]:
-        """Settings for an idempotent producer (no duplicates on retry, order kept)."""
+        """Settings for an idempotent producer (no duplicates on retry, order kept).
+
+        Every producer txnstream makes writes into txns or their state (records,
+        pending acks, the log, markers), so settings that break durability (acks other
+        than all, idempotence off: :func:`txn_producer_problem`) are refused with a
+        ``ConfigError`` naming the setting and where it came from (``extra``, else
+        ``kafka``'s origin), before any client is made.
+        """
+        check_txn_producer(extra, "given to Config.producer()")
         conf = self.common()
         conf.setdefault("logger", KAFKA_LOG)
         conf.setdefault("enable.idempotence", True)
@@ -307,6 +396,7 @@ class Config:
         # readers can compute a key's partition (pending-ack log, snapshots).
         conf.setdefault("partitioner", "murmur2_random")
         conf.update(extra)
+        check_txn_producer(conf, getattr(self.kafka, "origin", "in Config.kafka"))
         return conf
 
     def consumer(self, group_id: str, **extra: Any) -> dict[str, Any]:

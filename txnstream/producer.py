@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, Message
 from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import validate
+from txnstream.config import check_txn_producer
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.kafka.clients import close_producer
 from txnstream.kafka.partitioning import murmur2_partition
@@ -135,10 +136,17 @@ def _partitions_of(kafka: KafkaProducer, topic: str, timeout_s: float, where: st
 
 
 class Producer:
-    """Sends to one topic; thread-safe; use ``client.create_producer(topic)``."""
+    """Sends to one topic; thread-safe; use ``client.create_producer(topic)``.
+
+    Made for txns, so it refuses, before connecting, librdkafka settings that would let
+    a record count as delivered without being durable (``acks`` other than all,
+    ``enable.idempotence`` off: ``ConfigError`` naming the setting and where it came
+    from), as Kafka refuses them for a transactional producer.
+    """
 
     def __init__(self, config: Config, topic: str, **kafka: object) -> None:
         self.topic = topic
+        check_txn_producer(kafka, f"given to create_producer({topic!r})")
         self._kafka = KafkaProducer(config.producer(**kafka))
         self._closed = False
         self.num_partitions = _partitions_of(self._kafka, topic, config.admin_timeout_s,

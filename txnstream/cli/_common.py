@@ -8,7 +8,13 @@ from collections.abc import Iterable, Sequence
 
 from rich.table import Table
 
-from txnstream.config import Config, TopicNames, load_kafka_properties, read_secret_file
+from txnstream.config import (
+    Config,
+    KafkaSettings,
+    TopicNames,
+    load_kafka_properties,
+    read_secret_file,
+)
 
 __all__ = ["add_topic_flags", "add_line_flags", "config_from_args", "table", "fmt_age"]
 
@@ -74,7 +80,8 @@ def config_from_args(args: argparse.Namespace, **overrides: object) -> Config:
     if getattr(args, "prefix", None):
         overrides["topics"] = TopicNames(args.prefix)
     if getattr(args, "kafka_config", None):
-        overrides["kafka"] = load_kafka_properties(args.kafka_config)
+        overrides["kafka"] = KafkaSettings(load_kafka_properties(args.kafka_config),
+                                           origin=f"in {args.kafka_config}, from --kafka-config")
     if getattr(args, "tc_principal", None):
         overrides["tc_principal"] = args.tc_principal
     if getattr(args, "tc_secret_file", None):

@@ -23,6 +23,8 @@ def worker_clients(config: Config, worker_id: str, settings: WorkerSettings,
     markers and endpoint records (:data:`~txnstream.coordinator.txn_log.PRODUCER_SETTINGS`).
     """
     s = settings
+    # Rendered first: settings a producer refuses (Config.producer) fail before any client.
+    producer = config.producer(**PRODUCER_SETTINGS, **{"client.id": f"tc-{worker_id}"})
     return KafkaClients(
         factory.consumer(config.consumer(
             f"{config.topics.prefix}-coordinators",
@@ -30,6 +32,5 @@ def worker_clients(config: Config, worker_id: str, settings: WorkerSettings,
                "heartbeat.interval.ms": s.heartbeat_interval_ms,
                "max.poll.interval.ms": max(60_000, s.session_timeout_ms * 3),
                "fetch.wait.max.ms": 20, "client.id": f"tc-log-{worker_id}"})),
-        factory.producer(config.producer(**PRODUCER_SETTINGS,
-                                         **{"client.id": f"tc-{worker_id}"})),
+        factory.producer(producer),
         factory.admin(config.admin()))
