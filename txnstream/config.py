@@ -263,6 +263,10 @@ class Config:
     """Secret of ``tc_principal``. Each frame after the handshake carries an HMAC keyed
     from it, so neither the secret nor a relay can be used against a connection.
     ``TXNSTREAM_TC_SECRET`` or ``TXNSTREAM_TC_SECRET_FILE``. None: no secret."""
+    workers_key_file: str | None = None
+    """Workers: the workers' key (32 random bytes as hex, :mod:`txnstream.workers_key`):
+    signs markers and endpoint records, makes records members of their txns. Without
+    it the key comes from ``tc_secret``. ``TXNSTREAM_WORKERS_KEY_FILE``."""
     tc_users_file: str | None = None
     """Workers: more principals, one ``principal=secret`` line each (mode 0600); the
     worker's own ``tc_principal``/``tc_secret`` is always one of them.
@@ -324,6 +328,11 @@ class Config:
         return frozenset(self.tc_admins or (self.tc_principal,))
 
     @property
+    def has_workers_key(self) -> bool:
+        """Whether workers with this config sign markers and check membership."""
+        return bool(self.workers_key_file or self.tc_secret)
+
+    @property
     def tc_authenticated(self) -> bool:
         """Whether a worker with this config authenticates its clients."""
         return bool(self.tc_secret or self.tc_users_file or self.tc_tls_client_auth)
@@ -354,6 +363,7 @@ class Config:
         if secret and "tc_secret" not in overrides:
             overrides["tc_secret"] = secret
         for var, name in (("TXNSTREAM_TC_PRINCIPAL", "tc_principal"),
+                          ("TXNSTREAM_WORKERS_KEY_FILE", "workers_key_file"),
                           ("TXNSTREAM_TC_USERS_FILE", "tc_users_file"),
                           ("TXNSTREAM_TC_TLS_CAFILE", "tc_tls_cafile"),
                           ("TXNSTREAM_TC_TLS_CERTFILE", "tc_tls_certfile"),

@@ -28,7 +28,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from txnstream.codec import codec
 from txnstream.errors import CorruptRecordError
-from txnstream.membership import MembershipKey, workers_root_key
+from txnstream.membership import MembershipKey, hkdf_sha256, workers_root_key
 from txnstream.message import (
     RESERVED_HEADERS,
     TXN_ID_HEADER,
@@ -106,10 +106,12 @@ class MarkerSigner:
     """
 
     def __init__(self, key: bytes, cluster_id: str,
-                 membership: MembershipKey | None = None) -> None:
+                 membership: MembershipKey | None = None,
+                 legacy_key: bytes | None = None) -> None:
         if len(key) < 16:
             raise ValueError("a marker key must be at least 16 bytes")
         self._key = key
+        self._legacy_key = legacy_key
         self._cluster = cluster_id.encode()
         self.membership = membership
         """The workers' membership key (:mod:`txnstream.membership`): txn keys the
@@ -117,35 +119,53 @@ class MarkerSigner:
         checked for membership (a signer made from a bare key, in tests)."""
 
     @classmethod
-    def from_secret(cls, secret: str, cluster_id: str) -> MarkerSigner:
-        """The signer of the workers holding ``secret`` on Kafka cluster ``cluster_id``.
+    def from_root(cls, root: bytes, cluster_id: str,
+                  legacy_secret: str | None = None) -> MarkerSigner:
+        """The signer of the workers whose root key is ``root`` (:mod:`txnstream.workers_key`).
 
-        The marker key is still version 1's (one HMAC of the secret), so markers written
-        before the membership work verify; the membership key comes from the secret
-        through scrypt and HKDF (:func:`~txnstream.membership.workers_root_key`).
+        Its marker key and membership key are HKDF subkeys of the root; with
+        ``legacy_secret`` it also knows version 1's marker key (one HMAC of that
+        secret), for markers judged by the rules of their time.
         """
-        key = hmac.new(secret.encode(), b"txnstream marker key v1", hashlib.sha256).digest()
-        root = workers_root_key(secret)
-        return cls(key, cluster_id, MembershipKey.from_root(root, cluster_id))
+        legacy = None if legacy_secret is None else hmac.new(
+            legacy_secret.encode(), b"txnstream marker key v1", hashlib.sha256).digest()
+        return cls(hkdf_sha256(root, b"txnstream marker key v2"), cluster_id,
+                   MembershipKey.from_root(root, cluster_id), legacy)
 
-    def tag(self, topic: str, partition: int, value: bytes) -> bytes:
+    @classmethod
+    def from_secret(cls, secret: str, cluster_id: str) -> MarkerSigner:
+        """The signer of the workers holding ``secret`` (and no key file)."""
+        return cls.from_root(workers_root_key(secret), cluster_id, secret)
+
+    def tag(self, topic: str, partition: int, value: bytes,
+            key: bytes | None = None) -> bytes:
         """The ``txn.mac`` of a marker with ``value`` in ``topic``-``partition``."""
         t = topic.encode()
         msg = b"".join((struct.pack(">H", len(self._cluster)), self._cluster,
                         struct.pack(">H", len(t)), t, struct.pack(">i", partition), value))
-        return hmac.new(self._key, msg, hashlib.sha256).digest()[:MAC_BYTES]
+        return hmac.new(key or self._key, msg, hashlib.sha256).digest()[:MAC_BYTES]
 
     def headers(self, marker: TxnMarker, topic: str, partition: int,
                 value: bytes) -> list[tuple[str, str | bytes | None]]:
         """The headers of ``marker`` (encoded as ``value``) written to that partition."""
         return [*marker.headers(), (TXN_MAC_HEADER, self.tag(topic, partition, value))]
 
-    def verify(self, topic: str, partition: int, value: bytes | None, headers: Headers) -> bool:
-        """Whether a marker record's ``txn.mac`` header is this cluster's tag for it."""
+    def verify(self, topic: str, partition: int, value: bytes | None, headers: Headers,
+               legacy: bool = False) -> bool:
+        """Whether a marker record's ``txn.mac`` header is this cluster's tag for it.
+
+        ``legacy``: the record is judged by the rules of version 1, whose marker key
+        (one HMAC of the secret) is accepted too.
+        """
         if value is None:
             return False
         mac = next((v for k, v in headers or () if k == TXN_MAC_HEADER), None)
-        return mac is not None and hmac.compare_digest(mac, self.tag(topic, partition, value))
+        if mac is None:
+            return False
+        if hmac.compare_digest(mac, self.tag(topic, partition, value)):
+            return True
+        return legacy and self._legacy_key is not None and hmac.compare_digest(
+            mac, self.tag(topic, partition, value, self._legacy_key))
 
 
 class RecordKind(enum.Enum):

@@ -226,7 +226,8 @@ class TransactionBuffer:
         assert txn_id is not None
         if kind is RecordKind.MARKER:
             if self.signer is not None and not self.signer.verify(
-                    self.tp.topic, self.tp.partition, value, headers):
+                    self.tp.topic, self.tp.partition, value, headers,
+                    legacy=offset < self.legacy_until):
                 self._hide(offset)
                 self.forged += 1
                 _rate_limited.warning(

@@ -86,6 +86,7 @@ from txnstream.kafka.topics import (
 from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
+from txnstream.workers_key import workers_signer
 
 __all__ = ["BufferWorker"]
 
@@ -213,7 +214,7 @@ class BufferWorker:
 
     def run(self) -> None:
         """The loop: each step fails alone and runs again at its next turn."""
-        if self.config.tc_secret:
+        if self.config.has_workers_key:
             # No fold before the signer: an unchecked fold would honour forged markers.
             while not self._stop.is_set() and not self._step("marker key", self._make_signer):
                 self._stop.wait(ERROR_BACKOFF_S)
@@ -255,12 +256,10 @@ class BufferWorker:
                 self._step(what, close)
 
     def _make_signer(self) -> None:
-        assert self.config.tc_secret
         cluster = self._producer.list_topics(timeout=self.config.admin_timeout_s).cluster_id
         if not cluster:
             raise RuntimeError("the broker reported no cluster id: markers cannot be signed")
-        self._signer = self._markers.signer = MarkerSigner.from_secret(
-            self.config.tc_secret, cluster)
+        self._signer = self._markers.signer = workers_signer(self.config, cluster)
 
     def _step(self, what: str, fn: Callable[[], object]) -> bool:
         """Run one step; a failure is logged, never raised. Whether it succeeded."""

@@ -106,6 +106,7 @@ from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_p
 from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.markers import MarkerSigner
 from txnstream.types import TopicPartition
+from txnstream.workers_key import root_key, workers_signer
 
 __all__ = ["CoordinatorWorker"]
 
@@ -126,6 +127,7 @@ class CoordinatorWorker:
                  kafka: KafkaClientFactory = CONFLUENT_KAFKA) -> None:
         """``kafka`` makes the worker's Kafka clients (a test gives a factory of fakes)."""
         self.config = config
+        root_key(config)  # a weak secret or a bad key file: refused before anything starts
         self.settings = settings or WorkerSettings()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stop = threading.Event()
@@ -218,7 +220,7 @@ class CoordinatorWorker:
     def run(self) -> None:
         """The loop; returns when :meth:`stop` is called."""
         try:
-            if self.config.tc_secret:
+            if self.config.has_workers_key:
                 signer = self._marker_signer()
                 if signer is None:
                     return  # stopped before the broker answered
@@ -267,8 +269,7 @@ class CoordinatorWorker:
             try:
                 md = self._kafka.producer.list_topics(timeout=self.config.admin_timeout_s)
                 if md.cluster_id:
-                    assert self.config.tc_secret
-                    return MarkerSigner.from_secret(self.config.tc_secret, md.cluster_id)
+                    return workers_signer(self.config, md.cluster_id)
                 log.warning("worker %s: the broker reported no cluster id yet", self.worker_id)
             except KafkaException as exc:
                 log.warning("worker %s: no cluster id for the marker key yet: %s",
