@@ -17,7 +17,8 @@ snapshots are still read (Avro schema resolution fills the version 2 fields with
 empty defaults, and :meth:`TransactionBufferSnapshot.from_avro` turns the offsets into
 runs). Version 2 writes the version 1 lists empty. Version 3 adds the log epoch and the
 topic id (:mod:`txnstream.buffer.recreation`); older snapshots read as epoch 0, id
-unknown.
+unknown. Version 4 adds ``legacy_until`` (:mod:`txnstream.membership`); older snapshots
+read as -1, not known.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class TransactionBufferSnapshot:
     topic_id: str = field(default="", compare=False)
     """The topic id of the log folded ("": not known; version 3). Names the log, is no
     part of the fold's state: equal folds of one log compare equal with or without it."""
+    legacy_until: int = -1
+    """:attr:`TransactionBuffer.legacy_until` (version 4); -1: not known (an older
+    snapshot, or an owner that checks no membership)."""
 
     def to_avro(self) -> dict[str, Any]:
         """The dict fastavro writes."""
@@ -88,6 +92,7 @@ class TransactionBufferSnapshot:
             "ended": [{"tc": tc, "seqs": list(seqs)} for tc, seqs in self.ended],
             "generation": self.generation, "state_offset": self.state_offset,
             "log_epoch": self.log_epoch, "topic_id": self.topic_id,
+            "legacy_until": self.legacy_until,
         }
 
     @classmethod
@@ -107,6 +112,7 @@ class TransactionBufferSnapshot:
             tuple((x["tc"], x["lwm"]) for x in r["lwms"]),
             tuple((x["tc"], tuple(x["seqs"])) for x in r["ended"]),
             r["generation"], r["state_offset"], r["log_epoch"], r["topic_id"],
+            r["legacy_until"],
         )
 
     def encode(self) -> bytes:
@@ -158,6 +164,7 @@ def take_snapshot(buf: TransactionBuffer, min_offset: int = 0, generation: int =
         tuple(sorted(buf.lwm.items())),
         tuple(sorted((tc, tuple(sorted(seqs))) for tc, seqs in buf.ended.items() if seqs)),
         generation, state_offset, buf.log_epoch, buf.topic_id,
+        buf.legacy_until if buf.checks_membership else -1,
     )
 
 
@@ -174,6 +181,7 @@ def restore(snap: TransactionBufferSnapshot) -> TransactionBuffer:
     buf.ended = {tc: set(seqs) for tc, seqs in snap.ended}
     buf.log_epoch = snap.log_epoch
     buf.topic_id = snap.topic_id
+    buf.legacy_until = snap.legacy_until
     return buf
 
 

@@ -188,7 +188,8 @@ class TransactionBuffer:
     """Records below this offset that carry a ``txn.id`` and no ``txn.tag`` were written
     before the workers checked membership: they follow the rules of that time (held
     until their txn's marker or the owner's check). At and above it such a record is
-    junk. 0 (the default): every record is judged by membership."""
+    junk. 0 (the default): every record is judged by membership. -1: not known (restored
+    from a snapshot taken before membership): :meth:`attach_signer` sets it."""
     journal: Journal | None = field(default=None, repr=False, compare=False)
     """If set, what the fold decides is also noted here, for the owner to publish
     (:mod:`txnstream.buffer.served`): hidden offsets and aborted spans."""
@@ -252,6 +253,22 @@ class TransactionBuffer:
                 "txn.id); it ends, blocks and joins nothing", self.tp, offset, txn_id)
             return Verdict.JUNK
         return self._fold_txn_record(offset, txn_id, timestamp_ms)
+
+    @property
+    def checks_membership(self) -> bool:
+        """Whether this fold judges txn records by their ``txn.tag``."""
+        return self.signer is not None and self.signer.membership is not None
+
+    def attach_signer(self, signer: MarkerSigner | None, log_end: int) -> None:
+        """Fold on with the owner's ``signer``; the log ends at ``log_end`` now.
+
+        The upgrade path: a state folded before membership was checked (``legacy_until``
+        not known) judges what its log holds now by the old rules, and what comes after
+        by membership.
+        """
+        self.signer = signer
+        if self.legacy_until < 0 and self.checks_membership:
+            self.legacy_until = log_end
 
     def _is_member(self, offset: int, txn_id: TxnID, headers: Headers) -> bool:
         """Whether a record naming ``txn_id`` belongs to it (:mod:`txnstream.membership`).

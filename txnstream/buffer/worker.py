@@ -384,25 +384,26 @@ class BufferWorker:
             return
         ktp = KafkaTP(tp.topic, tp.partition)
         try:
-            low, _ = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+            low, high = self._data.get_watermark_offsets(ktp,
+                                                         timeout=self.config.admin_timeout_s)
         except KafkaException as exc:
             log.warning("%s: log start unknown (%s); folding from the earliest", tp, exc)
-            low = 0
+            low = high = 0
         ids = topic_ids if topic_ids is not None else self._logs.topic_ids.get([tp.topic])
         buf, due = self._logs.start_state(tp, snap, low, ids.get(tp.topic, ""))
         # A partition with a usable snapshot needs none now (readers start from it and
         # follow the deltas); one without gets its first at once, so readers can start.
-        self._start_fold(tp, slot, buf, low, snapshot_due=due)
+        self._start_fold(tp, slot, buf, low, snapshot_due=due, log_end=high)
 
     def _start_fold(self, tp: TopicPartition, slot: int, buf: TransactionBuffer, low: int,
-                    snapshot_due: bool) -> None:
-        """Serve ``tp`` from ``buf`` on, its log starting at ``low``.
+                    snapshot_due: bool, log_end: int = 0) -> None:
+        """Serve ``tp`` from ``buf`` on, its log from ``low`` to ``log_end`` now.
 
         The one place a fold starts (owners only: readers never fold).
         """
         buf.trim(low)
         buf.journal = Journal()
-        buf.signer = self._signer
+        buf.attach_signer(self._signer, log_end)
         self.served[tp] = ServedPartition(buf, slot, next_from=buf.last_offset + 1,
                                           snapshot_due=snapshot_due)
         self.slots[slot].served.add(tp)

@@ -150,3 +150,38 @@ def test_hkdf_matches_rfc_5869_test_case_3():
     okm = hkdf_sha256(bytes([0x0B] * 22), b"", 42)
     assert okm.hex() == ("8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d"
                          "9d201395faa4b61a96c8")
+
+
+def test_an_owner_upgraded_from_a_snapshot_before_membership_reads_the_old_records():
+    """The upgrade path: a state restored from a version-3 snapshot (taken by an owner
+    that checked no membership) judges the log it holds at the claim by the old rules."""
+    from txnstream.buffer.snapshot import TransactionBufferSnapshot
+    from txnstream.codec import codec
+
+    old = TransactionBuffer(TP)  # an owner of the old version: no membership
+    t = TxnID(0, 1)
+    old.fold(0, claim(t))
+    snap = take_snapshot(old)
+    assert snap.legacy_until == -1
+    v3 = codec("txn_buffer_snapshot")._older[3]
+    import io
+
+    import fastavro
+    buf = io.BytesIO()
+    buf.write(bytes([3]))
+    rec = snap.to_avro()
+    del rec["legacy_until"]
+    fastavro.schemaless_writer(buf, v3, rec)
+    read = TransactionBufferSnapshot.decode(buf.getvalue())
+    assert read.legacy_until == -1
+    b = restore(read)
+    b.attach_signer(SIGNER, log_end=3)  # records 1 and 2 were written before the upgrade
+    assert b.legacy_until == 3
+    assert b.fold(1, claim(t)) is Verdict.TXN_PENDING
+    assert b.fold(2, *marker(t)) is Verdict.MARKER
+    assert b.fold(3, claim(t)) is Verdict.JUNK  # after the upgrade: junk
+    assert visible(b, 4) == [0, 1]
+    again = restore(TransactionBufferSnapshot.decode(take_snapshot(b).encode()))
+    assert again.legacy_until == 3
+    again.attach_signer(SIGNER, log_end=100)  # a later owner keeps the boundary
+    assert again.legacy_until == 3
