@@ -15,7 +15,9 @@ One process, three threads, each sending a few requests a second at random:
   producer with write access could: markers (COMMIT/ABORT, huge low watermarks) for
   honest txns it learnt, records with a ``txn.id`` no coordinator issued, copies of an
   honest txn's record after its marker on the same partition (MirrorMaker's late copy),
-  and endpoint records with a huge epoch naming a dead address. Forged record values
+  records naming the next TxnIDs of a coordinator or a live txn without its ``txn.tag``,
+  a genuine record's ``txn.id`` and ``txn.tag`` copied into another partition, and
+  endpoint records with a huge epoch naming a dead address. Forged record values
   carry ``"forged": true``: a reader that delivers one is a ``forged_record_visible``.
 
 Every answer is counted by (who, op, outcome) in an ``intruder_stats`` truth event. A
@@ -56,7 +58,13 @@ from txnstream.errors import (
     TransactionNotFoundError,
     TxnStreamError,
 )
-from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, MarkerKind, TxnMarker
+from txnstream.markers import (
+    TXN_ID_HEADER,
+    TXN_MARKER_HEADER,
+    TXN_TAG_HEADER,
+    MarkerKind,
+    TxnMarker,
+)
 from txnstream.types import TopicPartition
 
 __all__ = ["run"]
@@ -83,6 +91,8 @@ class Intruder:
         self.rng = random.Random(args.seed * 7919 + args.incarnation)
         self.truth = TruthLog(args.truth)
         self.learned: deque[TxnID] = deque(maxlen=LEARNED)
+        self.tags: deque[tuple[TxnID, bytes, str, int]] = deque(maxlen=LEARNED)
+        """Honest txn records' ``txn.tag`` and where they were (to copy elsewhere)."""
         self.ended_at: deque[tuple[TxnID, str, int]] = deque(maxlen=LEARNED)
         """Honest txns whose (genuine or not) marker was seen on a partition."""
         self.forge: bool = sp.get("forge", True)
@@ -166,6 +176,9 @@ class Intruder:
                         continue
                     if txn not in self.own and (not self.learned or self.learned[-1] != txn):
                         self.learned.append(txn)
+                        tag = hdrs.get(TXN_TAG_HEADER)
+                        if tag is not None:
+                            self.tags.append((txn, tag, m.topic(), m.partition()))
         finally:
             c.close()
 
@@ -362,7 +375,7 @@ class Intruder:
         try:
             while not self.stop.wait(self.rng.expovariate(self.rate / 2)):
                 kind = self.rng.choice(("marker", "marker", "unissued", "late_copy",
-                                        "endpoint"))
+                                        "endpoint", "future", "live", "tag_elsewhere"))
                 try:
                     done = self._forge_one(producer, kind, dead)
                 except Exception as exc:  # noqa: BLE001 - counted; the thread goes on
@@ -392,6 +405,28 @@ class Intruder:
                         (1 << 40) + rng.randrange(1 << 20))
             producer.produce(tp.topic, value, partition=tp.partition,
                              headers=[(TXN_ID_HEADER, txn.to_bytes())])
+        elif kind == "future":  # the next TxnIDs of a coordinator (issue 33 item 1)
+            if not self.learned:
+                return False
+            newest = max(self.learned, key=lambda t: t.sequence)
+            txn = TxnID(newest.tc_id, newest.sequence + 1 + rng.randrange(64))
+            producer.produce(tp.topic, value, partition=tp.partition,
+                             headers=[(TXN_ID_HEADER, txn.to_bytes())])
+        elif kind == "live":  # a live txn's id, no tag (issue 33 item 2)
+            if not self.learned:
+                return False
+            producer.produce(tp.topic, value, partition=tp.partition,
+                             headers=[(TXN_ID_HEADER, self.learned[-1].to_bytes())])
+        elif kind == "tag_elsewhere":  # a genuine record's headers, in another partition
+            if not self.tags:
+                return False
+            txn, tag, topic, part = self.tags[-1 - rng.randrange(len(self.tags))]
+            others = [p for p in self.partitions if (p.topic, p.partition) != (topic, part)]
+            if not others:
+                return False
+            to = rng.choice(others)
+            producer.produce(to.topic, value, partition=to.partition,
+                             headers=[(TXN_ID_HEADER, txn.to_bytes()), (TXN_TAG_HEADER, tag)])
         elif kind == "late_copy":
             if not self.ended_at:
                 return False
