@@ -188,7 +188,12 @@ def ensure_default_key(config: Config) -> str:
     if config.tc_secret:
         return "workers' key: from the workers' secret (tc_secret)"
     path = default_key_path()
-    if generate_key_file(path):
+    try:
+        made = generate_key_file(path)
+    except OSError as exc:  # e.g. a container user without a home: init still did its part
+        return (f"workers' key: cannot make {path} ({exc.strerror or exc}): make one with "
+                "`txnstream keygen FILE` and give every worker --workers-key-file FILE")
+    if made:
         return (f"workers' key: made {path} (mode 0600); every worker of this deployment "
                 "needs this same file")
     return f"workers' key: {path}"

@@ -132,3 +132,14 @@ def test_cluster_up_makes_the_default_key(tmp_path, home, monkeypatch, capsys):
     out = capsys.readouterr().out.replace("\n", "")
     assert len(load_key_file(home / "workers.key")) == 32
     assert str(home / "workers.key") in out
+
+
+def test_init_where_the_default_key_cannot_be_made_still_succeeds_and_says_so(
+        tmp_path, home, monkeypatch, capsys):
+    """A container user with no home (uid 65534, HOME=/nonexistent) runs init too."""
+    _fake_topics(monkeypatch)
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("TXNSTREAM_HOME", str(blocked / "sub"))
+    assert main(["init"]) == 0
+    assert "cannot make" in capsys.readouterr().out.replace("\n", " ")
