@@ -33,8 +33,6 @@ class FakeKafka:
         self.deliver = True
         self.queue_full = 0
         """The next this many produce() calls raise BufferError."""
-        self.offsets: dict[int, int] = {}
-        """Partition -> the offset of its latest delivered record."""
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         t = SimpleNamespace(error=None, partitions=dict.fromkeys(range(PARTITIONS)))
@@ -57,9 +55,7 @@ class FakeKafka:
         done, self.pending = self.pending, []
         for record, on_delivery in done:
             err = "Broker: Not leader" if record["partition"] == self.fail_partition else None
-            self.offsets[record["partition"]] = at = self.offsets.get(record["partition"], -1) + 1
-            on_delivery(err, SimpleNamespace(partition=lambda r=record: r["partition"],
-                                             offset=lambda at=at: at))
+            on_delivery(err, SimpleNamespace(partition=lambda r=record: r["partition"]))
         return len(done)
 
     def flush(self, timeout: float = 0) -> int:
@@ -73,9 +69,8 @@ class FakeTC:
     def __init__(self) -> None:
         self.registered: list[TopicPartition] = []
 
-    def request(self, op: Any, tc_id: int, **fields: Any) -> Any:
+    def request(self, op: Any, tc_id: int, **fields: Any) -> None:
         self.registered.extend(fields.get("partitions", ()))
-        return SimpleNamespace(already=False)  # END: decided by this request
 
 
 @pytest.fixture
