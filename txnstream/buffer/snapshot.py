@@ -73,9 +73,10 @@ class TransactionBufferSnapshot:
     topic_id: str = field(default="", compare=False)
     """The topic id of the log folded ("": not known; version 3). Names the log, is no
     part of the fold's state: equal folds of one log compare equal with or without it."""
-    legacy_until: int = -1
+    legacy_until: int = field(default=-1, compare=False)
     """:attr:`TransactionBuffer.legacy_until` (version 4); -1: not known (an older
-    snapshot, or an owner that checks no membership)."""
+    snapshot, or an owner that checks no membership). Not compared: it says which era's
+    rules the fold applies below an offset, not what the fold decided."""
 
     def to_avro(self) -> dict[str, Any]:
         """The dict fastavro writes."""
