@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from chaos.checker import check, load_truth
-from chaos.reader import Delivered, RawPartition, RawRecord
+from chaos.reader import Delivered, MarkerCheck, RawPartition, RawRecord
+from txnstream import TxnID
+from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker
 
 TOPIC = "chaos-data"
 IN, OUT = "chaos-in", "chaos-out"
@@ -186,3 +188,18 @@ def test_a_late_send_handed_over_then_unconfirmed_is_logged_and_unsure(tmp_path)
     res = run(tmp_path, events, "a", "b", "c")
     assert kinds(res) == {}
     assert res.notes["late_sends_rejected"] == 1 and res.notes["records_fate_unknown"] == 1
+
+
+def test_the_checkers_own_marker_tag_is_the_workers():
+    """The raw view verifies markers itself; a tag it computes differently from the
+    workers' makes every genuine marker forged (no txn has a marker, nothing is read)."""
+    secret, cluster = "k3Y-9fQ2zLr8WmXa7TcB", "c1uster-Id"
+    signer = MarkerSigner.from_secret(secret, cluster)
+    marker = TxnMarker(TxnID(0, 7), MarkerKind.COMMIT, 12)
+    value = marker.encode()
+    headers = signer.headers(marker, TOPIC, 3, value)
+    mine = MarkerCheck(secret, cluster)
+    assert mine.genuine(TOPIC, 3, value, headers)
+    assert not mine.genuine(TOPIC, 2, value, headers)  # bound to its partition
+    assert not MarkerCheck(secret, "another").genuine(TOPIC, 3, value, headers)
+    assert not MarkerCheck(secret + "x", cluster).genuine(TOPIC, 3, value, headers)
