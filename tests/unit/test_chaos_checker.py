@@ -203,3 +203,24 @@ def test_the_checkers_own_marker_tag_is_the_workers():
     assert not mine.genuine(TOPIC, 2, value, headers)  # bound to its partition
     assert not MarkerCheck(secret, "another").genuine(TOPIC, 3, value, headers)
     assert not MarkerCheck(secret + "x", cluster).genuine(TOPIC, 3, value, headers)
+
+
+def test_a_forged_record_of_a_txn_without_a_marker_is_no_txn_without_marker(tmp_path):
+    """The forger's records (an unissued TxnID, a live txn's id without its tag, a tag
+    copied to another partition) are junk to readers: no marker follows them."""
+    raw = raw_partition()
+    rp = RawPartition(TOPIC, 1)
+    rp.records.append(RawRecord(0, "(1,1099511627800)", None,
+                                {"id": "forged-i-1", "forged": True}, forged=True))
+    rp.records.append(RawRecord(1, TXN, None, {"id": "forged-i-2", "forged": True},
+                                forged=True))
+    raw[(TOPIC, 1)] = rp
+    truth = load_truth(write_truth(tmp_path, foreign_txn([[TOPIC, 0, 4]])))
+    for rid in ("a", "b", "c"):
+        truth.received[rid] += 1
+        truth.received_txn[rid] = TXN
+    res = check(truth, raw, delivered("a", "b", "c"), IN, OUT)
+    assert kinds(res) == {}
+    rp.records.append(RawRecord(2, TXN, None, value("e", 0)))  # an honest one is flagged
+    res = check(truth, raw, delivered("a", "b", "c"), IN, OUT)
+    assert res.anomalies.counts["txn_without_marker"] == 1
