@@ -4,7 +4,7 @@
 the log start to the high watermark, markers included, classified by the headers of
 DESIGN.md section 4 (``txn.id``: 16 bytes, two big-endian int64; ``txn.marker``:
 ``COMMIT``/``ABORT``; ``txn.mac``: the workers' tag, checked here with the workers'
-key file and the cluster id, so a forged marker is no marker), parsed here so the checker
+secret and the cluster id, so a forged marker is no marker), parsed here so the checker
 does not trust the code it checks. A record the hostile profile's forger wrote (its
 value says ``"forged": true``) or a marker whose tag does not verify is ``forged``.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import struct
 import time
 import uuid
@@ -131,23 +130,12 @@ def _scan(config: Config, topics: list[str], timeout_s: float, keep_values: bool
 
 
 class MarkerCheck:
-    """The workers' marker tag, computed here from their key (not by the code checked).
+    """The workers' marker tag, computed here from the secret (not by the code checked)."""
 
-    The marker key is HKDF-SHA256 (RFC 5869, zero salt, 32 bytes) of the workers' root
-    key with info ``txnstream marker key v2``; the tag, the first 16 bytes of its
-    HMAC-SHA256 over the cluster id, the topic, the partition and the marker's value.
-    """
-
-    def __init__(self, root_key: bytes, cluster_id: str) -> None:
-        prk = hmac.new(b"\x00" * 32, root_key, hashlib.sha256).digest()
-        self._key = hmac.new(prk, b"txnstream marker key v2\x01", hashlib.sha256).digest()
+    def __init__(self, workers_secret: str, cluster_id: str) -> None:
+        self._key = hmac.new(workers_secret.encode(), b"txnstream marker key v1",
+                             hashlib.sha256).digest()
         self._cluster = cluster_id.encode()
-
-    @classmethod
-    def from_key_file(cls, path: str | os.PathLike[str], cluster_id: str) -> MarkerCheck:
-        """The check of the workers whose key file (hex) is ``path``."""
-        with open(path) as f:
-            return cls(bytes.fromhex(f.read().strip()), cluster_id)
 
     def genuine(self, topic: str, partition: int, value: bytes | None,
                 headers: list[tuple[str, bytes]] | None) -> bool:
