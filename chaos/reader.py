@@ -129,12 +129,37 @@ def _scan(config: Config, topics: list[str], timeout_s: float, keep_values: bool
         c.close()
 
 
+ROOT_SALT = b"txnstream workers' root key v1"
+ROOT_SCRYPT_N = 1 << 15
+"""The workers' root key without a key file: scrypt of their secret with this salt and
+cost (docs/security.md, ``txnstream.workers_key``); written out here, not imported."""
+MARKER_KEY_INFO = b"txnstream marker key v2"
+"""The marker key: the HKDF-SHA256 subkey of the root key for this purpose."""
+
+
+def _hkdf_sha256(root: bytes, info: bytes, length: int = 32) -> bytes:
+    """HKDF-SHA256 (RFC 5869) with an all-zero salt."""
+    prk = hmac.new(b"\x00" * 32, root, hashlib.sha256).digest()
+    out, block, i = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([i]), hashlib.sha256).digest()
+        out += block
+        i += 1
+    return out[:length]
+
+
 class MarkerCheck:
-    """The workers' marker tag, computed here from the secret (not by the code checked)."""
+    """The workers' marker tag, computed here from the secret (not by the code checked).
+
+    The workers (no key file) derive a root key from their secret (scrypt) and tag
+    markers with its marker subkey (HKDF); version 1's tag, one HMAC of the secret, is
+    accepted only on records older than the workers' key, which a chaos run never has.
+    """
 
     def __init__(self, workers_secret: str, cluster_id: str) -> None:
-        self._key = hmac.new(workers_secret.encode(), b"txnstream marker key v1",
-                             hashlib.sha256).digest()
+        root = hashlib.scrypt(workers_secret.encode(), salt=ROOT_SALT, n=ROOT_SCRYPT_N, r=8,
+                              p=1, maxmem=64 * 1024 * 1024, dklen=32)
+        self._key = _hkdf_sha256(root, MARKER_KEY_INFO)
         self._cluster = cluster_id.encode()
 
     def genuine(self, topic: str, partition: int, value: bytes | None,
