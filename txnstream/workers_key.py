@@ -2,10 +2,9 @@
 
 Every worker of a deployment holds the same **root key**, from one of:
 
-1. a key file (``Config.workers_key_file``): 32 random bytes as hex, made by
-   :func:`generate_key_file` (``txnstream init`` and ``txnstream cluster up`` make one
-   if there is none). The root key is random, so no record written with it can be
-   used to guess it;
+1. a key file (``Config.workers_key_file``, ``TXNSTREAM_WORKERS_KEY_FILE``): 32 random
+   bytes as hex (:func:`generate_key_file` writes one). The root key is random, so no
+   record written with it can be used to guess it;
 2. else the workers' line secret (``tc_secret``), stretched by scrypt
    (:func:`~txnstream.membership.workers_root_key`), and refused when weak
    (:func:`check_secret_strength`): a guess costs tens of milliseconds, and there are
@@ -50,8 +49,9 @@ def check_secret_strength(secret: str, what: str) -> None:
         raise ConfigError(
             f"{what} is too weak to derive the workers' keys from: it needs at least "
             f"{MIN_SECRET_CHARS} characters, {MIN_DISTINCT_CHARS} of them different. "
-            "Give the workers a key file instead (txnstream keygen FILE, then "
-            "--workers-key-file FILE), or a longer random secret.")
+            "Give the workers a key file instead (32 random bytes as hex, e.g. "
+            "`python -c 'import secrets; print(secrets.token_hex(32))' > FILE`, mode 0600, "
+            "then TXNSTREAM_WORKERS_KEY_FILE=FILE), or a longer random secret.")
 
 
 def load_key_file(path: str | os.PathLike[str]) -> bytes:
@@ -64,11 +64,11 @@ def load_key_file(path: str | os.PathLike[str]) -> bytes:
     try:
         key = bytes.fromhex(text)
     except ValueError:
-        raise ConfigError(f"workers' key file {path}: not a hex key (make one with "
-                          "txnstream keygen)") from None
+        raise ConfigError(f"workers' key file {path}: not a hex key (it holds 32 random "
+                          "bytes as hex)") from None
     if len(key) < KEY_BYTES:
         raise ConfigError(f"workers' key file {path}: {len(key)} bytes, at least "
-                          f"{KEY_BYTES} needed (make one with txnstream keygen)")
+                          f"{KEY_BYTES} needed (32 random bytes as hex)")
     return key
 
 
