@@ -22,6 +22,9 @@ $(STAMP): pyproject.toml
 		{ cat $(VENV)/install.log; exit 1; }
 	@$(PY) -m pip install -e '.[spark,test,dev]' >> $(VENV)/install.log 2>&1 || \
 		{ cat $(VENV)/install.log; exit 1; }
+	@# Spark's Python workers import pyspark from a zip, compiling it at every start:
+	@# bytecode in the zip halves that (spark/precompile.py, docs/spark.md)
+	$(PY) -m txnstream_spark.precompile
 	touch $(STAMP)
 
 # Start a local broker unless one answers, create the topics, run the demo round trip,
