@@ -20,8 +20,16 @@ pytestmark = [pytest.mark.spark, pytest.mark.fault, pytest.mark.slow,
 
 JOB = str(Path(__file__).with_name("upper_job.py"))
 ROWS = 3000
+START_S = 420
+"""How long a driver may take to get where the test kills it: on a quiet 2-core machine a
+minute (JVM, Spark's Python workers, the first batch); under the whole suite's load, in
+CI, 5x that was seen."""
+RUN_TIMEOUT_S = 2 * START_S + 300 + 120
+"""The whole test: its own waits (two drivers killed, the last run, the drain) fail it
+with a message first; pytest-timeout's default (600 s) is shorter than their sum."""
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S)
 def test_driver_killed_and_restarted_writes_every_row_exactly_once(config, worker, client,
                                                                    tmp_path, proc_reaper):
     src, dst = make_topic(config, 2, "src"), make_topic(config, 2, "dst")
@@ -42,7 +50,7 @@ def test_driver_killed_and_restarted_writes_every_row_exactly_once(config, worke
                                                   start_new_session=True))
         # kill once the job has committed attempt+1 batches in all (whatever its start-up
         # takes on a busy machine), a random moment later: mid-batch or mid-commit
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + START_S
         while committed() < attempt + 1 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(rng.uniform(0, 1.5))
@@ -71,6 +79,7 @@ def _fill(client, src: str, rows: int) -> None:
             p.send(f"r{i}".encode(), key=str(i).encode(), txn=txn)
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S)
 @pytest.mark.parametrize("point", ["sink-commit-before-end", "sink-commit-after-end"])
 def test_driver_killed_inside_a_commit_writes_every_row_exactly_once(
         point, config, worker, client, tmp_path, proc_reaper):
@@ -94,7 +103,7 @@ def test_driver_killed_inside_a_commit_writes_every_row_exactly_once(
     with open(tmp_path / "crash.log", "ab") as log:
         proc = proc_reaper.track(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                                   env=env, start_new_session=True))
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + START_S
     while not flag.exists():
         assert proc.poll() is None, (tmp_path / "crash.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "the job never reached the pause point"
