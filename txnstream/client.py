@@ -50,6 +50,11 @@ class Client:
 
     def __init__(self, bootstrap_servers: str | None = None, *, config: Config | None = None,
                  **kafka: Any) -> None:
+        if bootstrap_servers is not None and not isinstance(bootstrap_servers, str):
+            hint = ": pass a Config as Client(config=...)" if isinstance(
+                bootstrap_servers, Config) else ""
+            raise ConfigError("bootstrap_servers must be a 'host:port[,host:port...]' "
+                              f"string, not {type(bootstrap_servers).__name__}{hint}")
         if config is None:
             config = Config.from_env(bootstrap_servers,
                                      kafka=KafkaSettings(kafka, origin="given to Client()"))

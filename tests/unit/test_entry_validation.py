@@ -583,3 +583,13 @@ def test_ending_offsets_earliest_is_refused_naming_the_option():
     with pytest.raises(ConfigError) as err:
         source(endingOffsets="earliest")
     assert str(err.value).startswith("option 'endingOffsets' must be 'latest' or JSON")
+
+
+@pytest.mark.parametrize("bad", [Config("127.0.0.1:1"), 9092, b"127.0.0.1:9092"])
+def test_client_refuses_a_bootstrap_that_is_not_a_host_list(bad):
+    # Client(Config(...)) used to make a client whose every request failed 15 s later
+    # with librdkafka's "Broker transport failure" (the Config's repr as bootstrap)
+    with pytest.raises(ConfigError, match="bootstrap_servers") as err:
+        Client(bad)
+    if isinstance(bad, Config):
+        assert "config=" in str(err.value)
