@@ -346,9 +346,13 @@ class Listener:
             writer.write(b"OK" + b"T" + bytes(PROOF_BYTES))
             return ServerConnection(self._io, writer, peer, cert_principal)
         if self._users:
-            why = (f"wrong secret for principal {name!r} (tc_principal / tc_secret)"
-                   if name in self._users or not any(proof) else
-                   f"unknown principal {name!r} (tc_principal / tc_secret)")
+            if not any(proof):
+                why = (f"no secret given for principal {name!r}: this worker requires "
+                       "one (tc_secret, TXNSTREAM_TC_SECRET or TXNSTREAM_TC_SECRET_FILE)")
+            elif name in self._users:
+                why = f"wrong secret for principal {name!r} (tc_principal / tc_secret)"
+            else:
+                why = f"unknown principal {name!r} (tc_principal / tc_secret)"
             await self._refuse(writer, peer, b"NO", why)
             return None
         writer.write(b"OK" + b"A" + bytes(PROOF_BYTES))

@@ -157,11 +157,13 @@ def test_a_client_with_the_wrong_secret_is_refused_with_a_clear_error(listeners,
     assert str(lst.address) in str(err.value)
     assert "wrong secret for principal 'txnstream'" in str(err.value)
     assert "not-the-secret" not in str(err.value) and SECRET not in str(err.value)
-    # no secret at all is refused the same way; the right one is let in
+    # no secret at all is refused too, saying that none was given (not "wrong secret":
+    # a client that forgot TXNSTREAM_TC_SECRET was told its secret was wrong)
     nobody, d2 = make_client(secret=None)
     d2.set(0, lst.address, epoch=10)
-    with pytest.raises(CoordinatorAuthError):
+    with pytest.raises(CoordinatorAuthError) as err:
         nobody.request(TcOp.GET, 0)
+    assert "no secret given for principal 'txnstream'" in str(err.value)
     good, d3 = make_client(secret=SECRET)
     d3.set(0, lst.address, epoch=10)
     assert good.request(TcOp.GET, 0).txn_seq == 7
