@@ -361,7 +361,7 @@ def test_stream_delivers_committed_only_while_producers_commit_and_abort(
 
 @pytest.mark.slow
 def test_query_stopped_at_random_points_writes_every_row_exactly_once(
-        spark, config, worker, client, tmp_path):
+        spark, config, worker, client, tmp_path, request):
     """Stop the running query at random moments (mid-task, mid-commit, between batches),
     restart it from its checkpoint each time; the output holds every row exactly once."""
     import random
@@ -393,6 +393,14 @@ def test_query_stopped_at_random_points_writes_every_row_exactly_once(
     def committed_batches():
         return len([f for f in commits.iterdir() if f.name.isdigit()]) if commits.exists() else 0
 
+    # Spark >= 4.1 refuses to start a query on a checkpoint whose offsets/ holds anything
+    # while it has no batch (verifyCheckpointDirectoryEmptyOnStart), and a stop during
+    # the first batch's offsets write leaves Spark's own temp file there (.0.<uuid>.tmp):
+    # every restart then failed with STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY. That is
+    # Spark's, for any sink (docs/spark.md, Known limits); the check is off for this test.
+    verify = "spark.sql.streaming.verifyCheckpointDirectoryEmptyOnStart"
+    spark.conf.set(verify, "false")
+    request.addfinalizer(lambda: spark.conf.unset(verify))
     at_stop = []
     for k in range(6):
         q = start_query(processingTime="100 milliseconds")

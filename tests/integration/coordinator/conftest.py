@@ -197,7 +197,13 @@ def own_config(config: Config) -> Iterator[Config]:
 
 
 def set_topic_config(config: Config, topic: str, values: dict[str, str]) -> None:
-    """Change settings of ``topic`` (incrementally: the others stay as they are)."""
+    """Change settings of ``topic`` (incrementally: the others stay as they are), and wait
+    until the broker reports them.
+
+    The controller accepts a change before the broker applies it (KRaft hands it on in
+    the metadata log): under a loaded run, a record appended right after the change was
+    still judged by the old ``max.message.bytes``.
+    """
     from confluent_kafka.admin import (
         AdminClient,
         AlterConfigOpType,
@@ -212,6 +218,13 @@ def set_topic_config(config: Config, topic: str, values: dict[str, str]) -> None
         for k, v in values.items()])
     for f in admin.incremental_alter_configs([res]).values():
         f.result(30)
+
+    def applied() -> bool:
+        described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
+        entries = next(iter(described.values())).result(30)
+        return all(entries[k].value == v for k, v in values.items())
+
+    wait_until(applied, 30, f"the broker applying {values} to {topic}")
 
 
 def log_records(config: Config, tc_id: int, timeout_s: float = 30.0) -> list:
