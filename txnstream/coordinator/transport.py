@@ -394,6 +394,10 @@ class ClientConnection(_Conn):
             raise ConfigError(f"tc_principal {principal!r} is not 1-{MAX_PRINCIPAL_BYTES} "
                               "bytes")
 
+        # A certificate proves the worker only on TLS that verified it (Kafka fixes the
+        # security protocol by the client's configuration, never by the server's answer).
+        verified_tls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
+
         async def connect() -> ClientConnection:
             reader, writer = await asyncio.open_connection(
                 endpoint.host, endpoint.port, ssl=tls,
@@ -425,6 +429,13 @@ class ClientConnection(_Conn):
                             f"the secret of {principal!r}: not talking to it (a forged "
                             "endpoint, or a relay)")
                     key = FrameKey(secret, sn, cn, name, client_side=True)
+                elif secret and mode == b"T" and not verified_tls:
+                    raise WorkerIdentityError(
+                        f"the coordinator worker at {endpoint} could not prove who it is: "
+                        "it answered that a certificate identified this client, but this "
+                        "connection has no verified TLS, and the worker did not prove it "
+                        f"knows the secret of {principal!r}: not talking to it (an "
+                        "impostor, or a worker that needs tc_tls_cafile here)")
                 elif secret and mode != b"T":
                     raise WorkerIdentityError(
                         f"the coordinator worker at {endpoint} does not authenticate "

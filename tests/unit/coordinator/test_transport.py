@@ -464,3 +464,41 @@ def test_the_connection_cap_refuses_one_more_and_idle_connections_are_closed(lis
         connect().close()  # room again once they are gone
     finally:
         io.close()
+
+
+def test_a_client_with_a_secret_refuses_a_worker_claiming_certificates_over_plain_tcp(
+        make_client):
+    """An impostor answers the handshake with the mutual-TLS mode ("T": a certificate
+    said who the client is) over plain TCP. The client has no TLS, so no certificate
+    proved the worker either: it must insist on the proof of its secret (it used to skip
+    it, and the impostor then answered every request; issue 34 item 5)."""
+    from txnstream.coordinator.transport import MAGIC, NONCE_BYTES
+    from txnstream.errors import WorkerIdentityError
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    stop = threading.Event()
+
+    def impostor() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            conn.sendall(MAGIC + bytes(NONCE_BYTES))
+            conn.recv(4096)  # the client's hello and proof
+            conn.sendall(b"OK" + b"T" + bytes(32))
+
+    t = threading.Thread(target=impostor, daemon=True)
+    t.start()
+    try:
+        client, d = make_client(secret=SECRET, request_timeout_s=4)
+        d.set(0, Endpoint("127.0.0.1", srv.getsockname()[1]), epoch=10)
+        with pytest.raises(WorkerIdentityError, match="could not prove"):
+            client.request(TcOp.GET, 0)
+    finally:
+        stop.set()
+        t.join(2)
+        srv.close()
