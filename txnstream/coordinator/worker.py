@@ -105,6 +105,7 @@ from txnstream.errors import (
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
 from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
 from txnstream.markers import MarkerSigner
+from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 from txnstream.workers_key import root_key, workers_signer
 
@@ -130,6 +131,7 @@ class CoordinatorWorker:
         root_key(config)  # a weak secret or a bad key file: refused before anything starts
         self.settings = settings or WorkerSettings()
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._rate_limited = RateLimitedLog(log)  # per peer host: what clients send
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         t = config.topics
@@ -314,11 +316,16 @@ class CoordinatorWorker:
         self._endpoints.turn(now_ms, self.tcs, (tc.tc_id for tc in self.tcs.values()
                                                  if self._ownership.serving(tc)))
         for data, conn in self._take_requests(self.settings.idle_poll_s if idle else 0):
+            if conn.closed.is_set():
+                continue  # gone, or closed for sending garbage: nobody to answer
             try:
                 req = TcRequest.decode(data)
-            except CorruptRecordError as exc:
-                log.error("worker %s: skipping a corrupt request from %s: %s", self.worker_id,
-                          conn.peer, exc)
+            except CorruptRecordError as exc:  # not this line, or hostile: closed
+                conn.close()
+                self._rate_limited.error(
+                    f"corrupt {conn.peer.rsplit(':', 1)[0]}", "worker %s: closing the "
+                    "connection from %s (principal %s): a corrupt request: %s",
+                    self.worker_id, conn.peer, conn.principal, exc)
                 continue
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id

@@ -215,5 +215,5 @@ def test_garbage_in_log_and_requests_is_skipped_and_worker_keeps_serving(
     assert stats1["invalid_records"] == stats0["invalid_records"] + 1
     logged = caplog.text
     assert f"{config.topics.log}[{tc_id}]@" in logged and "corrupt" in logged
-    assert "skipping a corrupt request from 127.0.0.1:" in logged
+    assert "closing the connection from 127.0.0.1:" in logged and "a corrupt request" in logged
     assert "unknown record format version 127" in logged

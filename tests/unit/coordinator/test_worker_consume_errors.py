@@ -114,12 +114,18 @@ class FakeConn:
     peer = "127.0.0.1:9"
     principal = "anonymous"
 
-    def __init__(self) -> None:
+    def __init__(self, peer: str = "127.0.0.1:9") -> None:
+        self.peer = peer
         self.sent: list[bytes] = []
         self.inflight = 0
+        self.closed = threading.Event()
 
     def send(self, data: bytes) -> None:
-        self.sent.append(data)
+        if not self.closed.is_set():
+            self.sent.append(data)
+
+    def close(self) -> None:
+        self.closed.set()
 
 
 @pytest.fixture
@@ -176,11 +182,33 @@ def test_a_request_for_a_coordinator_not_served_here_is_told_so_at_once(make_wor
 
 
 def test_a_garbage_request_is_logged_naming_its_peer_and_the_rest_served(make_worker, caplog):
-    w, conn = make_worker([], [b"\x01garbage", get_request("r4")])
+    w, conn = make_worker([], [b"\x01garbage"])
+    other = FakeConn("127.0.0.2:9")
+    w._inbox.put((get_request("r4"), other))
     with caplog.at_level(logging.ERROR):
         w._turn_once()
-    assert "corrupt request from 127.0.0.1:9" in caplog.text
-    assert [TcReply.decode(v).request_id for v in conn.sent] == ["r4"]
+    assert "connection from 127.0.0.1:9 (principal anonymous): a corrupt request" in caplog.text
+    assert [TcReply.decode(v).request_id for v in other.sent] == ["r4"]
+
+
+def test_a_connection_sending_garbage_is_closed_and_logged_once_not_per_frame(
+        make_worker, caplog):
+    """Frames that do not parse close their connection; a flood of them is one log line,
+    not one ERROR per frame (118 MB of log for 11.8 MB sent, issue 34 item 8), and the
+    other connections' requests are served."""
+    w, honest = make_worker([], [])
+    flooder = FakeConn("127.0.0.1:66")
+    for i in range(500):
+        w._inbox.put((b"\x01garbage-%d" % i, flooder))
+    w._inbox.put((get_request("r5"), honest))
+    with caplog.at_level(logging.WARNING):
+        while not w._inbox.empty():
+            w._turn_once()
+    assert flooder.closed.is_set(), "the connection that sent garbage stayed open"
+    lines = [r for r in caplog.records if "127.0.0.1:66" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, f"{len(lines)} log lines for one flooding connection"
+    assert "closing" in lines[0].getMessage()
+    assert [TcReply.decode(v).request_id for v in honest.sent] == ["r5"]
 
 
 def test_fatal_consumed_error_stops_the_worker_instead_of_looping(make_worker, caplog):
