@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from txnstream.errors import ConfigError
+from txnstream.types import ANONYMOUS
 
 __all__ = ["Config", "TopicNames", "KafkaSettings", "DEFAULT_BOOTSTRAP", "is_secret_setting",
            "load_kafka_properties", "load_tc_users", "read_secret_file", "check_principal",
@@ -185,6 +186,9 @@ def load_tc_users(path: str | os.PathLike[str]) -> dict[str, str]:
     users: dict[str, str] = {}
     for key, value, n in _key_values(path, "coordinator users file"):
         check_principal(key, f"{path} line {n}")
+        if key == ANONYMOUS:
+            raise ConfigError(f"{path} line {n}: {ANONYMOUS!r} is the name of clients that "
+                              "prove nothing; an authenticated principal needs another")
         if not value:
             raise ConfigError(f"{path} line {n}: the secret of {key} is empty")
         users[key] = value

@@ -59,6 +59,10 @@ def check_request(req: TcRequest, max_timeout_ms: int, max_reserve: int) -> None
     if req.group_key is not None and len(req.group_key.encode()) > MAX_GROUP_KEY_BYTES:
         raise _bad(req, "group_key", f"is {len(req.group_key.encode())} bytes, over the "
                    f"{MAX_GROUP_KEY_BYTES}-byte bound")
+    if req.group_key is not None and any(ord(c) < 0x20 or c == "\x7f" for c in req.group_key):
+        # U+001F is the scope separator (protocol.GROUP_SCOPE): a key holding it could
+        # spell another principal's scoped key
+        raise _bad(req, "group_key", "holds a control character")
     if req.op is TcOp.END_GROUP and not req.group_key:
         raise _bad(req, "group_key", "is missing")
     if len(req.group_seqs) > MAX_GROUP_SEQS:

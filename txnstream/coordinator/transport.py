@@ -331,6 +331,10 @@ class Listener:
                                f"{self.limits.max_connections} connections (max_connections)")
             return None
         cert_principal = cert_common_name(writer.get_extra_info("peercert"))
+        if cert_principal == ANONYMOUS:
+            await self._refuse(writer, peer, b"NO", f"a certificate may not name the principal "
+                               f"{ANONYMOUS!r}: it is the name of clients that prove nothing")
+            return None
         if self._require_cert and cert_principal is None:
             await self._refuse(writer, peer, b"NO", "this worker requires a client "
                                "certificate (mutual TLS: tc_tls_certfile / tc_tls_keyfile)")

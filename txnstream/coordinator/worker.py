@@ -1,7 +1,6 @@
 """``CoordinatorWorker``: hosts the transaction coordinators whose log partitions it owns.
 
-A worker wires four parts, each in its own module, and runs them in one loop on one
-thread:
+A worker wires four parts (a module each) and runs them in one loop on one thread:
 
 * :mod:`~txnstream.coordinator.ownership`: which TCs it owns (the ``<prefix>-coordinators``
   consumer group over ``__txn_log``), each an incarnation replayed from its log, fenced by
@@ -12,11 +11,9 @@ thread:
 * :mod:`~txnstream.coordinator.finalizer`: markers, pending-ack marks, END replies and
   final records of decided txns.
 
-Smaller helpers: :mod:`~txnstream.coordinator.endpoint_publisher` (where its TCs are
-served), :mod:`~txnstream.coordinator.buffer_registrar` (data partitions for the buffer
-role), :mod:`~txnstream.coordinator.gauges` (per-TC metrics), and
-:mod:`~txnstream.coordinator.kafka_clients` (its Kafka clients, from a factory it is
-given: the real ones by default).
+Helpers: ``endpoint_publisher`` (where its TCs are served), ``buffer_registrar`` (data
+partitions for the buffer role), ``gauges`` (per-TC metrics), ``kafka_clients`` (its Kafka
+clients, from a factory it is given: the real ones by default).
 
 Each turn:
 
@@ -37,9 +34,9 @@ Each turn:
    replies are sent only by the same incarnation (the same ``TcIncarnation`` object, not
    just the same id) that appended the batch, still serving, and only if every entry
    came back (a foreign EPOCH before one fences the TC at once); a TC that appended
-   nothing this turn replies if it is still that incarnation. A crash here leaves entries in the log
-   without replies: the client retries with the same request id and the new owner,
-   having replayed them, answers from the log.
+   nothing this turn replies if it is still that incarnation. A crash here leaves logged
+   entries without replies: the client retries with the same request id, and the new
+   owner, having replayed them, answers from the log.
 4. **Finalize** every COMMITTING/ABORTING txn: (a) write COMMIT/ABORT markers (with the
    TC's low watermark) to each produced partition and commit/abort marks to each acked
    subscription's pending-ack log, one flush for all; (b) reply to the END requests;
@@ -48,11 +45,10 @@ Each turn:
    readers). A failed marker write is retried with backoff until it succeeds.
 5. **Checkpoint and truncate** now and then: a renewal EPOCH (read back first), a
    CHECKPOINT record carrying the sequence counter and recent group keys, then
-   ``delete_records`` drops the prefix no longer needed, cutting at the EPOCH that
-   governs the first record still needed
-   (:meth:`TransactionMetadataStore.truncation_point`). A crash anywhere here leaves a
-   valid log: the renewal and the checkpoint change no txn, and ``delete_records`` only
-   removes what no replay needs.
+   ``delete_records`` drops the prefix no longer needed, cutting at the EPOCH governing
+   the first record still needed (:meth:`TransactionMetadataStore.truncation_point`). A
+   crash anywhere here leaves a valid log: the renewal and the checkpoint change no txn,
+   and ``delete_records`` only removes what no replay needs.
 
 **A failed append** (delivery error, flush timeout, ``produce()`` refusing the record)
 means the in-memory store may be ahead of the log. That incarnation of the TC is dropped
@@ -316,16 +312,14 @@ class CoordinatorWorker:
         self._endpoints.turn(now_ms, self.tcs, (tc.tc_id for tc in self.tcs.values()
                                                  if self._ownership.serving(tc)))
         for data, conn in self._take_requests(self.settings.idle_poll_s if idle else 0):
-            if conn.closed.is_set():
-                continue  # gone, or closed for sending garbage: nobody to answer
             try:
                 req = TcRequest.decode(data)
             except CorruptRecordError as exc:  # not this line, or hostile: closed
                 conn.close()
-                self._rate_limited.error(
-                    f"corrupt {conn.peer.rsplit(':', 1)[0]}", "worker %s: closing the "
-                    "connection from %s (principal %s): a corrupt request: %s",
-                    self.worker_id, conn.peer, conn.principal, exc)
+                self._rate_limited.error(f"corrupt {conn.peer.rsplit(':', 1)[0]}", "worker %s: "
+                                         "closing the connection from %s (principal %s): a "
+                                         "corrupt request: %s", self.worker_id, conn.peer,
+                                         conn.principal, exc)
                 continue
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id

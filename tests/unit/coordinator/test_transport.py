@@ -293,13 +293,13 @@ def certs(tmp_path_factory) -> dict[str, str]:
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
         "ca.pem", "-days", "1", "-subj", "/CN=txnstream-test-ca")
     (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name, ext in (("worker", ["-extfile", "san.cnf"]), ("client", [])):
+    for name, ext in (("worker", ["-extfile", "san.cnf"]), ("client", []), ("anonymous", [])):
         run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
             f"{name}.csr", "-subj", f"/CN={name}")
         run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", *ext)
     return {k: str(d / f"{k}") for k in ("ca.pem", "worker.pem", "worker.key", "client.pem",
-                                         "client.key")}
+                                         "client.key", "anonymous.pem", "anonymous.key")}
 
 
 def tls_listener(listeners_made: list[Listener], config: Config) -> Listener:
@@ -502,3 +502,24 @@ def test_a_client_with_a_secret_refuses_a_worker_claiming_certificates_over_plai
         stop.set()
         t.join(2)
         srv.close()
+
+
+def test_a_certificate_may_not_name_the_unauthenticated_principal(make_client, certs):
+    """A certificate whose common name is ``anonymous`` would make its holder the
+    principal of clients that prove nothing, whose group keys are not scoped: refused,
+    saying why (issue 34 item 6)."""
+    made: list[Listener] = []
+    try:
+        mtls = tls_listener(made, Config(tc_tls_certfile=certs["worker.pem"],
+                                         tc_tls_keyfile=certs["worker.key"],
+                                         tc_tls_cafile=certs["ca.pem"], tc_tls_client_auth=True))
+        client, d = make_client(request_timeout_s=5)
+        client._tls = client_ssl_context(Config(tc_tls_cafile=certs["ca.pem"],
+                                                tc_tls_certfile=certs["anonymous.pem"],
+                                                tc_tls_keyfile=certs["anonymous.key"]))
+        d.set(0, mtls.address, epoch=10)
+        with pytest.raises(CoordinatorAuthError, match="'anonymous'"):
+            client.request(TcOp.GET, 0)
+    finally:
+        for lst in made:
+            lst.close()
