@@ -220,9 +220,11 @@ class ServerConnection(_Conn):
 class LineLimits:
     """What one listener lets clients hold (WorkerSettings carries the worker's values)."""
 
-    max_connections: int = 1_024
+    max_connections: int = 1_024  # authenticated: handshakes under way never take room
     max_request_bytes: int = 1 << 20
     idle_timeout_s: float = 600.0
+    max_handshakes: int = 256  # connections not through their handshake, all addresses
+    max_handshakes_per_host: int = 32  # ... from one (Kafka's max.connections.per.ip)
 
 
 class Listener:
@@ -248,11 +250,13 @@ class Listener:
         self._io = IoLoop(name)
         self._conns: set[ServerConnection] = set()
         self._opening = 0
-        self.refused = 0
-        """Connections refused (credentials, cap): a count for tests and stats."""
+        self._opening_by_host: dict[str, int] = {}  # entries leave at 0
+        self.refused = 0  # connections refused (credentials, caps): for tests and stats
         try:
-            self._server = self._io.run(asyncio.start_server(self._serve, host, port, ssl=tls),
-                                        timeout=10)
+            self._server = self._io.run(asyncio.start_server(
+                self._serve, host, port, ssl=tls,
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls is not None else None),
+                timeout=10)
         except BaseException:
             self._io.close()
             raise
@@ -276,14 +280,30 @@ class Listener:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_addr = writer.get_extra_info("peername")
         peer = f"{peer_addr[0]}:{peer_addr[1]}" if peer_addr else "?"
+        host = str(peer_addr[0]) if peer_addr else "?"
         conn: ServerConnection | None = None
+        from_host = self._opening_by_host.get(host, 0)
+        if (from_host >= self.limits.max_handshakes_per_host
+                or self._opening >= self.limits.max_handshakes):
+            self.refused += 1
+            self._warn.warning(f"handshakes {host}", "closed a connection from %s at once: "
+                               "%d handshakes under way from it, %d in all (caps "
+                               "max_handshakes_per_host %d, max_handshakes %d)", peer,
+                               from_host, self._opening, self.limits.max_handshakes_per_host,
+                               self.limits.max_handshakes)
+            writer.close()
+            return
         self._opening += 1
+        self._opening_by_host[host] = from_host + 1
         try:
             try:
                 conn = await asyncio.wait_for(self._handshake(reader, writer, peer),
                                               HANDSHAKE_TIMEOUT_S)
             finally:
                 self._opening -= 1
+                left = self._opening_by_host.pop(host) - 1
+                if left:
+                    self._opening_by_host[host] = left
             if conn is None:
                 self.refused += 1
                 return
@@ -326,7 +346,7 @@ class Listener:
         cn = head[len(MAGIC):len(MAGIC) + NONCE_BYTES]
         claimed = await reader.readexactly(head[-1])
         proof = await reader.readexactly(PROOF_BYTES)
-        if self.connections() > self.limits.max_connections:
+        if len(self._conns) >= self.limits.max_connections:
             await self._refuse(writer, peer, b"BY", f"the worker is at its cap of "
                                f"{self.limits.max_connections} connections (max_connections)")
             return None

@@ -523,3 +523,37 @@ def test_a_certificate_may_not_name_the_unauthenticated_principal(make_client, c
     finally:
         for lst in made:
             lst.close()
+
+
+def test_connections_that_never_handshake_cannot_lock_out_clients(listeners, make_client):
+    """Idle TCP connections from another address, far more than the connection cap: they
+    are closed at once past the per-host handshake cap, never take the capacity of
+    authenticated clients, and an honest client gets in at once (2,000 of them used to
+    lock every new client out with "at its cap"; issue 34 item 3)."""
+    lst = listeners(secret=SECRET, limits=LineLimits(max_connections=8,
+                                                     max_handshakes_per_host=4))
+    held: list[socket.socket] = []
+    try:
+        for _ in range(40):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))  # the flooder's address, not the client's
+            s.connect((lst.address.host, lst.address.port))
+            held.append(s)
+        # beyond the per-host cap a connection is closed without a greeting
+        closed = 0
+        for s in held:
+            s.settimeout(2.0)
+            try:
+                data = s.recv(64)
+            except TimeoutError:
+                continue
+            closed += data == b""
+        assert closed >= 40 - 4, f"only {closed} of the flood's connections were closed"
+        client, d = make_client(secret=SECRET, request_timeout_s=4)
+        d.set(0, lst.address, epoch=10)
+        t0 = time.monotonic()
+        assert client.request(TcOp.GET, 0).txn_seq == 7
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        for s in held:
+            s.close()
