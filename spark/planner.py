@@ -61,7 +61,9 @@ class Planner:
     * SERVED: the view's ``max_read_position + 1``;
     * PLAIN (no txn ever registered it): its high watermark, read *before* checking
       again that it is still not registered (a registration precedes every txn record,
-      so nothing transactional lies below that end);
+      so nothing transactional lies below that end). A txn record its task meets there
+      anyway is junk, skipped, unless the topic is registered by then (the task fails:
+      :meth:`txnstream_spark.source._Rows._unregistered`);
     * WAITING (registered, no buffer owner serves it yet): it does not move, and nothing
       of it is delivered meanwhile (never unfiltered data).
 
@@ -167,8 +169,9 @@ class Planner:
                 if tp not in self._warned:
                     self._warned.add(tp)
                     log.warning("%s is transactional but no buffer owner serves it (is a "
-                                "`txnstream worker` with the buffer role running?): nothing "
-                                "of it past offset %d is read until one does", tp,
+                                "`txnstream worker` with the buffer role running, and do its "
+                                "--buffer-topics include %r?): nothing of it past offset %d "
+                                "is read until one does", tp, tp.topic,
                                 max(self.committed.get(tp, low), self._covered_end(tp)))
             else:
                 self._warned.discard(tp)

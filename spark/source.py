@@ -24,6 +24,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from txnstream.buffer.unregistered import log_junk
 from txnstream.errors import message_error
 from txnstream.kafka.fetch import KafkaRecord, read_to
 from txnstream.types import TopicPartition
@@ -143,6 +144,10 @@ class _Rows(RowColumns):
         self.skip = _unpack_offsets(p.hidden)
         self.spans = p.aborted
         self.txn_names: dict[bytes, str | None] = {}
+        self.junk_ok: bool | None = None
+        """Whether txn records in this range (planned plain) are junk; None: not asked."""
+        self.junk = 0
+        """Junk txn records skipped (see :meth:`_unregistered`)."""
 
     def _txn_name(self, raw: bytes) -> str | None:
         """The text form of a ``txn.id`` header; None if it does not parse (not delivered)."""
@@ -156,21 +161,36 @@ class _Rows(RowColumns):
         return name
 
     def _unregistered(self, offset: int) -> None:
-        """A txn record in a range planned plain: no coordinator registered the partition.
+        """A txn record in a range planned plain: junk, skipped, unless its topic is registered.
 
-        Only a writer around the txnstream client does that. Nothing of it is delivered
-        unfiltered: the partition is registered (a buffer owner serves it from now on)
-        and the task fails; the query, restarted, plans the range with served state.
+        The planner found the partition not registered after it read the high watermark
+        the range ends below, and a coordinator registers a topic before any txn record
+        is written there (:mod:`txnstream.buffer.unregistered`). So if neither the
+        partition nor its topic's partition 0 is registered now, no coordinator ever
+        admitted this range's txn records: each is skipped (logged, counted in
+        ``junk``), and one answer, taken at the first of them, covers the whole range.
+        If the topic is registered by now, nothing of the range is delivered unfiltered:
+        the task fails and the query, restarted, plans the range with the served state.
+        Never registers anything itself (an application may not write registrations).
         """
         from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
+        from txnstream.buffer.unregistered import topic_anchor
 
         p = self.p
         tp = TopicPartition(p.topic, p.partition)
-        TransactionBufferSnapshotStore(p.config).register([tp], p.config.admin_timeout_s)
-        raise RuntimeError(
-            f"{tp}@{offset}: a transactional record in a partition no coordinator "
-            "registered (written around the txnstream client?). It is registered now, so a "
-            "buffer owner serves it; restart the query to read it committed-only.")
+        if self.junk_ok is None:
+            store = TransactionBufferSnapshotStore(p.config)
+            try:
+                self.junk_ok = not store.any_registered(topic_anchor(tp))
+            finally:
+                store.close()
+        if not self.junk_ok:
+            raise RuntimeError(
+                f"{tp}@{offset}: a transactional record in a range planned without served "
+                f"state, and topic {p.topic!r} is registered now (a txn wrote to it since the "
+                "range was planned?): restart the query to read it committed-only.")
+        self.junk += 1
+        log_junk(f"txnstream source task {tp}", tp, offset)
 
     def add(self, batch: Sequence[KafkaRecord], pos: int) -> int:
         """Take the deliverable records of ``batch``; returns the next position to read."""
@@ -193,7 +213,8 @@ class _Rows(RowColumns):
                 continue
             h = m.headers()
             if plain and h and any(k in (TXN_ID_HEADER, TXN_MARKER_HEADER) for k, _ in h):
-                self._unregistered(off)
+                self._unregistered(off)  # raises unless it is junk
+                continue
             if h is not None and 0 < len(h) <= 2 and h[0][0] == TXN_ID_HEADER \
                     and (len(h) == 1 or h[1][0] == TXN_TAG_HEADER):  # the common case
                 user: UserHeaders = []

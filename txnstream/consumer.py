@@ -7,9 +7,10 @@ it. Per assigned partition the consumer delivers, in offset order, only records 
 below the served ``max_read_position`` that the view does not skip (markers, aborted
 txns' records, stragglers). It never holds or re-reads: at the first record past the
 max read position it pauses the partition there and resumes when the position moves.
-A partition no txn ever registered is read plain (it pays nothing) until a record with
-txn headers shows up; from then on it waits for served state, so no txn record is ever
-delivered unfiltered. Memory is bounded by one fetch, whatever an open txn holds back.
+A partition no txn ever registered is read plain (it pays nothing); a txn record there
+is junk, skipped, unless its topic is registered by then: then it waits for served state
+(:mod:`txnstream.buffer.unregistered`). No txn record is ever delivered unfiltered, and
+memory is bounded by one fetch, whatever an open txn holds back.
 
 Acks: the group's committed Kafka offset is the cursor (mark-delete position), so lag
 tools keep working. ``acknowledge`` acks one record; the cursor moves to the lowest
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
+from txnstream.buffer.unregistered import Judgement, UnregisteredRecords
 from txnstream.consumer_group import CHECKPOINT_INTERVAL_S, GroupMember
 from txnstream.consumer_txns import TxnAcks
 from txnstream.coordinator.log_entry import SubscriptionRef
@@ -98,6 +100,8 @@ class Consumer:
         self.member_id = f"{subscription}-{uuid.uuid4().hex[:8]}"
         self._acks = PendingAckStore(config, subscription, self.member_id)
         self._follower = BufferStateFollower(config, name=self.member_id)
+        self._unreg = UnregisteredRecords(self._follower.any_registered,
+                                          self._follower.watermarks, who=self.member_id)
         self._txn_ids: dict[bytes, TxnID] = {}
         self._group = GroupMember(
             config, admin, self.topics, subscription, self.member_id, owner=self,
@@ -114,6 +118,7 @@ class Consumer:
         With ``fence_txns`` (lost, not revoked) the txns holding acks on it can only abort.
         """
         self._queue.drop(tp)
+        self._unreg.forget(tp)
         if fence_txns:
             self._txn_acks.fence(tp, f"consumer {self.member_id} of {self.subscription!r} "
                                      f"lost {tp} ({why})")
@@ -179,8 +184,8 @@ class Consumer:
                                         for r in readers)
         # Waiting on served state only: block on it (a commit shows up as a delta).
         moved = self._follower.poll(timeout_s if blocked else 0.0)
-        with self._lock:
-            self._group.unblock(moved)
+        with self._lock:  # and partitions read plain whose junk check may run again
+            self._group.unblock(moved | self._unreg.due())
         batch = drain(self._group.kafka, max_records, 0.0 if blocked else timeout_s)
         with self._lock:
             self._ingest_batch(batch)
@@ -190,6 +195,11 @@ class Consumer:
                 view = self._follower.views.get(r.tp)
                 if view is not None:  # below the cursor nothing is asked again
                     view.trim(min(r.cursor(), r.deliver_pos))
+
+    def unregistered_skipped(self) -> dict[TopicPartition, int]:
+        """Per partition: the junk txn records skipped (no coordinator registered its topic)."""
+        with self._lock:
+            return dict(self._unreg.skipped)
 
     def buffer_status(self) -> dict[TopicPartition, tuple[str, float | None]]:
         """Per assigned partition: plain, waiting (and for how long, s) or served."""
@@ -238,7 +248,13 @@ class Consumer:
                     if r.offer(msg):
                         ready.append(msg)
                     continue
-                # The partition's first txn record: it is transactional from here on.
+                judged = self._unreg.judge(r.tp, off)  # junk, unless its topic is registered
+                if judged is not Judgement.REGISTERED:
+                    if judged is Judgement.JUNK:
+                        r.deliver_pos = off + 1
+                    else:
+                        self._group.wait_at(r, off)  # asked again when due
+                    continue
                 log.info("%s: %s has txn records from offset %d on: reading served state",
                          self.member_id, r.tp, off)
                 self._follower.unfollow(r.tp)

@@ -324,14 +324,19 @@ class GroupMember:
             log.info("%s: unassign %s: %s", self.member_id, parts, exc)
 
     def unblock(self, moved: set[TopicPartition]) -> None:
-        """Resume partitions whose served max read position reached where they wait."""
+        """Resume partitions whose served max read position reached where they wait.
+
+        A partition read plain waits only at a txn record whose junk check is not due
+        yet; ``moved`` names it once it is (:mod:`txnstream.buffer.unregistered`).
+        """
         for r in self.readers.values():
             if r.status is ServeStatus.WAITING:
                 r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
             if r.wait_at is None or (r.tp not in moved and r.status is not ServeStatus.SERVED):
                 continue
             view = self._follower.views.get(r.tp)
-            if view is not None and view.max_read_position >= r.wait_at:
+            if r.status is ServeStatus.PLAIN or (
+                    view is not None and view.max_read_position >= r.wait_at):
                 # Seek again after the resume: a resumed partition alone is fetched again
                 # only at librdkafka's next periodic fetch decision (~1 s later).
                 ktp = KafkaTP(r.tp.topic, r.tp.partition, r.wait_at)

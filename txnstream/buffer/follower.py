@@ -7,10 +7,12 @@ deltas to state partition ``s``. A reader of ``tp``:
 
 1. scans snapshot partition ``s`` (compacted, short) for ``tp``'s registration and its
    newest snapshot (highest owner generation, then furthest position);
-2. never registered: ``tp`` has never had a txn; it is read plain (no filtering) until
-   a record with txn headers shows up, which cannot precede the registration (a
-   coordinator writes it before it confirms the registration), so the reader then
-   follows ``tp`` before delivering that record;
+2. never registered: ``tp`` has never had a txn; it is read plain (no filtering). A
+   record with txn headers met there is junk unless ``tp``'s topic is registered by
+   then (a coordinator writes the registration before it confirms it, and a writer
+   sends txn records only after that): :mod:`txnstream.buffer.unregistered` tells them
+   apart, and a reader follows ``tp`` (``plain_ok=False``) before delivering anything
+   more of a registered one. A reader never registers a partition itself;
 3. registered, no snapshot yet: the reader waits (its owner publishes one as soon as it
    serves the partition), and says so in :meth:`status`;
 4. else the view starts from the snapshot, and the reader tails state partition ``s``
@@ -45,6 +47,7 @@ from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
 from txnstream.fencing import supersedes
 from txnstream.kafka.fetch import drain
+from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 
 __all__ = ["BufferStateFollower", "ServeStatus"]
@@ -59,6 +62,8 @@ moving) is retried before the error is raised (``follow``) or the partition wait
 the next rescan (``poll``, and ``follow`` of a partition known transactional)."""
 WAIT_WARN_AFTER_S = 10.0
 """A partition registered but not served for this long is logged as a warning."""
+WAIT_WARN_EVERY_S = 60.0
+"""And again at most this often per topic while it waits (:class:`RateLimitedLog`)."""
 
 
 class BufferStateFollower:
@@ -81,7 +86,8 @@ class BufferStateFollower:
         self._slot: dict[TopicPartition, int] = {}
         self._waiting_since: dict[TopicPartition, float] = {}
         self._next_rescan = 0.0
-        self._warned: set[TopicPartition] = set()
+        self._warn = RateLimitedLog(log, interval_s=WAIT_WARN_EVERY_S)
+        """Partitions waiting for an owner, logged per topic (:meth:`_rescan`)."""
         self._assigned: dict[int, int] = {}
         """Slot -> the offset it was (re)assigned at."""
         self._reseek: dict[int, int] = {}
@@ -101,7 +107,8 @@ class BufferStateFollower:
     def follow(self, tp: TopicPartition, plain_ok: bool = True) -> ServeStatus:
         """Start following ``tp``: its status now (see :class:`ServeStatus`).
 
-        ``plain_ok=False``: the caller saw a txn record in ``tp``, so it is transactional
+        ``plain_ok=False``: the caller saw a txn record in ``tp`` and found its topic
+        registered (:mod:`txnstream.buffer.unregistered`), so it is transactional
         whatever the scan says (it stays WAITING until served).
         """
         if tp in self.views:
@@ -123,15 +130,18 @@ class BufferStateFollower:
         elif found.registered:
             self._wait(tp)
         elif not plain_ok:
-            # Txn records no coordinator registered (written around the client, e.g. by a
-            # raw producer): register the partition, so a buffer owner serves it.
-            log.warning("%s: %s holds txn records but was never registered: registering "
-                        "it for the buffer role", self.name, tp)
-            self._store.register([tp], self.config.admin_timeout_s)
+            # Its topic is registered, it is not (yet): a partition added to the topic
+            # later, whose first txn's registration is on its way. Never registered here.
+            log.info("%s: %s holds txn records and its topic is registered, but it is not "
+                     "yet: waiting for its registration and served state", self.name, tp)
             self._wait(tp)
         else:
             self.status[tp] = ServeStatus.PLAIN
         return self.status[tp]
+
+    def any_registered(self, tps: list[TopicPartition]) -> bool:
+        """Whether any of ``tps`` is registered now (a scan; Kafka errors are raised)."""
+        return self._store.any_registered(tps)
 
     def recheck(self, tp: TopicPartition) -> ServeStatus:
         """A PLAIN partition's status again (a txn may have registered it since).
@@ -173,7 +183,6 @@ class BufferStateFollower:
         self.views[tp] = view
         self.status[tp] = ServeStatus.SERVED
         self._waiting_since.pop(tp, None)
-        self._warned.discard(tp)
         slot = self._slot[tp]
         start = snap.state_offset + 1 if snap.state_offset >= 0 else OFFSET_BEGINNING
         if slot not in self._assigned:
@@ -334,13 +343,13 @@ class BufferStateFollower:
             self._start_view(tp, best)
             return
         since = self._waiting_since.get(tp)
-        if since is not None and time.monotonic() - since > WAIT_WARN_AFTER_S \
-                and tp not in self._warned:
-            self._warned.add(tp)
-            log.warning("%s: %s is transactional but no buffer owner serves it yet "
-                        "(waiting %.0fs; is a `txnstream worker` with the buffer role "
-                        "running?): nothing of it is delivered until one does", self.name,
-                        tp, time.monotonic() - since)
+        if since is not None and time.monotonic() - since > WAIT_WARN_AFTER_S:
+            self._warn.warning(
+                f"unserved:{tp.topic}", "%s: topic %r is transactional (a coordinator "
+                "registered it) but no buffer owner serves %s (waiting %.0f s): nothing of "
+                "it is delivered until one does. Is a `txnstream worker` with the buffer "
+                "role running, and do its --buffer-topics include %r?", self.name, tp.topic,
+                tp, time.monotonic() - since, tp.topic)
 
     def watermarks(self, tp: TopicPartition) -> tuple[int, int]:
         """``tp``'s log start and end (high watermark) now."""

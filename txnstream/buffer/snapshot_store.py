@@ -48,8 +48,8 @@ from txnstream.kafka.fetch import read_to
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.types import TopicPartition
 
-__all__ = ["TransactionBufferSnapshotStore", "LatestSnapshotFinder", "SlotScan", "segment_key",
-           "registration_key"]
+__all__ = ["TransactionBufferSnapshotStore", "LatestSnapshotFinder", "RegistrationScan", "SlotScan",
+           "segment_key", "registration_key"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,28 @@ class LatestSnapshotFinder:
         if best is None or (snap.generation, snap.log_epoch, snap.position) >= (
                 best.generation, best.log_epoch, best.position):
             self.best = snap
+
+
+class RegistrationScan:
+    """Fed snapshot partitions' records: whether any of ``tps`` is registered.
+
+    As :class:`LatestSnapshotFinder` says it: a registration, or a usable snapshot (only
+    a registered partition is served). A partition no txn registered has neither, so
+    nothing is decoded then.
+    """
+
+    def __init__(self, tps: list[TopicPartition]) -> None:
+        self.finders = [LatestSnapshotFinder(tp) for tp in tps]
+
+    def add(self, key: bytes | None, value: bytes | None, where: str) -> None:
+        """One record of a partition (see :meth:`LatestSnapshotFinder.add`)."""
+        for finder in self.finders:
+            finder.add(key, value, where)
+
+    @property
+    def registered(self) -> bool:
+        """Whether any of the partitions was found registered."""
+        return any(f.registered for f in self.finders)
 
 
 class SlotScan:
@@ -299,7 +321,16 @@ class TransactionBufferSnapshotStore:
         found = SlotScan()
         return found, self.scan(slot, found)
 
-    def scan(self, part: int, sink: LatestSnapshotFinder | SlotScan) -> int:
+    def any_registered(self, tps: list[TopicPartition]) -> bool:
+        """Whether any of ``tps`` is registered now: their snapshot partitions, scanned."""
+        found = RegistrationScan(tps)
+        for part in sorted({self.partition_of(tp) for tp in tps}):
+            self.scan(part, found)
+            if found.registered:
+                return True
+        return False
+
+    def scan(self, part: int, sink: LatestSnapshotFinder | SlotScan | RegistrationScan) -> int:
         """Feed every record of snapshot partition ``part`` to ``sink``; the end scanned to."""
         where = f"snapshot store {self.topic}[{part}]"
         c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-snap-{uuid.uuid4().hex}",

@@ -4,8 +4,12 @@ A topic becomes served by the buffer role (DESIGN.md section 6) the first time a
 registers one of its partitions: every partition of it is registered, in the snapshot
 topic (:meth:`TransactionBufferSnapshotStore.register`), before the coordinator confirms
 the registration, so a reader that finds no registration knows no txn record precedes it
-there. A registration that is not written is not confirmed: the client retries its
-``ADD_PARTITIONS`` and the registration is tried again.
+there. Partition 0 is always among them, also when the topic's partitions cannot be
+listed: a reader that meets a txn record in a partition added to the topic later (its
+registration comes with its first txn's, which may land after that txn's first record)
+asks about partition 0 to learn whether the topic is transactional
+(:mod:`txnstream.buffer.unregistered`). A registration that is not written is not
+confirmed: the client retries its ``ADD_PARTITIONS`` and the registration is tried again.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ class BufferRegistrar:
         new = set(added) - self._registered
         if not new:
             return set()
-        todo = set(new)
+        todo = set(new) | {TopicPartition(p.topic, 0) for p in new}
         for topic in {p.topic for p in new}:
             try:
                 meta = self._producer.list_topics(topic, timeout=self._admin_timeout_s)
