@@ -204,6 +204,7 @@ def set_topic_config(config: Config, topic: str, values: dict[str, str]) -> None
     the metadata log): under a loaded run, a record appended right after the change was
     still judged by the old ``max.message.bytes``.
     """
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import (
         AdminClient,
         AlterConfigOpType,
@@ -221,7 +222,12 @@ def set_topic_config(config: Config, topic: str, values: dict[str, str]) -> None
 
     def applied() -> bool:
         described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic)])
-        entries = next(iter(described.values())).result(30)
+        try:
+            entries = next(iter(described.values())).result(30)
+        except KafkaException as exc:  # a topic just made: the broker may not know it yet
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return False
+            raise
         return all(entries[k].value == v for k, v in values.items())
 
     wait_until(applied, 30, f"the broker applying {values} to {topic}")
