@@ -27,6 +27,11 @@ from txnstream.errors import ClusterError, TxnStreamError
 __all__ = ["run"]
 
 TOPIC = "txnstream-demo"
+IDLE_S = 45.0
+"""The committed-only read gives up after this long with nothing new ..."""
+CONSUME_S = 180.0
+"""... or after this long in all. On a loaded machine a partition waited over 30 s for
+its buffer owner while the demo's own worker joined and buffer slots moved."""
 
 
 def _ensure_topic(config: Config, partitions: int = 3) -> None:
@@ -89,13 +94,17 @@ def run(config: Config, records: int, txn_size: int, console: Console) -> bool:
             seen: list[bytes] = []
             last: dict[int, int] = defaultdict(lambda: -1)
             in_order = True
-            idle_deadline = time.monotonic() + 30
+            # Gives up after IDLE_S with nothing new, or CONSUME_S in all: a partition may
+            # wait for its buffer owner while this demo's own worker joins and slots move.
+            end = time.monotonic() + CONSUME_S
+            idle_deadline = min(end, time.monotonic() + IDLE_S)
             while len([v for v in seen if v.startswith(run_id.encode())]) < len(committed):
                 msg = consumer.receive(timeout_s=2)
                 if msg is None:
                     if time.monotonic() > idle_deadline:
                         break
                     continue
+                idle_deadline = min(end, time.monotonic() + IDLE_S)
                 consumer.acknowledge(msg)
                 in_order &= msg.offset > last[msg.partition]
                 last[msg.partition] = msg.offset
