@@ -1,7 +1,7 @@
 """A streaming job for the driver-kill test: txnstream source -> upper -> txnstream sink.
 
     python tests/spark/upper_job.py BOOTSTRAP PREFIX SRC DST CHECKPOINT [--available-now]
-Runs micro-batches of at most 300 records every second; exits 8 s after the last batch.
+Runs micro-batches of at most 300 records every second; exits once drained (8 s idle).
 With --available-now (the run after the kills): replays the batch a kill left planned but
 not committed (its range is in the checkpoint), reads the rest in one batch, and exits when
 they are written (Trigger.AvailableNow).
@@ -45,13 +45,16 @@ if available_now:
     print("JOB DONE", flush=True)
     sys.exit(0)
 last_batch, last_change = None, time.monotonic()
-# drained = a batch has completed and no new one came for 8 s
+# drained = a batch has completed, and for 8 s no batch ran and no data was available (a
+# batch that runs longer than 8 s under load is not the end: the job used to stop there)
 while last_batch is None or time.monotonic() - last_change < 8:
     q.awaitTermination(1)
     if q.exception() is not None:
         raise q.exception()
-    prog = q.lastProgress
+    prog, status = q.lastProgress, q.status
     if prog and prog["batchId"] != last_batch:
         last_batch, last_change = prog["batchId"], time.monotonic()
+    if status["isTriggerActive"] or status["isDataAvailable"]:
+        last_change = time.monotonic()
 q.stop()
 print("JOB DONE", flush=True)
