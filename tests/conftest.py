@@ -247,6 +247,28 @@ def config(kafka_bootstrap: str) -> Config:
     return cfg
 
 
+@pytest.fixture
+def own_config(config: Config) -> Iterator[Config]:
+    """A Config with internal topics of its own: for a test that changes their settings, or
+    whose workers must not load what earlier tests of the session left in the shared ones
+    (a worker claiming buffer slots restores every partition registered there)."""
+    from confluent_kafka.admin import AdminClient
+
+    from txnstream.admin_topics import ensure_topics
+
+    cfg = config.with_(topics=TopicNames(f"__t{uuid.uuid4().hex[:8]}"))
+    ensure_topics(cfg)
+    try:
+        yield cfg
+    finally:
+        admin = AdminClient(cfg.admin())
+        for f in admin.delete_topics(cfg.topics.all(), operation_timeout=30).values():
+            try:
+                f.result(30)
+            except Exception:  # already gone; nothing to clean
+                pass
+
+
 class ProcReaper:
     """Processes a test starts; all killed (by pid, whole group) at teardown."""
 

@@ -21,7 +21,6 @@ from prometheus_client import REGISTRY
 from tests.integration.coordinator.conftest import (  # noqa: F401
     FAST_FAILOVER_MS,
     make_topic,
-    own_config,
     wait_until,
 )
 from txnstream import Client, Config, TopicPartition, TxnStatus

@@ -3,7 +3,6 @@
 from tests.integration.coordinator.conftest import (  # noqa: F401
     client,
     make_topic,
-    own_config,
     read_all,
     tc_worker,
     wait_until,

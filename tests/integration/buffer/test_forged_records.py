@@ -33,9 +33,10 @@ FORGED_TXN_BOUND_S = 30.0
 
 
 @pytest.fixture
-def signed(config: Config) -> Iterator[tuple[Config, Client]]:
-    """A worker and a client sharing the workers' secret (principal ``txnstream``)."""
-    cfg = config.with_(tc_secret=SECRET)
+def signed(own_config: Config) -> Iterator[tuple[Config, Client]]:
+    """A worker and a client sharing the workers' secret (principal ``txnstream``), on
+    internal topics of their own."""
+    cfg = own_config.with_(tc_secret=SECRET)
     w = CoordinatorWorker(cfg, settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS))
     w.start()
     client = None

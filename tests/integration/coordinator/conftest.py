@@ -173,29 +173,6 @@ def read_all(config: Config, topic: str, timeout_s: float = 30.0) -> list:
         c.close()
 
 
-@pytest.fixture
-def own_config(config: Config) -> Iterator[Config]:
-    """A Config with internal topics of its own, for a test that changes their settings."""
-    import uuid
-
-    from confluent_kafka.admin import AdminClient
-
-    from txnstream import TopicNames
-    from txnstream.admin_topics import ensure_topics
-
-    cfg = config.with_(topics=TopicNames(f"__t{uuid.uuid4().hex[:8]}"))
-    ensure_topics(cfg)
-    try:
-        yield cfg
-    finally:
-        admin = AdminClient(cfg.admin())
-        for f in admin.delete_topics(cfg.topics.all(), operation_timeout=30).values():
-            try:
-                f.result(30)
-            except Exception:  # already gone; nothing to clean
-                pass
-
-
 def set_topic_config(config: Config, topic: str, values: dict[str, str]) -> None:
     """Change settings of ``topic`` (incrementally: the others stay as they are), and wait
     until the broker reports them.

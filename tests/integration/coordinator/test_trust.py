@@ -43,7 +43,8 @@ OPEN_LIMIT = 300
 
 
 @pytest.fixture
-def secured(config: Config, tmp_path: Path) -> Iterator[tuple[Config, CoordinatorWorker]]:
+def secured(own_config: Config, tmp_path: Path) -> Iterator[tuple[Config, CoordinatorWorker]]:
+    config = own_config
     users = tmp_path / "tc-users"
     users.write_text("".join(f"{who}={secret}\n" for who, secret in SECRETS.items()))
     users.chmod(0o600)
