@@ -6,13 +6,21 @@ import logging
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not in __all__
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
 from confluent_kafka.cimpl import NewTopic
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from txnstream.config import Config
 from txnstream.errors import ClusterError
 
 __all__ = ["TopicSpec", "TopicReport", "topic_specs", "ensure_topics"]
+
+log = logging.getLogger(__name__)
 
 _DAY_MS = 24 * 3600 * 1000
 
@@ -26,6 +34,8 @@ class TopicSpec:
     config: dict[str, str]
     strict: bool
     """Partition count is part of the protocol (TC ids): a mismatch is reported."""
+    kept: tuple[str, ...] = ()
+    """Configs an existing topic is brought to (a topic made by an older version)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +45,19 @@ class TopicReport:
     name: str
     partitions: int
     status: str
-    """``created``, ``exists`` or ``mismatch``."""
+    """``created``, ``exists``, ``updated`` (:attr:`TopicSpec.kept` configs set) or
+    ``mismatch``."""
     detail: str = ""
 
 
 BUFFER_STATE_RETENTION_MS = _DAY_MS
 """Retention of the buffer-state deltas: far beyond the snapshot interval (seconds)."""
+SNAPSHOT_TOPIC_ROLL = 60_000
+"""``segment.ms`` of the snapshot topic. Kafka never compacts the active segment and by
+default rolls it after 7 days or 1 GiB, while every reader start and slot claim scans the
+whole partition: with this roll a scan reads the live keys (at most twice over, Kafka's
+``min.cleanable.dirty.ratio`` 0.5), the last minute's snapshots, and what the log cleaner
+has not reached yet (``log.cleaner.backoff.ms``, 15 s)."""
 PENDING_ACK_RETENTION_MS = 7 * _DAY_MS
 """Retention of the pending-ack log: Kafka's default committed-offset retention."""
 
@@ -59,8 +76,11 @@ def topic_specs(config: Config) -> list[TopicSpec]:
         # The newest owner of each TC and where it listens; compacted: one per TC is kept.
         TopicSpec(t.endpoints, config.num_coordinators,
                   {"cleanup.policy": "compact", "min.insync.replicas": isr}, strict=True),
+        # Compacted, and rolled each minute so compaction can reach what was written.
         TopicSpec(t.buffer_snapshots, config.num_buffer_slots,
-                  {"cleanup.policy": "compact", "min.insync.replicas": isr}, strict=True),
+                  {"cleanup.policy": "compact", "min.insync.replicas": isr,
+                   "segment.ms": str(SNAPSHOT_TOPIC_ROLL)}, strict=True,
+                  kept=("segment.ms",)),
         # Deltas are needed only after the latest snapshot of their partition (one every
         # few seconds while it changes); a reader that finds a gap reloads a snapshot.
         TopicSpec(t.buffer_state, config.num_buffer_slots,
@@ -135,4 +155,52 @@ def ensure_topics(config: Config) -> list[TopicReport]:
                     reports[spec.name] = TopicReport(spec.name, spec.partitions, "exists")
                 else:
                     raise ClusterError(f"could not create {spec.name}: {err.str()}") from exc
+    _keep_configs(admin, [s for s in specs if s.kept and reports[s.name].status == "exists"],
+                  reports, config)
     return [reports[s.name] for s in specs]
+
+
+def _not_known_yet(exc: BaseException) -> bool:
+    """A topic just created is not yet known to every broker that answers about it."""
+    return (isinstance(exc, KafkaException) and bool(exc.args)
+            and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def _describe(admin: AdminClient, res: ConfigResource, timeout_s: float) -> dict[str, ConfigEntry]:
+    return admin.describe_configs([res])[res].result(timeout_s)  # type: ignore[no-any-return]
+
+
+def _keep_configs(admin: AdminClient, specs: list[TopicSpec],
+                  reports: dict[str, TopicReport], config: Config) -> None:
+    """Set each existing topic's :attr:`TopicSpec.kept` configs that differ (only those).
+
+    One that cannot be read or set (no DescribeConfigs/AlterConfigs right, a broker that
+    still does not know the topic) leaves the topic as it is, named in its report's detail.
+    """
+    for spec in specs:
+        wanted = ", ".join(f"{k}={spec.config[k]}" for k in spec.kept)
+        res = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
+        try:
+            have = Retrying(retry=retry_if_exception(_not_known_yet), reraise=True,
+                            stop=stop_after_delay(config.admin_timeout_s),
+                            wait=wait_exponential(0.1, max=2))(
+                _describe, admin, res, config.admin_timeout_s)
+            changes = {k: spec.config[k] for k in spec.kept
+                       if k not in have or have[k].value != spec.config[k]}
+            if not changes:
+                continue
+            alter = ConfigResource(ConfigResource.Type.TOPIC, spec.name, incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in changes.items()])
+            admin.incremental_alter_configs([alter])[alter].result(config.admin_timeout_s)
+        except KafkaException as exc:
+            log.warning("%s: could not check or set %s (%s); set them with kafka-configs",
+                        spec.name, wanted, exc.args[0].str())
+            reports[spec.name] = TopicReport(
+                spec.name, reports[spec.name].partitions, "exists",
+                f"{wanted} not checked or set ({exc.args[0].str()})")
+            continue
+        was = ", ".join(f"{k} {have[k].value if k in have else 'unset'} -> {v}"
+                        for k, v in changes.items())
+        reports[spec.name] = TopicReport(spec.name, reports[spec.name].partitions,
+                                         "updated", was)
