@@ -5,16 +5,26 @@ by its key: a replayed batch must find the outcome of its first commit. The TC k
 recent outcomes in memory and carries exactly them in every CHECKPOINT record, so a new
 owner that replays the checkpoint recognises the same keys as the old one. That record
 must fit in one Kafka message, so the outcomes are bounded by count and by encoded bytes
-(:data:`MAX_CHECKPOINT_BYTES`), the oldest forgotten first.
+(:data:`MAX_CHECKPOINT_BYTES`).
+
+Fair among principals (a group key is scoped to the principal that ends it): past a
+bound, the principal holding the most outcomes (by count) or bytes (by bytes) forgets
+its oldest one, never another principal. So a principal's outcomes are forgotten by
+what others do only while it holds more than an equal share: each of ``n`` principals
+with outcomes on a TC keeps about its ``1/n`` of :data:`MAX_REMEMBERED_GROUPS` and of
+the byte budget (or all of its own, if less). Ties are broken by principal name, so a
+new owner replaying the same outcomes forgets the same ones.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 
 from txnstream.coordinator.log_entry import GroupOutcome
+from txnstream.coordinator.protocol import GROUP_SCOPE
+from txnstream.types import ANONYMOUS
 
 __all__ = [
     "CHECKPOINT_FIXED_BYTES",
@@ -48,6 +58,9 @@ class GroupOutcomes:
         self.tc_id = tc_id
         """Named in the log lines about an outcome too big to keep."""
         self._by_key: OrderedDict[str, GroupOutcome] = OrderedDict()
+        self._of: dict[str, OrderedDict[str, int]] = {}
+        """Per principal, its outcomes' keys and encoded sizes, oldest first."""
+        self._bytes_of: Counter[str] = Counter()
         self.bytes = 0
         """Encoded size of the outcomes in a checkpoint (kept under :attr:`budget`)."""
         self.budget = MAX_CHECKPOINT_BYTES - CHECKPOINT_FIXED_BYTES
@@ -77,10 +90,11 @@ class GroupOutcomes:
                 log.error("tc %d: group key of %d bytes is too long to remember; a replay "
                           "of it will not be recognised", self.tc_id, size)
                 return
-        old = self._by_key.pop(outcome.key, None)
-        if old is not None:
-            self.bytes -= old.encoded_size()
+        self._forget(outcome.key)
+        who = _principal_of(outcome.key)
         self._by_key[outcome.key] = outcome
+        self._of.setdefault(who, OrderedDict())[outcome.key] = size
+        self._bytes_of[who] += size
         self.bytes += size
         self._trim()
 
@@ -95,7 +109,33 @@ class GroupOutcomes:
         self._trim()
 
     def _trim(self) -> None:
-        while self._by_key and (len(self._by_key) > MAX_REMEMBERED_GROUPS
-                                or self.bytes > self.budget):
-            _, gone = self._by_key.popitem(last=False)
-            self.bytes -= gone.encoded_size()
+        while len(self._by_key) > MAX_REMEMBERED_GROUPS:
+            self._forget_oldest_of(max(self._of, key=lambda p: (len(self._of[p]), _first(p))))
+        while self._by_key and self.bytes > self.budget:
+            self._forget_oldest_of(max(self._of, key=lambda p: (self._bytes_of[p], _first(p))))
+
+    def _forget_oldest_of(self, principal: str) -> None:
+        self._forget(next(iter(self._of[principal])))
+
+    def _forget(self, key: str) -> None:
+        if self._by_key.pop(key, None) is None:
+            return
+        who = _principal_of(key)
+        keys = self._of[who]
+        size = keys.pop(key)
+        self._bytes_of[who] -= size
+        self.bytes -= size
+        if not keys:
+            del self._of[who]
+            del self._bytes_of[who]
+
+
+def _principal_of(key: str) -> str:
+    """The principal a scoped group key belongs to (unscoped: ``anonymous``'s)."""
+    who, sep, _ = key.partition(GROUP_SCOPE)
+    return who if sep else ANONYMOUS
+
+
+def _first(principal: str) -> tuple[int, ...]:
+    """A tie-break by name (any fixed order does: replays must forget alike)."""
+    return tuple(-ord(c) for c in principal)

@@ -254,3 +254,26 @@ def test_a_worker_will_not_serve_the_line_beyond_loopback_unauthenticated(config
     with pytest.raises(ConfigError, match="no authentication"):
         CoordinatorWorker(config, settings=WorkerSettings(listen="0.0.0.0:0",
                                                           buffer_role=False))
+
+
+def test_another_principals_group_ends_do_not_make_a_batch_commit_twice(clients):
+    """Old: outcomes were one LRU shared by all principals. Bob ended 1,000 empty groups
+    under 400-byte keys (within his rights); Alice's batch outcome was forgotten, and the
+    replay of her batch after a driver restart committed its rows a second time."""
+    alice, bob = clients("alice"), clients("bob")
+    key = f"query-{uuid.uuid4().hex[:6]}/41"
+    first = alice.new_transaction(timeout_s=60, tc_id=2, group_key=key)
+    reply = alice.tc.request(TcOp.END_GROUP, 2, group_key=key,
+                             group_seqs=(first.id.least_bits,), commit=True)
+    assert reply.already is False and reply.error_kind is None
+    filler = "f" * 400
+    for i in range(1_000):  # ~410 KB of outcomes: past what one checkpoint carries
+        bob.tc.request(TcOp.END_GROUP, 2, group_key=f"{filler}/{i}", group_seqs=(),
+                       commit=True)
+    replay = alice.new_transaction(timeout_s=60, tc_id=2, group_key=key)
+    again = alice.tc.request(TcOp.END_GROUP, 2, group_key=key,
+                             group_seqs=(replay.id.least_bits,), commit=True)
+    assert again.already is True, "the replayed batch committed a second time"
+    wait_until(lambda: alice.admin.get_transaction(replay.id).status.value == "ABORTED", 15,
+               "the replay's txn aborted")
+    assert alice.admin.get_transaction(first.id).status.value == "COMMITTED"
