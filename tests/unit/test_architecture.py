@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     # 2. pure state
     "txnstream.coordinator.log_entry": 2, "txnstream.coordinator.meta": 2,
     "txnstream.coordinator.txn_table": 2, "txnstream.coordinator.epochs": 2,
+    "txnstream.coordinator.txn_index": 2,
     "txnstream.coordinator.group_outcomes": 2, "txnstream.coordinator.metadata_store": 2,
     "txnstream.coordinator.timeout_tracker": 2, "txnstream.coordinator.protocol": 2,
     "txnstream.coordinator.request_checks": 2,
@@ -37,7 +38,7 @@ LAYERS: dict[str, int] = {
     # 4. the line
     "txnstream.coordinator.line_security": 4, "txnstream.coordinator.transport": 4,
     "txnstream.coordinator.endpoints": 4, "txnstream.coordinator.txn_ids": 4,
-    "txnstream.coordinator.tc_client": 4,
+    "txnstream.coordinator.tc_client": 4, "txnstream.coordinator.client_connection": 4,
     # 5. server roles (the rest of coordinator/ and buffer/)
     "txnstream.coordinator": 5, "txnstream.buffer": 5,
     # 6. client API

@@ -174,6 +174,7 @@ class EpochFencedTable(TxnMetaTable):
         """Drop final txns whose records all lie below ``offset`` (after truncation)."""
         gone = [s for s, m in self.txns.items()
                 if m.status.is_final and m.last_offset is not None and m.last_offset < offset]
+        self.index.remove(self.txns[s] for s in gone)
         for s in gone:
             del self.txns[s]
         self._epochs = [e for e in self._epochs if e >= offset]

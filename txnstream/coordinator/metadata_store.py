@@ -377,17 +377,11 @@ class TransactionMetadataStore(EpochFencedTable):
     # ----------------------------------------------------------------- queries
 
     def stats(self, now_ms: int) -> StoreStats:
-        """Counts by status, LWM, sequence counter, oldest open txn age."""
+        """Counts by status, LWM, sequence counter, oldest open txn age (no scan)."""
         by: dict[str, int] = {s.value: 0 for s in COORDINATOR_STATUSES}
         by[RESERVED] = 0
-        oldest: int | None = None
-        for m in self.txns.values():
-            if m.reserved and m.status is TxnStatus.OPEN:
-                by[RESERVED] += 1  # no writer holds it: not an open txn
-                continue
-            by[m.status.value] += 1
-            if m.status is TxnStatus.OPEN:
-                age = now_ms - m.open_time_ms
-                oldest = age if oldest is None else max(oldest, age)
+        by.update(self.index.counts)
+        opened = self.index.oldest_open_time()
+        oldest = None if opened is None else now_ms - opened
         return StoreStats(self.tc_id, self.epoch_offset, self.epoch_owner, self.next_sequence,
                           self.low_watermark, by, self.invalid_records, oldest)

@@ -40,6 +40,7 @@ from tenacity import (
 )
 
 from txnstream.config import Config
+from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.endpoints import EndpointDirectory, TcEndpoint
 from txnstream.coordinator.line_security import client_ssl_context
 from txnstream.coordinator.protocol import (
@@ -49,7 +50,7 @@ from txnstream.coordinator.protocol import (
     TcRequest,
     error_from_reply,
 )
-from txnstream.coordinator.transport import ClientConnection, Endpoint, IoLoop
+from txnstream.coordinator.transport import Endpoint, IoLoop
 from txnstream.coordinator.txn_ids import TxnIdPool
 from txnstream.errors import (
     CoordinatorAuthError,

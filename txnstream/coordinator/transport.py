@@ -53,12 +53,12 @@ from txnstream.coordinator.line_security import (
     cert_common_name,
     handshake_proof,
 )
-from txnstream.errors import ConfigError, CoordinatorAuthError, WorkerIdentityError
+from txnstream.errors import ConfigError
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import ANONYMOUS
 
-__all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "ClientConnection",
-           "IoLoop", "MAX_FRAME_BYTES", "ANONYMOUS"]
+__all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "IoLoop",
+           "MAX_FRAME_BYTES", "ANONYMOUS"]
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,16 @@ class ServerConnection(_Conn):
         """Who the handshake proved the client is (``anonymous`` without authentication)."""
         self.inflight = 0
         """Requests of this connection awaiting a reply (counted by the worker)."""
+        self.queued = self.queued_bytes = 0
+        """Requests read and not taken by the worker yet, and their bytes (loop thread)."""
+        self.room: asyncio.Event | None = None
+        """Set while the connection may be read (made on the loop thread, when paused)."""
+        self.on_took: Callable[[ServerConnection, int], None] | None = None
+
+    def took(self, nbytes: int) -> None:
+        """The worker took one request of ``nbytes`` off its inbox (any thread)."""
+        if self.on_took is not None:
+            self._io.call(self.on_took, self, nbytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +235,9 @@ class LineLimits:
     idle_timeout_s: float = 600.0
     max_handshakes: int = 256  # connections not through their handshake, all addresses
     max_handshakes_per_host: int = 32  # ... from one (Kafka's max.connections.per.ip)
+    max_queued: int = 256  # a connection's requests not taken yet: it is not read past it
+    max_queued_bytes: int = 4 << 20  # ... and their bytes
+    max_queued_bytes_total: int = 64 << 20  # every connection's: none is read past it
 
 
 class Listener:
@@ -249,6 +262,10 @@ class Listener:
         self.limits = limits or LineLimits()
         self._io = IoLoop(name)
         self._conns: set[ServerConnection] = set()
+        self._paused: set[ServerConnection] = set()
+        """Connections not read until the worker takes some of their requests."""
+        self.queued_bytes = 0
+        """Bytes of every connection's requests read and not taken yet (loop thread)."""
         self._opening = 0
         self._opening_by_host: dict[str, int] = {}  # entries leave at 0
         self.refused = 0  # connections refused (credentials, caps): for tests and stats
@@ -308,11 +325,20 @@ class Listener:
                 self.refused += 1
                 return
             self._conns.add(conn)
+            conn.on_took = self._took
             limits = self.limits
             while True:
                 frame = await asyncio.wait_for(_read_frame(reader, limits.max_request_bytes),
                                                limits.idle_timeout_s)
-                self._on_request(conn._unseal(frame), conn)
+                data = conn._unseal(frame)
+                conn.queued += 1
+                conn.queued_bytes += len(data)
+                self.queued_bytes += len(data)
+                self._on_request(data, conn)
+                if self._full(conn):  # backpressure: read no more until the worker takes
+                    conn.room = asyncio.Event()
+                    self._paused.add(conn)
+                    await conn.room.wait()
         except TimeoutError:
             if conn is not None:
                 log.info("closing the connection from %s (%s): idle for %.0f s", peer,
@@ -325,8 +351,27 @@ class Listener:
         finally:
             if conn is not None:
                 self._conns.discard(conn)
+                self._paused.discard(conn)
                 conn.closed.set()
             writer.close()
+
+    def _full(self, conn: ServerConnection) -> bool:
+        limits = self.limits
+        return (conn.queued >= limits.max_queued or conn.queued_bytes >= limits.max_queued_bytes
+                or self.queued_bytes >= limits.max_queued_bytes_total)
+
+    def _took(self, conn: ServerConnection, nbytes: int) -> None:
+        """One request of ``conn`` taken by the worker (loop thread): read on, if paused."""
+        conn.queued -= 1
+        conn.queued_bytes -= nbytes
+        was_full = self.queued_bytes >= self.limits.max_queued_bytes_total
+        self.queued_bytes -= nbytes
+        # every paused connection only when the total fell below its cap; else this one
+        for c in list(self._paused) if was_full else [conn] if conn in self._paused else []:
+            if not self._full(c):
+                self._paused.discard(c)
+                if c.room is not None:
+                    c.room.set()
 
     async def _refuse(self, writer: asyncio.StreamWriter, peer: str, verdict: bytes,
                       why: str) -> None:
@@ -397,104 +442,3 @@ class Listener:
         except Exception as exc:  # closing anyway
             log.debug("listener close: %s", exc)
         self._io.close()
-
-
-class ClientConnection(_Conn):
-    """A client's connection to one worker; replies go to ``on_reply`` on the loop thread."""
-
-    @classmethod
-    def open(cls, io: IoLoop, endpoint: Endpoint, secret: str | None,
-             tls: ssl.SSLContext | None, on_reply: Callable[[bytes], None],
-             on_close: Callable[[ClientConnection], None], timeout_s: float,
-             principal: str = "txnstream") -> ClientConnection:
-        """Connect and handshake as ``principal`` (proving ``secret`` if given).
-
-        ``OSError`` if unreachable or the worker is at its connection cap,
-        ``CoordinatorAuthError`` if refused or if the worker cannot prove it knows
-        the secret.
-        """
-        name = principal.encode()
-        if not 0 < len(name) <= MAX_PRINCIPAL_BYTES:
-            raise ConfigError(f"tc_principal {principal!r} is not 1-{MAX_PRINCIPAL_BYTES} "
-                              "bytes")
-
-        # A certificate proves the worker only on TLS that verified it (Kafka fixes the
-        # security protocol by the client's configuration, never by the server's answer).
-        verified_tls = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
-
-        async def connect() -> ClientConnection:
-            reader, writer = await asyncio.open_connection(
-                endpoint.host, endpoint.port, ssl=tls,
-                server_hostname=endpoint.host if tls is not None else None)
-            try:
-                hello = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
-                if hello[:len(MAGIC)] != MAGIC:
-                    raise ConnectionError(f"{endpoint} is not a txnstream worker (or runs "
-                                          "another version of the line)")
-                sn, cn = hello[len(MAGIC):], os.urandom(NONCE_BYTES)
-                writer.write(MAGIC + cn + bytes([len(name)]) + name
-                             + handshake_proof(secret, b"client", sn, cn, name))
-                verdict = await reader.readexactly(2)
-                if verdict != b"OK":
-                    why = (await reader.read(200)).decode(errors="replace")
-                    if verdict == b"BY":
-                        raise ConnectionError(f"the coordinator worker at {endpoint} is "
-                                              f"busy: {why}")
-                    raise CoordinatorAuthError(
-                        f"the coordinator worker at {endpoint} refused this client: {why}")
-                mode = await reader.readexactly(1)
-                worker_proof = await reader.readexactly(PROOF_BYTES)
-                key: FrameKey | None = None
-                if mode == b"K" and secret:
-                    if not hmac.compare_digest(worker_proof,
-                                               handshake_proof(secret, b"worker", sn, cn, name)):
-                        raise WorkerIdentityError(
-                            f"the coordinator worker at {endpoint} could not prove it knows "
-                            f"the secret of {principal!r}: not talking to it (a forged "
-                            "endpoint, or a relay)")
-                    key = FrameKey(secret, sn, cn, name, client_side=True)
-                elif secret and mode == b"T" and not verified_tls:
-                    raise WorkerIdentityError(
-                        f"the coordinator worker at {endpoint} could not prove who it is: "
-                        "it answered that a certificate identified this client, but this "
-                        "connection has no verified TLS, and the worker did not prove it "
-                        f"knows the secret of {principal!r}: not talking to it (an "
-                        "impostor, or a worker that needs tc_tls_cafile here)")
-                elif secret and mode != b"T":
-                    raise WorkerIdentityError(
-                        f"the coordinator worker at {endpoint} does not authenticate "
-                        f"clients, but this client holds a secret for {principal!r}: not "
-                        "talking to it (a misconfigured worker, or a forged endpoint)")
-            except asyncio.IncompleteReadError as exc:
-                writer.close()
-                raise ConnectionError(f"{endpoint} closed the connection during the "
-                                      "handshake") from exc
-            except BaseException:
-                writer.close()
-                raise
-            conn = cls(io, writer, str(endpoint), key)
-            asyncio.ensure_future(conn._read(reader, on_reply, on_close))
-            return conn
-
-        try:
-            return io.run(asyncio.wait_for(connect(), timeout_s), timeout=timeout_s + 1)
-        except TimeoutError as exc:
-            raise ConnectionError(f"no handshake from {endpoint} within {timeout_s:g} s") \
-                from exc
-        except ssl.SSLError as exc:
-            raise CoordinatorAuthError(f"TLS with the coordinator worker at {endpoint} "
-                                       f"failed: {exc}") from exc
-
-    async def _read(self, reader: asyncio.StreamReader, on_reply: Callable[[bytes], None],
-                    on_close: Callable[[ClientConnection], None]) -> None:
-        try:
-            while True:
-                on_reply(self._unseal(await _read_frame(reader)))
-        except ValueError as exc:
-            log.warning("closing the connection to %s: %s", self.peer, exc)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            log.debug("connection to %s closed: %s", self.peer, exc)
-        finally:
-            self.closed.set()
-            self._writer.close()
-            on_close(self)

@@ -22,6 +22,7 @@ from txnstream.coordinator.group_outcomes import GroupOutcomes
 from txnstream.coordinator.log_entry import GroupOutcome, LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.meta import TxnMeta
 from txnstream.coordinator.timeout_tracker import TransactionTimeoutTracker
+from txnstream.coordinator.txn_index import RESERVED, TxnIndex, state_of
 from txnstream.errors import TransactionNotFoundError
 from txnstream.types import ANONYMOUS, TxnID, TxnStatus
 
@@ -44,8 +45,6 @@ ABORT_TIMEOUT = "timeout"
 ABORT_CLIENT = "client"
 ABORT_ADMIN = "admin"
 ABORT_GROUP = "group"
-RESERVED = "reserved"
-"""The ``reason`` of the OPEN records of a RESERVE: not handed out to a writer yet."""
 
 
 class TxnMetaTable:
@@ -57,6 +56,8 @@ class TxnMetaTable:
         self.next_sequence = 0
         self.open_by_owner: Counter[str] = Counter()
         """OPEN txns (reserved ones included) per owning principal: a principal's limit."""
+        self.index = TxnIndex(self.txns)
+        """What LIST and STATS read (sequences in order, counts per state)."""
         self.outcomes = GroupOutcomes(tc_id)
         """Recent group outcomes: what a checkpoint carries."""
         self._requests: OrderedDict[str, int] = OrderedDict()
@@ -112,6 +113,7 @@ class TxnMetaTable:
                                owner=entry.principal or ANONYMOUS,
                                reserved=entry.reason == RESERVED)
                 self.txns[seq] = meta
+                self.index.add(meta)
                 self.open_by_owner[meta.owner] += 1
                 self._track(meta)
                 self.timeouts.track(seq, meta.deadline_ms)
@@ -123,6 +125,7 @@ class TxnMetaTable:
                 # Its earlier records were truncated away; keep the outcome.
                 meta = TxnMeta(TxnID(self.tc_id, seq), entry.status, entry.open_time_ms, 0)
                 self.txns[seq] = meta
+                self.index.add(meta)
                 self._track(meta)
                 meta.end_time_ms = now_ms
                 return
@@ -132,8 +135,10 @@ class TxnMetaTable:
                 return
         if entry.status is None and entry.timeout_ms > 0 and meta.status is TxnStatus.OPEN:
             # a reserved txn handed out (ACTIVATE): its deadline runs from then
+            was = state_of(meta)
             meta.open_time_ms, meta.timeout_ms = entry.open_time_ms, entry.timeout_ms
             meta.reserved = False
+            self.index.changed(meta, was)
             self.timeouts.track(seq, meta.deadline_ms)
         if entry.partitions:
             meta.partitions |= set(entry.partitions)
@@ -148,6 +153,7 @@ class TxnMetaTable:
             log.warning("tc %d: txn %s cannot go %s -> %s; record ignored",
                         self.tc_id, meta.txn_id, meta.status.value, status.value)
             return
+        was = state_of(meta)
         if meta.status is TxnStatus.OPEN and status is not TxnStatus.OPEN:
             left = self.open_by_owner[meta.owner] - 1
             if left > 0:
@@ -168,6 +174,7 @@ class TxnMetaTable:
             meta.abort_reason = reason
         if status.is_final:
             meta.end_time_ms = now_ms
+        self.index.changed(meta, was)
         self._track(meta)
 
     def _track(self, meta: TxnMeta) -> None:

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -83,6 +82,7 @@ from txnstream.coordinator.endpoint_publisher import EndpointPublisher
 from txnstream.coordinator.finalizer import TxnFinalizer
 from txnstream.coordinator.gauges import TcGauges
 from txnstream.coordinator.handlers import Caller, TcRequestHandler
+from txnstream.coordinator.inbox import FairInbox
 from txnstream.coordinator.kafka_clients import worker_clients
 from txnstream.coordinator.line_security import is_loopback, line_users, server_ssl_context
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
@@ -149,7 +149,7 @@ class CoordinatorWorker:
             self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
             flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s,
             partitions=partitions)
-        self._inbox: queue.SimpleQueue[tuple[bytes, ServerConnection]] = queue.SimpleQueue()
+        self._inbox = FairInbox(s.batch_max)
         self._origins: dict[str, tuple[ServerConnection, int, float, str]] = {}
         """Request id -> (connection, deadline, perf_counter at arrival, op): the
         connection to answer on, and the request's deadline."""
@@ -166,7 +166,7 @@ class CoordinatorWorker:
                 "--tc-users-file), mutual TLS (--tls-client-auth), listen on loopback, or "
                 "pass --allow-unauthenticated")
         self._listener = Listener(bind.host, bind.port,
-                                  lambda data, conn: self._inbox.put((data, conn)),
+                                  self._inbox.put,
                                   users=users, tls=server_ssl_context(config),
                                   name=f"tc-listener-{self.worker_id}",
                                   limits=LineLimits(s.max_connections, s.max_request_bytes,
@@ -311,7 +311,7 @@ class CoordinatorWorker:
                        if tc.phase is TcPhase.SERVING)
         self._endpoints.turn(now_ms, self.tcs, (tc.tc_id for tc in self.tcs.values()
                                                  if self._ownership.serving(tc)))
-        for data, conn in self._take_requests(self.settings.idle_poll_s if idle else 0):
+        for data, conn in self._inbox.take(self.settings.idle_poll_s if idle else 0):
             try:
                 req = TcRequest.decode(data)
             except CorruptRecordError as exc:  # not this line, or hostile: closed
@@ -417,20 +417,6 @@ class CoordinatorWorker:
             self._origins = kept
             # many still waiting (END waiters): sweep again only once as many came in
             self._sweep_origins_at = max(ORIGINS_SWEEP_AT, 2 * len(self._origins))
-
-    def _take_requests(self, timeout: float) -> list[tuple[bytes, ServerConnection]]:
-        """The requests that have arrived, waiting up to ``timeout`` for the first."""
-        try:
-            out = [self._inbox.get(timeout=timeout) if timeout > 0
-                   else self._inbox.get_nowait()]
-        except queue.Empty:
-            return []
-        while len(out) < self.settings.batch_max:
-            try:
-                out.append(self._inbox.get_nowait())
-            except queue.Empty:
-                break
-        return out
 
     def _checkpoint(self, tc: TcIncarnation) -> int | None:
         """Renew the epoch, then append a CHECKPOINT; the checkpoint's offset, or None.

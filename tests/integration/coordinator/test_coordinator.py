@@ -12,9 +12,10 @@ from confluent_kafka import Producer
 
 from tests.integration.coordinator.conftest import make_topic, read_all, wait_until
 from txnstream import Config, TopicPartition, TxnID, TxnStatus
+from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.log_entry import LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.transport import ClientConnection, IoLoop
+from txnstream.coordinator.transport import IoLoop
 from txnstream.errors import (
     CoordinatorNotFoundError,
     InvalidTxnStatusError,

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from txnstream.config import Config
+from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.endpoints import TcEndpoint
 from txnstream.coordinator.line_security import client_ssl_context, server_ssl_context
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.tc_client import TransactionCoordinatorClient
 from txnstream.coordinator.transport import (
     MAX_FRAME_BYTES,
-    ClientConnection,
     Endpoint,
     IoLoop,
     LineLimits,

@@ -124,6 +124,9 @@ class FakeConn:
         if not self.closed.is_set():
             self.sent.append(data)
 
+    def took(self, nbytes: int) -> None:
+        pass  # a real connection reads on (backpressure); nothing to read here
+
     def close(self) -> None:
         self.closed.set()
 
@@ -138,7 +141,7 @@ def make_worker():
         made.append(w)
         conn = FakeConn()
         for r in requests:
-            w._inbox.put((r, conn))
+            w._inbox.put(r, conn)
         tc = TcIncarnation(0, TransactionMetadataStore(0, "w-unit"), replay_end=0,
                            phase=TcPhase.SERVING)
         tc.next_checkpoint = float("inf")
@@ -184,7 +187,7 @@ def test_a_request_for_a_coordinator_not_served_here_is_told_so_at_once(make_wor
 def test_a_garbage_request_is_logged_naming_its_peer_and_the_rest_served(make_worker, caplog):
     w, conn = make_worker([], [b"\x01garbage"])
     other = FakeConn("127.0.0.2:9")
-    w._inbox.put((get_request("r4"), other))
+    w._inbox.put(get_request("r4"), other)
     with caplog.at_level(logging.ERROR):
         w._turn_once()
     assert "connection from 127.0.0.1:9 (principal anonymous): a corrupt request" in caplog.text
@@ -199,10 +202,10 @@ def test_a_connection_sending_garbage_is_closed_and_logged_once_not_per_frame(
     w, honest = make_worker([], [])
     flooder = FakeConn("127.0.0.1:66")
     for i in range(500):
-        w._inbox.put((b"\x01garbage-%d" % i, flooder))
-    w._inbox.put((get_request("r5"), honest))
+        w._inbox.put(b"\x01garbage-%d" % i, flooder)
+    w._inbox.put(get_request("r5"), honest)
     with caplog.at_level(logging.WARNING):
-        while not w._inbox.empty():
+        while w._inbox.waiting():
             w._turn_once()
     assert flooder.closed.is_set(), "the connection that sent garbage stayed open"
     lines = [r for r in caplog.records if "127.0.0.1:66" in r.getMessage()]
