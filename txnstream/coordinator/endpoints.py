@@ -32,6 +32,7 @@ __all__ = [
     "CANDIDATES_PER_TC",
     "DIRECTORY_FETCH_WAIT_MS",
     "MAX_DISTRUSTED",
+    "SET_ASIDE_S",
     "EndpointDirectory",
     "TcEndpoint",
 ]
@@ -46,6 +47,10 @@ CANDIDATES_PER_TC = 8
 """Endpoint records kept per TC (newest first): the fallbacks past forged ones."""
 MAX_DISTRUSTED = 4096
 """Endpoint records remembered as impostors (forgotten all at once past this)."""
+SET_ASIDE_S = 300.0
+"""How long a record that failed a request (unreachable, or its worker said it does not
+serve the TC) is tried only after every other one: a tarpit costs one attempt per this,
+not one per request."""
 
 
 class TcEndpoint:
@@ -92,7 +97,13 @@ class EndpointDirectory:
       :data:`CANDIDATES_PER_TC` records per TC it read last for that (tried highest
       epoch first). A worker re-publishes the record of each TC it serves every
       ``endpoint_republish_s``, so a flood of forged records, or compaction keeping
-      only a forged one, hides it from new clients for at most that long.
+      only a forged one, hides it from new clients for at most that long;
+    * a record that failed a request (:meth:`set_aside`: unreachable, or its worker, a
+      genuine one, said it does not serve the TC) is tried only after every other one
+      for :data:`SET_ASIDE_S`, across requests, and the record that last answered a
+      request (:meth:`answered`) is tried first: forged records naming a live worker or a
+      tarpit cost one attempt each, not one per request, and never hide a TC whose
+      owner's record is among the candidates.
     """
 
     def __init__(self, config: Config, num_coordinators: int,
@@ -107,6 +118,10 @@ class EndpointDirectory:
         self._arrivals: dict[int, list[TcEndpoint]] = {}
         """Per TC, the same records in the order they were read (the first is evicted)."""
         self._distrusted: set[tuple[int, int, Endpoint]] = set()
+        self._set_aside: dict[tuple[int, int, Endpoint], float] = {}
+        """Records that failed a request -> until when they are tried last (monotonic)."""
+        self._answered: dict[int, tuple[int, Endpoint]] = {}
+        """Per TC, the record (epoch, endpoint) that last answered a request."""
         self._changed = threading.Condition()
         self._closed = threading.Event()
         self._caught_up = threading.Event()
@@ -164,6 +179,9 @@ class EndpointDirectory:
             self._arrivals[ep.tc_id] = arrived
             eps[:] = sorted(arrived, key=lambda e: -e.epoch_offset)
             newer = have is None or ep.epoch_offset > have.epoch_offset
+            good = self._answered.get(ep.tc_id)
+            if good is not None and ep.epoch_offset > good[0]:
+                del self._answered[ep.tc_id]  # a failover's new owner is tried first
             if eps[0] is ep:
                 self._changed.notify_all()
         if newer and have is not None and self._on_change is not None:
@@ -229,26 +247,68 @@ class EndpointDirectory:
                 with self._changed:
                     self._changed.notify_all()
 
+    def set_aside(self, ep: TcEndpoint) -> None:
+        """``ep`` failed a request: try it after every other record, for a while."""
+        key = (ep.tc_id, ep.epoch_offset, ep.endpoint)
+        with self._changed:
+            if len(self._set_aside) >= MAX_DISTRUSTED:
+                self._set_aside.clear()
+            self._set_aside[key] = time.monotonic() + SET_ASIDE_S
+            if self._answered.get(ep.tc_id) == key[1:]:
+                del self._answered[ep.tc_id]
+
+    def answered(self, ep: TcEndpoint) -> None:
+        """``ep``'s worker answered a request of its TC: try it first from now on."""
+        key = (ep.tc_id, ep.epoch_offset, ep.endpoint)
+        with self._changed:
+            self._answered[ep.tc_id] = key[1:]
+            self._set_aside.pop(key, None)
+
     def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None,
                skip: frozenset[tuple[int, Endpoint]] = frozenset()) -> TcEndpoint | None:
         """TC ``tc_id``'s owner, waiting up to ``timeout_s`` for one.
 
-        With ``newer_than`` (an EPOCH offset), waits for a newer owner; after the wait,
-        the last known one, or None. ``skip``: ``(epoch, endpoint)`` records a request
-        could not reach; the newest other one is returned instead, if there is one.
+        The record that last answered a request first, then the others newest first;
+        ``skip`` (``(epoch, endpoint)`` records this request could not use) and records
+        set aside come last. With ``newer_than`` (an EPOCH offset), waits until some
+        record is newer, or one that is neither skipped nor set aside comes; after the
+        wait, the best known one, or None.
         """
         deadline = time.monotonic() + timeout_s
         with self._changed:
             while True:
-                eps = self._candidates.get(tc_id, ())
-                ep = next((e for e in eps if (e.epoch_offset, e.endpoint) not in skip),
-                          eps[0] if eps else None)
-                if ep is not None and (newer_than is None or ep.epoch_offset > newer_than):
+                ep, usable = self._best(tc_id, skip)
+                if ep is not None and (usable or newer_than is None
+                                       or ep.epoch_offset > newer_than):
                     return ep
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return ep
-                self._changed.wait(left)
+                self._changed.wait(min(left, 1.0))
+
+    def _best(self, tc_id: int, skip: frozenset[tuple[int, Endpoint]]
+              ) -> tuple[TcEndpoint | None, bool]:
+        """The record to try next (under the lock), and whether it is a fresh one.
+
+        Fresh: neither skipped by the request nor set aside.
+        """
+        eps = self._candidates.get(tc_id, ())
+        now = time.monotonic()
+
+        def fresh(e: TcEndpoint) -> bool:
+            if (e.epoch_offset, e.endpoint) in skip:
+                return False
+            until = self._set_aside.get((tc_id, e.epoch_offset, e.endpoint))
+            return until is None or until <= now
+
+        good = self._answered.get(tc_id)
+        order = sorted(eps, key=lambda e: (e.epoch_offset, e.endpoint) != good)  # stable
+        ep = next((e for e in order if fresh(e)), None)
+        if ep is not None:
+            return ep, True
+        ep = next((e for e in order if (e.epoch_offset, e.endpoint) not in skip),
+                  order[0] if order else None)
+        return ep, False
 
     def known(self) -> dict[int, TcEndpoint]:
         """Every TC's owner known now."""

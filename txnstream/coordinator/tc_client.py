@@ -296,8 +296,10 @@ class TransactionCoordinatorClient:
                 raise _Unreachable(str(exc)) from exc
             except _Unreachable:
                 # A forged record may name a dead address: the next attempt tries the
-                # TC's newest other record (a real failover's new owner is newest).
+                # TC's newest other record (a real failover's new owner is newest), and
+                # so do later requests for a while (a tarpit costs one attempt).
                 unreachable.add((ep.epoch_offset, ep.endpoint))
+                self.directory.set_aside(ep)
                 raise
             pending.reply = None
             pending.event.clear()
@@ -312,8 +314,14 @@ class TransactionCoordinatorClient:
                                    if conn.closed.is_set() else
                                    f"coordinator {req.tc_id} has a newer owner")
             if reply.error_kind == NotCoordinatorError.__name__:
+                # A genuine worker that does not serve the TC: its record is stale (a
+                # failover), or forged to send clients to it. The TC's other records
+                # are tried first; with none, a newer one is waited for.
                 stale.append(ep.epoch_offset)
+                unreachable.add((ep.epoch_offset, ep.endpoint))
+                self.directory.set_aside(ep)
                 raise _Unreachable(reply.error_message)
+            self.directory.answered(ep)
             return reply
 
         retrying = Retrying(retry=retry_if_exception(_should_resend),

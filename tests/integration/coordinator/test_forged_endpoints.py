@@ -8,6 +8,8 @@ written with a plain confluent-kafka producer.
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -165,3 +167,98 @@ def test_a_flood_of_forged_endpoint_records_hides_a_coordinator_only_until_it_re
         assert done == {tc: TxnStatus.COMMITTED for tc in range(cfg.num_coordinators)}
     finally:
         w.stop()
+
+
+@pytest.fixture
+def two_workers(own_config: Config) -> Iterator[tuple[Config, list[CoordinatorWorker]]]:
+    """Two genuine workers sharing the coordinators (each passes a client's proof)."""
+    cfg = own_config.with_(tc_secret=SECRET, request_timeout_s=20.0)
+    ws = [CoordinatorWorker(cfg, worker_id=f"w{i}-{cfg.topics.prefix}", settings=WorkerSettings(
+        session_timeout_ms=FAST_FAILOVER_MS, buffer_role=False)) for i in range(2)]
+    for w in ws:
+        w.start()
+    try:
+        wait_until(lambda: all(w.serving() for w in ws)
+                   and sum(len(w.serving()) for w in ws) == cfg.num_coordinators, 90,
+                   "both workers serving")
+        yield cfg, ws
+    finally:
+        for w in ws:
+            w.stop()
+
+
+def test_a_forged_record_naming_another_live_worker_does_not_hide_a_coordinator(two_workers):
+    """Issue 34 item 4. Old: worker B passed the client's proof and answered
+    NotCoordinator; the client then waited for an owner newer than the forged epoch,
+    which never came: every request on that coordinator timed out."""
+    cfg, (a, b) = two_workers
+    tc = sorted(a.serving())[0]
+    raw = KafkaProducer(cfg.producer())
+    raw.produce(cfg.topics.endpoints, TcEndpoint(tc, "forged", b.address, FORGED_EPOCH).encode(),
+                key=str(tc).encode(), partition=tc)
+    assert raw.flush(10) == 0
+    with Client(config=cfg) as client:
+        wait_until(lambda: (e := client.tc.directory.known().get(tc)) is not None
+                   and e.epoch_offset == FORGED_EPOCH, 30, "the forged record read")
+        for _ in range(3):
+            t0 = time.monotonic()
+            txn = client.new_transaction(tc_id=tc)
+            txn.commit()
+            assert txn.status is TxnStatus.COMMITTED
+            assert time.monotonic() - t0 < 10, f"a commit took {time.monotonic() - t0:.1f} s"
+
+
+@pytest.fixture
+def tarpit() -> Iterator[Endpoint]:
+    """An address that accepts connections and never says a word."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield Endpoint("127.0.0.1", srv.getsockname()[1])
+    finally:
+        stop.set()
+        t.join(2)
+        for c in held:
+            c.close()
+        srv.close()
+
+
+def test_forged_records_naming_a_tarpit_cost_one_attempt_not_one_per_request(
+        secured, tarpit):
+    """Issue 34 item 7. Old: seven forged records naming a tarpit made every transaction
+    on that coordinator take ~35 s: each request walked them again (records it could not
+    reach were remembered per request only)."""
+    cfg, w = secured
+    tc = 0
+    raw = KafkaProducer(cfg.producer())
+    for i in range(CANDIDATES_PER_TC - 1):
+        raw.produce(cfg.topics.endpoints,
+                    TcEndpoint(tc, "tarpit", tarpit, FORGED_EPOCH + i).encode(),
+                    key=str(tc).encode(), partition=tc)
+    assert raw.flush(10) == 0
+    with Client(config=cfg.with_(request_timeout_s=60.0)) as client:
+        wait_until(lambda: (e := client.tc.directory.known().get(tc)) is not None
+                   and e.epoch_offset >= FORGED_EPOCH, 30, "the forged records read")
+        took = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            txn = client.new_transaction(tc_id=tc)
+            txn.commit()
+            took.append(time.monotonic() - t0)
+            assert txn.status is TxnStatus.COMMITTED
+    print("commits with 7 tarpit records:", [round(t, 2) for t in took])
+    assert all(t < 2.0 for t in took[1:]), f"commits took {[round(t, 1) for t in took]} s"

@@ -59,6 +59,12 @@ class Directory:
     def has_fallback(self, ep: TcEndpoint) -> bool:
         return False  # one record per TC here
 
+    def set_aside(self, ep: TcEndpoint) -> None:
+        pass  # one record per TC: nothing else to try first
+
+    def answered(self, ep: TcEndpoint) -> None:
+        pass
+
     def lookup(self, tc_id: int, timeout_s: float, newer_than: int | None = None,
                skip: frozenset = frozenset()) -> TcEndpoint | None:
         deadline = time.monotonic() + timeout_s
