@@ -52,12 +52,14 @@ class TopicReport:
 
 BUFFER_STATE_RETENTION_MS = _DAY_MS
 """Retention of the buffer-state deltas: far beyond the snapshot interval (seconds)."""
-SNAPSHOT_TOPIC_ROLL = 60_000
-"""``segment.ms`` of the snapshot topic. Kafka never compacts the active segment and by
-default rolls it after 7 days or 1 GiB, while every reader start and slot claim scans the
-whole partition: with this roll a scan reads the live keys (at most twice over, Kafka's
-``min.cleanable.dirty.ratio`` 0.5), the last minute's snapshots, and what the log cleaner
-has not reached yet (``log.cleaner.backoff.ms``, 15 s)."""
+COMPACTED_TOPIC_ROLL_MS = 60_000
+"""``segment.ms`` of the compacted internal topics (snapshots, endpoints). Kafka never
+compacts the active segment and by default rolls it after 7 days or 1 GiB, while every
+reader start and slot claim scans a whole snapshot partition, and every client start the
+whole endpoint topic (each worker rewrites its records every 30 s): with this roll a scan
+reads the live keys (at most twice over, Kafka's ``min.cleanable.dirty.ratio`` 0.5), the
+last minute's records, and what the log cleaner has not reached yet
+(``log.cleaner.backoff.ms``, 15 s)."""
 PENDING_ACK_RETENTION_MS = 7 * _DAY_MS
 """Retention of the pending-ack log: Kafka's default committed-offset retention."""
 
@@ -75,11 +77,13 @@ def topic_specs(config: Config) -> list[TopicSpec]:
         TopicSpec(t.log, config.num_coordinators, forever, strict=True),
         # The newest owner of each TC and where it listens; compacted: one per TC is kept.
         TopicSpec(t.endpoints, config.num_coordinators,
-                  {"cleanup.policy": "compact", "min.insync.replicas": isr}, strict=True),
+                  {"cleanup.policy": "compact", "min.insync.replicas": isr,
+                   "segment.ms": str(COMPACTED_TOPIC_ROLL_MS)}, strict=True,
+                  kept=("segment.ms",)),
         # Compacted, and rolled each minute so compaction can reach what was written.
         TopicSpec(t.buffer_snapshots, config.num_buffer_slots,
                   {"cleanup.policy": "compact", "min.insync.replicas": isr,
-                   "segment.ms": str(SNAPSHOT_TOPIC_ROLL)}, strict=True,
+                   "segment.ms": str(COMPACTED_TOPIC_ROLL_MS)}, strict=True,
                   kept=("segment.ms",)),
         # Deltas are needed only after the latest snapshot of their partition (one every
         # few seconds while it changes); a reader that finds a gap reloads a snapshot.

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from tests.integration.buffer.conftest import wait_until
 from txnstream import TopicNames, TopicPartition
-from txnstream.admin_topics import SNAPSHOT_TOPIC_ROLL, ensure_topics
+from txnstream.admin_topics import COMPACTED_TOPIC_ROLL_MS, ensure_topics
 from txnstream.buffer.offset_runs import OffsetRuns
 from txnstream.buffer.snapshot import TransactionBufferSnapshot
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
@@ -73,7 +73,7 @@ def test_a_slots_scan_stays_bounded_while_its_snapshots_are_rewritten(own_config
         assert scanned() >= REWRITES  # the scan reads them all now
         # Live keys: 2 key sets of 1 segment, and the legacy key's tombstone. The roll is
         # decided on append: a snapshot a second, as a partition that keeps changing gets.
-        bound = 3 + 2 * (SNAPSHOT_TOPIC_ROLL // 1000)
+        bound = 3 + 2 * (COMPACTED_TOPIC_ROLL_MS // 1000)
         deadline = time.monotonic() + COMPACTED_WITHIN_S
         position = REWRITES
         last = scanned()
@@ -108,7 +108,7 @@ def test_an_existing_snapshot_topic_gets_the_roll_that_lets_it_compact(config: C
             res = ConfigResource(ConfigResource.Type.TOPIC, name)
             return admin.describe_configs([res])[res].result(30)["segment.ms"].value
 
-        wait_until(lambda: roll() == str(SNAPSHOT_TOPIC_ROLL), 30, "segment.ms applied")
+        wait_until(lambda: roll() == str(COMPACTED_TOPIC_ROLL_MS), 30, "segment.ms applied")
         again = {r.name: r for r in ensure_topics(cfg)}
         assert again[name].status == "exists", again[name]
     finally:
