@@ -169,3 +169,14 @@ def test_errors_never_show_the_secret(tmp_path) -> None:
     assert "pw-Line-5e5e" not in str(err.value)
     assert isinstance(config_from_args(_parse("--tc-secret-file", secret, "txn", "list")),
                       Config)
+
+
+def test_the_line_caps_reach_the_worker_settings_and_its_listener():
+    args = _parse("worker", "--max-handshakes", "9", "--max-handshakes-per-host", "3",
+                  "--max-queued-per-connection", "17", "--max-queued-bytes-per-connection",
+                  "4096", "--max-queued-bytes", "65536")
+    s = worker_settings_from_args(args)
+    assert (s.max_handshakes, s.max_handshakes_per_host, s.max_queued_per_connection,
+            s.max_queued_bytes_per_connection, s.max_queued_bytes) == (9, 3, 17, 4096, 65536)
+    assert worker_settings_from_args(_parse("worker")) == WorkerSettings(
+        buffer_role=worker_settings_from_args(_parse("worker")).buffer_role)

@@ -127,6 +127,22 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
                    default=d.max_inflight_per_connection, metavar="N",
                    help="requests of one connection awaiting their reply; past it further "
                    "requests are refused until replies drain (default %(default)s)")
+    g.add_argument("--max-handshakes", type=_positive_int, default=d.max_handshakes,
+                   metavar="N", help="connections still in their handshake, from every "
+                   "address; one more is closed at once (default %(default)s)")
+    g.add_argument("--max-handshakes-per-host", type=_positive_int,
+                   default=d.max_handshakes_per_host, metavar="N",
+                   help="... from one address (default %(default)s)")
+    g.add_argument("--max-queued-per-connection", type=_positive_int,
+                   default=d.max_queued_per_connection, metavar="N",
+                   help="requests of one connection read and not yet handled; the "
+                   "connection is not read past it (default %(default)s)")
+    g.add_argument("--max-queued-bytes-per-connection", type=_positive_int,
+                   default=d.max_queued_bytes_per_connection, metavar="N",
+                   help="... and their bytes (default %(default)s)")
+    g.add_argument("--max-queued-bytes", type=_positive_int, default=d.max_queued_bytes,
+                   metavar="N", help="bytes of every connection's requests read and not "
+                   "yet handled; no connection is read past it (default %(default)s)")
 
 
 def worker_config_from_args(args: argparse.Namespace) -> Config:
@@ -153,7 +169,12 @@ def worker_settings_from_args(args: argparse.Namespace) -> WorkerSettings:
         max_inflight_per_connection=args.max_inflight_per_connection,
         max_request_bytes=args.max_request_bytes,
         idle_timeout_s=args.idle_timeout_s,
-        max_open_txns_per_principal=args.max_open_txns_per_principal)
+        max_open_txns_per_principal=args.max_open_txns_per_principal,
+        max_handshakes=args.max_handshakes,
+        max_handshakes_per_host=args.max_handshakes_per_host,
+        max_queued_per_connection=args.max_queued_per_connection,
+        max_queued_bytes_per_connection=args.max_queued_bytes_per_connection,
+        max_queued_bytes=args.max_queued_bytes)
 
 
 def _buffer_topics(args: argparse.Namespace) -> tuple[str, ...] | None:

@@ -60,3 +60,16 @@ class WorkerSettings:
     max_open_txns_per_principal: int = 10_000
     """Open txns one principal may hold on one TC (reserved ones included); a NEW or
     RESERVE past it is refused with ``TooManyRequestsError``."""
+    max_handshakes: int = 256
+    """Connections still in their handshake, from every address; one more is closed at
+    once (authenticated connections never wait behind them)."""
+    max_handshakes_per_host: int = 32
+    """... from one address (Kafka's ``max.connections.per.ip``)."""
+    max_queued_per_connection: int = 256
+    """Requests of one connection read and not yet taken by the worker: the connection is
+    not read further until the worker takes some (backpressure; nothing is refused)."""
+    max_queued_bytes_per_connection: int = 4 << 20
+    """... and their bytes."""
+    max_queued_bytes: int = 64 << 20
+    """Bytes of every connection's requests read and not yet taken: no connection is read
+    past it (Kafka's ``queued.max.requests``, in bytes)."""

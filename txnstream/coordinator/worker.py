@@ -169,8 +169,11 @@ class CoordinatorWorker:
                                   self._inbox.put,
                                   users=users, tls=server_ssl_context(config),
                                   name=f"tc-listener-{self.worker_id}",
-                                  limits=LineLimits(s.max_connections, s.max_request_bytes,
-                                                    s.idle_timeout_s))
+                                  limits=LineLimits(
+                                      s.max_connections, s.max_request_bytes, s.idle_timeout_s,
+                                      s.max_handshakes, s.max_handshakes_per_host,
+                                      s.max_queued_per_connection,
+                                      s.max_queued_bytes_per_connection, s.max_queued_bytes))
         if s.advertise:
             self.address = Endpoint.parse(s.advertise)
         elif bind.host in ("0.0.0.0", "::", ""):  # every interface: tell the host's name
