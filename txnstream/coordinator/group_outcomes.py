@@ -109,10 +109,11 @@ class GroupOutcomes:
         self._trim()
 
     def _trim(self) -> None:
+        # the principal holding the most; of equals, the lexically first name
         while len(self._by_key) > MAX_REMEMBERED_GROUPS:
-            self._forget_oldest_of(max(self._of, key=lambda p: (len(self._of[p]), _first(p))))
+            self._forget_oldest_of(min(self._of, key=lambda p: (-len(self._of[p]), p)))
         while self._by_key and self.bytes > self.budget:
-            self._forget_oldest_of(max(self._of, key=lambda p: (self._bytes_of[p], _first(p))))
+            self._forget_oldest_of(min(self._of, key=lambda p: (-self._bytes_of[p], p)))
 
     def _forget_oldest_of(self, principal: str) -> None:
         self._forget(next(iter(self._of[principal])))
@@ -134,8 +135,3 @@ def _principal_of(key: str) -> str:
     """The principal a scoped group key belongs to (unscoped: ``anonymous``'s)."""
     who, sep, _ = key.partition(GROUP_SCOPE)
     return who if sep else ANONYMOUS
-
-
-def _first(principal: str) -> tuple[int, ...]:
-    """A tie-break by name (any fixed order does: replays must forget alike)."""
-    return tuple(-ord(c) for c in principal)
