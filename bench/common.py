@@ -16,8 +16,12 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from txnstream import Config, TopicNames
+from txnstream.workers_key import generate_key_file
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
+WORKERS_KEY = Path(".txnstream/bench/workers.key")
+"""The benchmark workers' key (made once; theirs alone): they sign markers, as every
+deployment's workers do."""
 
 
 def machine() -> str:
@@ -44,11 +48,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 def fresh_config(bootstrap: str, coordinators: int = 4) -> Config:
-    """A Config with a unique topic prefix, internal topics created."""
+    """A Config with a unique topic prefix, internal topics created, the workers' key."""
     from txnstream.admin_topics import ensure_topics
 
+    generate_key_file(WORKERS_KEY)
     cfg = Config(bootstrap_servers=bootstrap, topics=TopicNames(f"__b{uuid.uuid4().hex[:6]}"),
-                 num_coordinators=coordinators)
+                 num_coordinators=coordinators, workers_key_file=str(WORKERS_KEY.resolve()))
     ensure_topics(cfg)
     return cfg
 
@@ -79,8 +84,9 @@ def worker_processes(cfg: Config, names: list[str], log_dir: Path | None = None,
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name in names:
-            cmd = [TXNSTREAM_BIN, "--bootstrap", cfg.bootstrap_servers, "worker",
-                   "--prefix", cfg.topics.prefix, "--id", name]
+            cmd = [TXNSTREAM_BIN, "--bootstrap", cfg.bootstrap_servers,
+                   *(["--workers-key-file", cfg.workers_key_file] if cfg.workers_key_file
+                     else []), "worker", "--prefix", cfg.topics.prefix, "--id", name]
             if session_timeout_ms is not None:
                 cmd += ["--session-timeout-ms", str(session_timeout_ms)]
             with open(log_dir / f"worker-{cfg.topics.prefix}-{name}.log", "ab") as log:

@@ -2,8 +2,10 @@
 
 Every run authenticates the coordinator line (docs/security.md): the workers hold a
 users file, each role process proves its own principal's secret, the harness's monitor
-is an admin. The hostile profile adds a ``stranger``: a principal with valid
-credentials that owns none of the honest txns, and clients with none at all.
+is an admin. The workers share a workers' key file (``txnstream keygen``'s), as a
+deployment's do: it signs their markers, and the checker verifies them with it. The
+hostile profile adds a ``stranger``: a principal with valid credentials that owns none
+of the honest txns, and clients with none at all.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txnstream import Config
+from txnstream.workers_key import generate_key_file
 
 __all__ = ["Credentials", "WORKER", "HARNESS", "STRANGER"]
 
@@ -42,11 +45,17 @@ class Credentials:
         for principal, secret in made.items():
             _write_private(creds.secret_file(principal), secret + "\n")
         _write_private(creds.users_file, "".join(f"{p}={s}\n" for p, s in made.items()))
+        generate_key_file(creds.workers_key_file)
         return creds
 
     def secret_file(self, principal: str) -> Path:
         """Where ``principal``'s secret is."""
         return self.directory / f"{principal}.secret"
+
+    @property
+    def workers_key_file(self) -> Path:
+        """The workers' key (mode 0600)."""
+        return self.directory / "workers.key"
 
     @property
     def users_file(self) -> Path:
@@ -60,9 +69,10 @@ class Credentials:
                 "TXNSTREAM_TC_SECRET": ""}
 
     def worker_env(self) -> dict[str, str]:
-        """A coordinator worker's environment: its principal, the users, the admins."""
+        """A coordinator worker's environment: principal, users, admins, workers' key."""
         return self.env(WORKER) | {"TXNSTREAM_TC_USERS_FILE": str(self.users_file),
-                                   "TXNSTREAM_TC_ADMINS": f"{WORKER},{HARNESS}"}
+                                   "TXNSTREAM_TC_ADMINS": f"{WORKER},{HARNESS}",
+                                   "TXNSTREAM_WORKERS_KEY_FILE": str(self.workers_key_file)}
 
     def config(self, base: Config, principal: str) -> Config:
         """``base`` acting as ``principal``."""

@@ -4,7 +4,7 @@
 the log start to the high watermark, markers included, classified by the headers of
 DESIGN.md section 4 (``txn.id``: 16 bytes, two big-endian int64; ``txn.marker``:
 ``COMMIT``/``ABORT``; ``txn.mac``: the workers' tag, checked here with the workers'
-secret and the cluster id, so a forged marker is no marker), parsed here so the checker
+key file and the cluster id, so a forged marker is no marker), parsed here so the checker
 does not trust the code it checks. A record the hostile profile's forger wrote (its
 value says ``"forged": true``) or a marker whose tag does not verify is ``forged``.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import struct
 import time
 import uuid
@@ -129,10 +130,6 @@ def _scan(config: Config, topics: list[str], timeout_s: float, keep_values: bool
         c.close()
 
 
-ROOT_SALT = b"txnstream workers' root key v1"
-ROOT_SCRYPT_N = 1 << 15
-"""The workers' root key without a key file: scrypt of their secret with this salt and
-cost (docs/security.md, ``txnstream.workers_key``); written out here, not imported."""
 MARKER_KEY_INFO = b"txnstream marker key v2"
 """The marker key: the HKDF-SHA256 subkey of the root key for this purpose."""
 
@@ -149,18 +146,22 @@ def _hkdf_sha256(root: bytes, info: bytes, length: int = 32) -> bytes:
 
 
 class MarkerCheck:
-    """The workers' marker tag, computed here from the secret (not by the code checked).
+    """The workers' marker tag, computed here from their key (not by the code checked).
 
-    The workers (no key file) derive a root key from their secret (scrypt) and tag
-    markers with its marker subkey (HKDF); version 1's tag, one HMAC of the secret, is
-    accepted only on records older than the workers' key, which a chaos run never has.
+    The marker key is HKDF-SHA256 (RFC 5869, zero salt, 32 bytes) of the workers' root
+    key with info ``txnstream marker key v2``; the tag, the first 16 bytes of its
+    HMAC-SHA256 over the cluster id, the topic, the partition and the marker's value.
     """
 
-    def __init__(self, workers_secret: str, cluster_id: str) -> None:
-        root = hashlib.scrypt(workers_secret.encode(), salt=ROOT_SALT, n=ROOT_SCRYPT_N, r=8,
-                              p=1, maxmem=64 * 1024 * 1024, dklen=32)
-        self._key = _hkdf_sha256(root, MARKER_KEY_INFO)
+    def __init__(self, root_key: bytes, cluster_id: str) -> None:
+        self._key = _hkdf_sha256(root_key, MARKER_KEY_INFO)
         self._cluster = cluster_id.encode()
+
+    @classmethod
+    def from_key_file(cls, path: str | os.PathLike[str], cluster_id: str) -> MarkerCheck:
+        """The check of the workers whose key file (hex) is ``path``."""
+        with open(path) as f:
+            return cls(bytes.fromhex(f.read().strip()), cluster_id)
 
     def genuine(self, topic: str, partition: int, value: bytes | None,
                 headers: list[tuple[str, bytes]] | None) -> bool:

@@ -37,7 +37,7 @@ from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
-from chaos.credentials import HARNESS, STRANGER, WORKER, Credentials
+from chaos.credentials import HARNESS, STRANGER, Credentials
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
@@ -388,13 +388,13 @@ class ChaosRun:
         return an
 
     def _marker_check(self) -> MarkerCheck:
-        """The workers' marker tag, from their secret and the cluster's id."""
+        """The workers' marker tag, from their key file and the cluster's id."""
         c = Consumer(self.config.consumer(f"chaos-meta-{self.seed}"))
         try:
             cluster = c.list_topics(timeout=15).cluster_id
         finally:
             c.close()
-        return MarkerCheck(self.creds.secrets[WORKER], cluster)
+        return MarkerCheck.from_key_file(self.creds.workers_key_file, cluster)
 
     def _log_errors(self) -> list[dict[str, Any]]:
         """ERROR lines of the role processes' logs, by role and message (not judged)."""

@@ -4,6 +4,14 @@ that the controller starts for all its workers), and per-session topics.
 The broker, in order: ``TXNSTREAM_BOOTSTRAP`` if set; else a testcontainers Kafka when
 a Docker engine answers; else the project's own local broker (``LocalCluster``, jars
 from Maven Central) on free ports, stopped at the end of the session whatever happens.
+
+Every worker of the run signs its markers with one workers' key, as a deployment's
+workers do, without a test saying so: the run's ``$TXNSTREAM_HOME`` (:data:`HOME_ENV`)
+holds it at the default key path (``txnstream.workers_key.default_key_path``), where
+workers given no key file and no secret look, in-process (the ``config`` fixture and every
+``Config`` a test builds) and in ``txnstream worker`` processes (they inherit the
+environment). A test about running without a key says ``unsigned=True`` / ``--unsigned``,
+or points ``TXNSTREAM_HOME`` elsewhere.
 """
 
 from __future__ import annotations
@@ -133,6 +141,8 @@ def _local_broker() -> Any:
 
 RUN_SCRATCH_ENV = "TXNSTREAM_TEST_RUN_DIR"
 """A directory of this run, shared by its pytest-xdist workers, removed at its end."""
+HOME_ENV = "TXNSTREAM_HOME"
+"""Set to ``<run dir>/home`` for the run, with the workers' key in it: never the user's."""
 
 SHARED_BROKER_ENV = "TXNSTREAM_TEST_SHARED_BOOTSTRAP"
 """Set by the pytest-xdist controller for its workers: the broker it started for them."""
@@ -189,6 +199,13 @@ def pytest_configure(config: pytest.Config) -> None:
     scratch = tempfile.mkdtemp(prefix="txnstream-test-run-")
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     os.environ[RUN_SCRATCH_ENV] = scratch
+    # The run's workers' key, before any Config is built; pytest-xdist workers (started
+    # after this) and worker processes inherit the environment.
+    from txnstream.workers_key import default_key_path, generate_key_file
+
+    os.environ[HOME_ENV] = os.path.join(scratch, "home")
+    os.environ.pop("TXNSTREAM_WORKERS_KEY_FILE", None)  # one the user's shell had
+    generate_key_file(default_key_path())
     if not config.getoption("numprocesses", None):
         return
     if os.environ.get("TXNSTREAM_BOOTSTRAP") or os.environ.get(KAFKA_IMAGE_ENV):

@@ -270,7 +270,9 @@ class Config:
     workers_key_file: str | None = None
     """Workers: the workers' key (32 random bytes as hex, :mod:`txnstream.workers_key`):
     signs markers and endpoint records, makes records members of their txns. Without
-    it the key comes from ``tc_secret``. ``TXNSTREAM_WORKERS_KEY_FILE``."""
+    it the key comes from ``tc_secret``, else from the default key file
+    (:func:`txnstream.workers_key.default_key_path`); a worker with none of them does not
+    start unless unsigned. ``TXNSTREAM_WORKERS_KEY_FILE``, ``--workers-key-file``."""
     tc_users_file: str | None = None
     """Workers: more principals, one ``principal=secret`` line each (mode 0600); the
     worker's own ``tc_principal``/``tc_secret`` is always one of them.
@@ -333,7 +335,10 @@ class Config:
 
     @property
     def has_workers_key(self) -> bool:
-        """Whether workers with this config sign markers and check membership."""
+        """Whether this config names the workers' key (a key file or a secret).
+
+        Without it workers take the default key file (:mod:`txnstream.workers_key`).
+        """
         return bool(self.workers_key_file or self.tc_secret)
 
     @property
@@ -349,7 +354,8 @@ class Config:
         client.properties file of librdkafka settings) and the line's settings:
         ``TXNSTREAM_TC_PRINCIPAL``, ``TXNSTREAM_TC_SECRET`` (or ``_SECRET_FILE``),
         ``TXNSTREAM_TC_USERS_FILE``, ``TXNSTREAM_TC_ADMINS``, ``TXNSTREAM_TC_TLS_CAFILE``,
-        ``_CERTFILE``, ``_KEYFILE``, ``_CLIENT_AUTH``.
+        ``_CERTFILE``, ``_KEYFILE``, ``_CLIENT_AUTH``; the workers'
+        ``TXNSTREAM_WORKERS_KEY_FILE``.
         """
         boot = bootstrap or os.environ.get("TXNSTREAM_BOOTSTRAP") or DEFAULT_BOOTSTRAP
         prefix = os.environ.get("TXNSTREAM_TOPIC_PREFIX")

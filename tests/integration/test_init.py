@@ -45,3 +45,26 @@ def test_init_against_a_dead_broker_fails_fast_and_clearly():
     assert f"127.0.0.1:{port}" in proc.stderr and "no Kafka broker answers" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert took < 20
+
+
+def test_init_makes_the_default_workers_key_once(kafka_bootstrap, tmp_path):
+    """Old: init made the topics only, and a worker then ran unsigned."""
+    import os
+    import stat
+
+    from txnstream.workers_key import load_key_file
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TXNSTREAM_WORKERS_KEY_FILE", "TXNSTREAM_TC_SECRET",
+                        "TXNSTREAM_TC_SECRET_FILE")} | {"TXNSTREAM_HOME": str(tmp_path)}
+    argv = [TXNSTREAM_BIN, "--bootstrap", kafka_bootstrap, "init", "--prefix",
+            f"__i{uuid.uuid4().hex[:6]}", "--coordinators", "2"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    key = tmp_path / "workers.key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(load_key_file(key)) == 32
+    assert f"made {key}" in first.stdout.replace("\n", "")
+    made = load_key_file(key)
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode == 0 and "made" not in again.stdout
+    assert load_key_file(key) == made, "a key is never replaced"

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Producer
 
 import txnstream_spark.source as src
+from tests.genuine import marker_headers, txn_record_headers
 from tests.integration.coordinator.conftest import markers_written
 from tests.spark.conftest import make_topic
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
@@ -42,13 +43,17 @@ def register(config, topic, partitions=1):
     assert store.register([TopicPartition(topic, p) for p in range(partitions)], 10)
 
 
-def txn_record(raw, topic, value, txn, partition=0):
-    raw.produce(topic, value, partition=partition, headers=[(TXN_ID_HEADER, txn.to_bytes())])
+def txn_record(config, raw, topic, value, txn, partition=0):
+    """A member record of ``txn`` (tagged as its writers tag it: tests/genuine.py)."""
+    raw.produce(topic, value, partition=partition,
+                headers=txn_record_headers(config, txn, topic, partition))
 
 
-def marker(raw, topic, txn, kind, partition=0):
+def marker(config, raw, topic, txn, kind, partition=0):
+    """A marker of ``txn`` signed as a worker signs it."""
     m = TxnMarker(txn, kind, 0)
-    raw.produce(topic, m.encode(), partition=partition, headers=m.headers())
+    raw.produce(topic, m.encode(), partition=partition,
+                headers=marker_headers(config, m, topic, partition))
 
 
 def high(config, topic, partition=0):
@@ -117,16 +122,16 @@ def test_aborted_spans_and_markers_are_skipped_and_nothing_else(config, worker):
     register(config, topic)
     raw = Producer(config.producer())
     a, b = TxnID(9, 1), TxnID(9, 2)
-    txn_record(raw, topic, b"a1", a)        # 0  aborted
-    txn_record(raw, topic, b"b1", b)        # 1  committed, inside a's span
+    txn_record(config, raw, topic, b"a1", a)        # 0  aborted
+    txn_record(config, raw, topic, b"b1", b)        # 1  committed, inside a's span
     raw.produce(topic, b"p1", partition=0)  # 2  plain, inside a's span
-    txn_record(raw, topic, b"a2", a)        # 3  aborted
+    txn_record(config, raw, topic, b"a2", a)        # 3  aborted
     raw.produce(topic, b"bad", partition=0, headers=[(TXN_ID_HEADER, b"xyz")])  # 4
-    txn_record(raw, topic, b"b2", b)        # 5
-    marker(raw, topic, a, MarkerKind.ABORT)   # 6
-    marker(raw, topic, b, MarkerKind.COMMIT)  # 7
+    txn_record(config, raw, topic, b"b2", b)        # 5
+    marker(config, raw, topic, a, MarkerKind.ABORT)   # 6
+    marker(config, raw, topic, b, MarkerKind.COMMIT)  # 7
     raw.produce(topic, b"p2", partition=0)  # 8
-    txn_record(raw, topic, b"a3", a)        # 9  a straggler after a's end: hidden
+    txn_record(config, raw, topic, b"a3", a)        # 9  a straggler after a's end: hidden
     raw.flush(10)
     got, (part,) = batch_read(config, topic)
     assert got == [b"b1", b"p1", b"b2", b"p2"]
@@ -146,8 +151,8 @@ def test_a_task_never_delivers_markers_or_undecodable_txn_ids_and_stops_at_its_e
     topic = make_topic(config, 1)
     raw = Producer(config.producer())
     t = TxnID(9, 5)
-    txn_record(raw, topic, b"t", t)
-    marker(raw, topic, t, MarkerKind.COMMIT)
+    txn_record(config, raw, topic, b"t", t)
+    marker(config, raw, topic, t, MarkerKind.COMMIT)
     raw.produce(topic, b"bad", partition=0, headers=[(TXN_ID_HEADER, b"xyz")])
     raw.produce(topic, b"odd", partition=0, headers=[("user", b"1"), (TXN_MARKER_HEADER, b"")])
     raw.produce(topic, b"plain", partition=0, headers=[("user", b"2")])
@@ -207,8 +212,8 @@ def test_a_registered_topic_with_no_buffer_owner_delivers_nothing_until_one_serv
     raw = Producer(config.producer())
     t = TxnID(9, 7)
     raw.produce(topic, b"plain-before", partition=0)
-    txn_record(raw, topic, b"aborted", t)
-    marker(raw, topic, t, MarkerKind.ABORT)
+    txn_record(config, raw, topic, b"aborted", t)
+    marker(config, raw, topic, t, MarkerKind.ABORT)
     raw.produce(topic, b"plain-after", partition=0)
     raw.flush(10)
     with caplog.at_level(logging.WARNING, logger=src.__name__):
@@ -240,10 +245,10 @@ def test_a_txn_record_in_a_range_planned_plain_is_skipped_or_fails_the_task_if_r
     raw = Producer(config.producer())
     t = TxnID(9, 8)
     raw.produce(topic, b"plain-before", partition=0)
-    txn_record(raw, topic, b"junk", t)
-    marker(raw, topic, t, MarkerKind.ABORT)
+    txn_record(config, raw, topic, b"junk", t)
+    marker(config, raw, topic, t, MarkerKind.ABORT)
     raw.produce(topic, b"plain-after", partition=0)
-    txn_record(raw, topic, b"junk-2", TxnID(0, 10**12))
+    txn_record(config, raw, topic, b"junk-2", TxnID(0, 10**12))
     raw.produce(topic, b"plain-last", partition=0)
     raw.flush(10)
     tp = TopicPartition(topic, 0)

@@ -8,9 +8,10 @@ import pytest
 from confluent_kafka import Producer
 
 import txnstream_spark.source as src
+from tests.genuine import marker_headers, txn_record_headers
 from tests.spark.conftest import make_topic, wait_until
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
-from txnstream.markers import TXN_ID_HEADER, MarkerKind, TxnMarker
+from txnstream.markers import MarkerKind, TxnMarker
 from txnstream.types import TopicPartition, TxnID
 
 pytestmark = pytest.mark.spark
@@ -18,15 +19,17 @@ pytestmark = pytest.mark.spark
 
 def produce(config, topic: str, first: int, n: int) -> list[bytes]:
     """``n`` txns of TC 9 (a record + marker; one in three aborted) and a plain record
-    every 50; returns the values a committed-only reader must deliver, in order."""
+    every 50; returns the values a committed-only reader must deliver, in order. Records
+    and markers as their writers and the workers make them (tests/genuine.py)."""
     raw = Producer(config.producer(**{"linger.ms": 20}))
     want = []
     for i in range(first, first + n):
         t = TxnID(9, i)
         v = f"t{i}".encode()
-        raw.produce(topic, v, partition=0, headers=[(TXN_ID_HEADER, t.to_bytes())])
+        raw.produce(topic, v, partition=0, headers=txn_record_headers(config, t, topic, 0))
         m = TxnMarker(t, MarkerKind.ABORT if i % 3 == 0 else MarkerKind.COMMIT, i)
-        raw.produce(topic, m.encode(), partition=0, headers=m.headers())
+        raw.produce(topic, m.encode(), partition=0,
+                    headers=marker_headers(config, m, topic, 0))
         if i % 3:
             want.append(v)
         if i % 50 == 0:

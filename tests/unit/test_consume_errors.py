@@ -259,8 +259,10 @@ class FakeKafka:
 def _worker(store):
     from txnstream.buffer.worker import BufferWorker
 
+    # unsigned: these fakes have no cluster id to make the marker key with
     return BufferWorker(CONFIG, [TP.topic], snapshot_interval_s=0.05,
-                        lwm_check_interval_s=3600, kafka=FakeKafka(), store=store)
+                        lwm_check_interval_s=3600, kafka=FakeKafka(), store=store,
+                        unsigned=True)
 
 
 def _wait(cond, timeout_s=10.0):
@@ -310,6 +312,16 @@ def test_buffer_worker_logs_consumed_errors(fake_consumer, monkeypatch, caplog):
         assert _wait(lambda: store.published and store.published[-1].position == 2)
         assert any(r.levelno == logging.WARNING and "denied-by-acl" in r.getMessage()
                    for r in caplog.records)
+    finally:
+        bw.stop()
+
+
+def test_an_unsigned_buffer_worker_says_so_at_start(fake_consumer, caplog):
+    caplog.set_level(logging.WARNING)
+    bw = _worker(FakeStore(fail=0)).start()
+    try:
+        assert _wait(lambda: any("not signed" in r.getMessage() and "--unsigned" in
+                                 r.getMessage() for r in caplog.records)), caplog.text
     finally:
         bw.stop()
 

@@ -14,13 +14,16 @@ import stat
 
 import pytest
 
+from txnstream.buffer.worker import BufferWorker
 from txnstream.config import Config
+from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import ConfigError
 from txnstream.markers import TXN_MAC_HEADER, MarkerKind, MarkerSigner, TxnMarker
 from txnstream.types import TxnID
 from txnstream.workers_key import (
     check_secret_strength,
+    default_key_path,
     generate_key_file,
     load_key_file,
     root_key,
@@ -28,6 +31,15 @@ from txnstream.workers_key import (
 )
 
 CLUSTER = "cluster-A"
+
+
+@pytest.fixture
+def no_key_home(tmp_path, monkeypatch):
+    """No workers' key anywhere: $TXNSTREAM_HOME an empty directory, no key file given."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TXNSTREAM_HOME", str(home))
+    monkeypatch.delenv("TXNSTREAM_WORKERS_KEY_FILE", raising=False)
+    return home
 
 
 def one_hmac_tag(secret: str, topic: str, partition: int, value: bytes) -> bytes:
@@ -105,6 +117,85 @@ def test_a_bad_key_file_is_refused_naming_it(tmp_path, text, says):
         load_key_file(tmp_path / "missing.key")
 
 
-def test_no_key_no_secret_no_signer():
+def test_no_key_no_secret_no_signer(no_key_home):
     assert workers_signer(Config("127.0.0.1:1"), CLUSTER) is None
     check_secret_strength("correct horse battery staple", "x")  # a passphrase passes
+
+
+# ---------------------------------------------------------------- signed by default
+# (issue 33 item 6). On the old code a worker with no secret and no key file started and
+# ran unsigned (only a warning in its log), so on a default deployment, or one secured by
+# mutual TLS alone, any producer of a data topic could forge markers.
+
+
+def test_the_default_key_path_is_under_txnstream_home_else_the_users_config(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("TXNSTREAM_HOME", str(tmp_path / "th"))
+    assert default_key_path() == tmp_path / "th" / "workers.key"
+    monkeypatch.delenv("TXNSTREAM_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert default_key_path() == tmp_path / "user" / ".config" / "txnstream" / "workers.key"
+
+
+def test_a_worker_without_any_key_refuses_to_start_naming_unsigned(no_key_home):
+    for start in (lambda: CoordinatorWorker(Config("127.0.0.1:1")),
+                  lambda: BufferWorker(Config("127.0.0.1:1"))):
+        with pytest.raises(ConfigError) as err:
+            start()
+        says = str(err.value)
+        assert "--unsigned" in says and "txnstream keygen" in says, says
+        assert str(no_key_home / "workers.key") in says, says
+        assert "--workers-key-file" in says, says
+
+
+def test_without_a_configured_key_workers_take_the_default_key_file(no_key_home):
+    generate_key_file(no_key_home / "workers.key")
+    key = load_key_file(no_key_home / "workers.key")
+    assert root_key(Config("127.0.0.1:1")) == key
+    a = workers_signer(Config("127.0.0.1:1"), CLUSTER)
+    b = workers_signer(Config("127.0.0.1:1", workers_key_file=str(no_key_home / "workers.key")),
+                       CLUSTER)
+    assert a is not None and b is not None and a.membership is not None
+    assert b.membership is not None
+    assert a.membership.txn_key(TxnID(0, 1)) == b.membership.txn_key(TxnID(0, 1))
+
+
+def test_mutual_tls_alone_signs_with_the_default_key_file(no_key_home):
+    """Every mode of authentication: mutual TLS and no secret still finds the key."""
+    generate_key_file(no_key_home / "workers.key")
+    tls_only = Config("127.0.0.1:1", tc_tls_certfile="/pki/worker.pem",
+                      tc_tls_keyfile="/pki/worker.key", tc_tls_cafile="/pki/ca.pem",
+                      tc_tls_client_auth=True)
+    assert tls_only.tc_authenticated and tls_only.tc_secret is None
+    assert root_key(tls_only) == load_key_file(no_key_home / "workers.key")
+    signer = workers_signer(tls_only, CLUSTER)
+    assert signer is not None and signer.membership is not None
+
+
+def test_a_secret_wins_over_the_default_key_file(no_key_home):
+    """Deployments that gave their workers a secret keep their key."""
+    generate_key_file(no_key_home / "workers.key")
+    secret = "a long-enough workers' secret"
+    from_secret = workers_signer(Config("127.0.0.1:1", tc_secret=secret), CLUSTER)
+    assert from_secret is not None and from_secret.membership is not None
+    assert from_secret.membership.txn_key(TxnID(0, 1)) == \
+        MarkerSigner.from_secret(secret, CLUSTER).membership.txn_key(TxnID(0, 1))
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_a_bad_or_unreadable_key_file_stops_the_worker_naming_it(no_key_home, configured):
+    path = no_key_home / "workers.key"
+    path.parent.mkdir(parents=True)
+    path.write_text("zz")
+    cfg = Config("127.0.0.1:1", workers_key_file=str(path) if configured else None)
+    with pytest.raises(ConfigError, match="not a hex key") as err:
+        CoordinatorWorker(cfg)
+    assert str(path) in str(err.value)
+    with pytest.raises(ConfigError, match="cannot read") as err:
+        CoordinatorWorker(Config("127.0.0.1:1", workers_key_file=str(path) + ".missing"))
+    assert str(path) + ".missing" in str(err.value)
+
+
+def test_unsigned_is_a_setting_of_both_roles():
+    assert WorkerSettings().unsigned is False
+    assert WorkerSettings(unsigned=True).unsigned is True

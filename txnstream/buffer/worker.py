@@ -30,8 +30,8 @@ Every ``lwm_check_interval_s``: the ongoing-txn check
 (:mod:`txnstream.buffer.ongoing`) asks the coordinator of each txn still ongoing here
 about it and writes the marker its answer calls for, so a txn that ended without a
 marker here, or that no coordinator issued or registered here, stops holding the
-partition back. With the workers' secret, every marker this worker writes is signed
-and only signed markers count in its folds (:mod:`txnstream.buffer.marker_writer`).
+partition back. Its markers are signed with the workers' key, and only signed markers
+count in its folds (:mod:`txnstream.buffer.marker_writer`, :mod:`txnstream.workers_key`).
 
 The worker thread outlives every Kafka error: each step fails alone, is logged, and
 runs again at its next turn. A delta that is not delivered leaves readers a gap: they
@@ -86,7 +86,7 @@ from txnstream.kafka.topics import (
 from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
-from txnstream.workers_key import workers_signer
+from txnstream.workers_key import warn_unsigned, worker_config, workers_signer
 
 __all__ = ["BufferWorker"]
 
@@ -108,14 +108,15 @@ class BufferWorker:
     def __init__(self, config: Config, topics: list[str] | None = None,
                  snapshot_interval_s: float = 10.0, lwm_check_interval_s: float = 5.0,
                  member: str | None = None, session_timeout_ms: int | None = None, *,
-                 kafka: KafkaClientFactory = CONFLUENT_KAFKA,
+                 kafka: KafkaClientFactory = CONFLUENT_KAFKA, unsigned: bool = False,
                  store: TransactionBufferSnapshotStore | None = None) -> None:
         """A buffer role member; nothing runs before :meth:`start`.
 
-        ``kafka`` makes its Kafka clients and ``store`` is its snapshot store (defaults:
-        the real ones; a test gives fakes).
+        ``kafka`` makes its Kafka clients and ``store`` is its snapshot store (defaults: the
+        real ones; a test gives fakes). ``unsigned``: see ``WorkerSettings.unsigned``.
         """
-        self.config = config
+        self.config = config = worker_config(config, unsigned)  # no key: refused here
+        self._unsigned = unsigned
         self._kafka = kafka
         self.topics = topics
         """Serve only these topics (names, or regexes starting with ``^``); None: all."""
@@ -148,8 +149,7 @@ class BufferWorker:
         self._retry_claim: dict[int, float] = {}
         ids = TopicIds(lambda: kafka.admin(config.admin()), config.admin_timeout_s)
         self._logs = LogRestarts(self._data, ids, self.member, config.admin_timeout_s)
-        self._signer: MarkerSigner | None = None
-        """Signs this worker's markers and checks folded ones (the workers' secret)."""
+        self._signer: MarkerSigner | None = None  # signs its markers, checks folded ones
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.consumers_renewed = 0
@@ -214,8 +214,9 @@ class BufferWorker:
 
     def run(self) -> None:
         """The loop: each step fails alone and runs again at its next turn."""
-        if self.config.has_workers_key:
-            # No fold before the signer: an unchecked fold would honour forged markers.
+        if self._unsigned:
+            warn_unsigned(log, f"buffer worker {self.member}")
+        else:  # no fold before the signer: an unchecked fold would honour forged markers
             while not self._stop.is_set() and not self._step("marker key", self._make_signer):
                 self._stop.wait(ERROR_BACKOFF_S)
         self._subscribe()
@@ -397,10 +398,8 @@ class BufferWorker:
 
     def _start_fold(self, tp: TopicPartition, slot: int, buf: TransactionBuffer, low: int,
                     snapshot_due: bool, log_end: int = 0) -> None:
-        """Serve ``tp`` from ``buf`` on, its log from ``low`` to ``log_end`` now.
-
-        The one place a fold starts (owners only: readers never fold).
-        """
+        """Serve ``tp`` from ``buf`` on, its log ``low``..``log_end`` now: the one place a
+        fold starts (owners only: readers never fold)."""
         buf.trim(low)
         buf.journal = Journal()
         buf.attach_signer(self._signer, log_end)

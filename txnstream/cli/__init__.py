@@ -27,8 +27,8 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Command-group modules, in the order they appear in --help.
-_GROUPS = ("cluster", "init", "demo", "worker", "txn", "top", "produce", "consume", "process",
-           "acks")
+_GROUPS = ("cluster", "init", "keygen", "demo", "worker", "txn", "top", "produce", "consume",
+           "process", "acks")
 
 
 def _build_parser() -> argparse.ArgumentParser:

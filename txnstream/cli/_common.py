@@ -57,6 +57,12 @@ def add_line_flags(p: argparse.ArgumentParser) -> None:
                    help="file holding the secret of --tc-principal, keep it mode 0600 "
                    "(default: $TXNSTREAM_TC_SECRET or the file $TXNSTREAM_TC_SECRET_FILE; "
                    "there is no flag taking the secret itself: ps shows command lines)")
+    g.add_argument("--workers-key-file", default=None, metavar="FILE",
+                   help="workers: the workers' key (`txnstream keygen FILE`; every worker "
+                   "of a deployment needs the same file, mode 0600); it signs markers and "
+                   "makes records members of their txns (default: "
+                   "$TXNSTREAM_WORKERS_KEY_FILE, else the secret, else "
+                   "$TXNSTREAM_HOME/workers.key or ~/.config/txnstream/workers.key)")
     g.add_argument("--tc-tls-ca", default=None, metavar="FILE",
                    help="CA bundle: speak TLS to workers and verify their certificates; "
                    "a worker verifies client certificates with it "
@@ -86,6 +92,8 @@ def config_from_args(args: argparse.Namespace, **overrides: object) -> Config:
         overrides["tc_principal"] = args.tc_principal
     if getattr(args, "tc_secret_file", None):
         overrides["tc_secret"] = read_secret_file(args.tc_secret_file, "--tc-secret-file")
+    if getattr(args, "workers_key_file", None):
+        overrides["workers_key_file"] = args.workers_key_file
     for flag, name in (("tc_tls_ca", "tc_tls_cafile"), ("tc_tls_cert", "tc_tls_certfile"),
                        ("tc_tls_key", "tc_tls_keyfile")):
         if getattr(args, flag, None):

@@ -2,9 +2,10 @@
 
 ``up`` fetches the broker jars from Maven Central with ``mvn`` (once; cached), formats
 KRaft storage and starts one node (or three with ``--brokers 3``) on 127.0.0.1, then
-prints the bootstrap string. The brokers keep running after the command exits; ``down``
-stops them (only the processes recorded in the state dir). Errors are one line and exit
-code 2 (see :mod:`txnstream.cli`).
+prints the bootstrap string and makes the workers' key where workers given none look
+(:func:`~txnstream.workers_key.ensure_default_key`), if there is none. The brokers keep
+running after the command exits; ``down`` stops them (only the processes recorded in
+the state dir). Errors are one line and exit code 2 (see :mod:`txnstream.cli`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from rich.status import Status
 from rich.table import Table
 
 from txnstream.cli import console, err_console
-from txnstream.cli._common import table
+from txnstream.cli._common import config_from_args, table
 from txnstream.cluster import KAFKA_VERSION, LocalCluster, NodeStatus, ScramUser
 from txnstream.cluster.local import DEFAULT_DOWN_TIMEOUT_S, DEFAULT_UP_TIMEOUT_S
 from txnstream.errors import ClusterError
+from txnstream.workers_key import ensure_default_key
 
 __all__ = ["register", "default_state_dir"]
 
@@ -160,6 +162,8 @@ def _up(args: argparse.Namespace) -> int:
                       f"--kafka-config {cluster.client_properties}\n"
                       f"  export TXNSTREAM_KAFKA_CONFIG={cluster.client_properties}",
                       highlight=False, markup=False, soft_wrap=True)
+    console.print(ensure_default_key(config_from_args(args)), highlight=False, markup=False,
+                  soft_wrap=True)
     console.print(f"stop with: txnstream cluster down --state-dir {cluster.state_dir}",
                   highlight=False, markup=False)
     return 0

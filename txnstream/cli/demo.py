@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from txnstream.admin_topics import ensure_topics
     from txnstream.demo.roundtrip import run
+    from txnstream.workers_key import ensure_default_key
 
     config = config_from_args(args)
     ensure_topics(config)
+    console.print(ensure_default_key(config), highlight=False, markup=False, soft_wrap=True)
     return 0 if run(config, args.records, args.txn_size, console) else 1

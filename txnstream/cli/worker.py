@@ -83,6 +83,12 @@ def _add_auth_flags(p: argparse.ArgumentParser) -> None:
                    help="serve the line beyond loopback with no secret, users file or "
                    "mutual TLS; anyone who reaches the port can then act as anyone, so "
                    "the worker refuses to start that way without this flag")
+    g.add_argument("--unsigned", action="store_true",
+                   help="run without the workers' key: markers are not signed and records' "
+                   "membership of txns is not checked, so any producer of a data topic can "
+                   "forge markers. A worker with no key (the global --workers-key-file, "
+                   "the workers' secret, or the default file `txnstream keygen` and "
+                   "`txnstream init` make) refuses to start without this flag")
 
 
 def _positive_int(text: str) -> int:
@@ -164,7 +170,7 @@ def worker_settings_from_args(args: argparse.Namespace) -> WorkerSettings:
         buffer_role=not args.no_buffer_role and args.buffer_in_process,
         buffer_topics=_buffer_topics(args),
         listen=args.listen, advertise=args.advertise,
-        allow_unauthenticated=args.allow_unauthenticated,
+        allow_unauthenticated=args.allow_unauthenticated, unsigned=args.unsigned,
         max_connections=args.max_connections,
         max_inflight_per_connection=args.max_inflight_per_connection,
         max_request_bytes=args.max_request_bytes,
@@ -200,10 +206,11 @@ def _run(args: argparse.Namespace) -> int:
     if child:
         buffers = multiprocessing.get_context("spawn").Process(
             target=run_buffer_role, name=f"txnstream-buffers-{worker.worker_id}",
-            args=(config, topics, worker.worker_id, settings.session_timeout_ms,
+            # the worker's config names the key file it found: the child uses the same
+            args=(worker.config, topics, worker.worker_id, settings.session_timeout_ms,
                   settings.buffer_snapshot_interval_s,
                   args.metrics_port + 1 if args.metrics_port else 0, os.getpid(),
-                  args.metrics_host))
+                  args.metrics_host, settings.unsigned))
         buffers.start()
     done = threading.Event()
 
@@ -232,8 +239,12 @@ PARENT_WATCH_S = 0.5
 
 def run_buffer_role(config: Config, topics: tuple[str, ...] | None, member: str,
                     session_timeout_ms: int, snapshot_interval_s: float, metrics_port: int,
-                    parent: int, metrics_host: str = "127.0.0.1") -> None:
-    """The buffer role of worker ``member`` (pid ``parent``), in a child process."""
+                    parent: int, metrics_host: str = "127.0.0.1",
+                    unsigned: bool = False) -> None:
+    """The buffer role of worker ``member`` (pid ``parent``), in a child process.
+
+    ``unsigned``: the worker's ``--unsigned``; the child makes the same choice.
+    """
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("txnstream").setLevel(logging.INFO)
     if metrics_port:
@@ -242,7 +253,7 @@ def run_buffer_role(config: Config, topics: tuple[str, ...] | None, member: str,
         metrics.serve(metrics_port, metrics_host)
     bw = BufferWorker(config, list(topics) if topics is not None else None,
                       snapshot_interval_s=snapshot_interval_s, member=member,
-                      session_timeout_ms=session_timeout_ms)
+                      session_timeout_ms=session_timeout_ms, unsigned=unsigned)
 
     def watch() -> None:  # a worker killed -9 takes its buffer role with it
         while True:

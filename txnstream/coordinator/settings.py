@@ -47,6 +47,11 @@ class WorkerSettings:
     allow_unauthenticated: bool = False
     """Serve a line beyond loopback with no authentication (no secret, no mutual TLS):
     refused by default, since anyone who reaches the port could then act as anyone."""
+    unsigned: bool = False
+    """Run without the workers' key (``--unsigned``): markers are not signed and records'
+    membership of txns is not checked, so any producer of a data topic can forge markers.
+    Refused by default: a worker with no key (:mod:`txnstream.workers_key`) does not
+    start without it, and with it logs a warning at start."""
     max_connections: int = 1_024
     """Open client connections; one more is refused (closed after a ``NO`` naming this)."""
     max_inflight_per_connection: int = 1_000

@@ -103,7 +103,7 @@ from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_
 from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
-from txnstream.workers_key import root_key, workers_signer
+from txnstream.workers_key import warn_unsigned, worker_config, workers_signer
 
 __all__ = ["CoordinatorWorker"]
 
@@ -123,9 +123,9 @@ class CoordinatorWorker:
                  settings: WorkerSettings | None = None,
                  kafka: KafkaClientFactory = CONFLUENT_KAFKA) -> None:
         """``kafka`` makes the worker's Kafka clients (a test gives a factory of fakes)."""
-        self.config = config
-        root_key(config)  # a weak secret or a bad key file: refused before anything starts
         self.settings = settings or WorkerSettings()
+        # no key (unless unsigned), a bad key file or a weak secret: refused right here
+        self.config = config = worker_config(config, self.settings.unsigned)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._rate_limited = RateLimitedLog(log)  # per peer host: what clients send
         self._stop = threading.Event()
@@ -192,7 +192,7 @@ class CoordinatorWorker:
             self.buffers = BufferWorker(
                 config, list(s.buffer_topics) if s.buffer_topics is not None else None,
                 snapshot_interval_s=s.buffer_snapshot_interval_s, member=self.worker_id,
-                session_timeout_ms=s.session_timeout_ms)
+                session_timeout_ms=s.session_timeout_ms, unsigned=s.unsigned)
 
     @property
     def tcs(self) -> dict[int, TcIncarnation]:
@@ -221,16 +221,14 @@ class CoordinatorWorker:
     def run(self) -> None:
         """The loop; returns when :meth:`stop` is called."""
         try:
-            if self.config.has_workers_key:
+            if self.settings.unsigned:
+                warn_unsigned(log, f"worker {self.worker_id}")
+            else:
                 signer = self._marker_signer()
                 if signer is None:
                     return  # stopped before the broker answered
                 self._finalizer.signer = self._endpoints.signer = signer
                 self._handler.membership = signer.membership
-            else:
-                log.warning("worker %s: no workers' secret (tc_secret): markers are not "
-                            "signed, so any producer that may write a data topic can forge "
-                            "one (docs/security.md)", self.worker_id)
             self._ownership.subscribe()
             log.info("worker %s joined %s", self.worker_id, self.config.topics.log)
             if self.buffers is not None:

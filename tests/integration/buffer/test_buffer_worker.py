@@ -11,7 +11,7 @@ from tests.integration.buffer.conftest import make_topic, wait_until
 from txnstream import TopicPartition
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.worker import BufferWorker
-from txnstream.markers import TXN_ID_HEADER
+from txnstream.membership import txn_headers
 
 pytestmark = pytest.mark.integration
 
@@ -22,9 +22,10 @@ def test_unregistered_txn_record_is_aborted_at_lwm_and_unblocks(config, tc_worke
     txn = client.new_transaction()
     producer.send(b"registered", txn=txn, partition=0)
     raw = KafkaProducer(config.producer())
-    # a record of the same txn in a partition it never registered (a buggy client)
+    # a record of the same txn in a partition it never registered (a buggy client: its
+    # own writer, so the record is tagged as the txn's)
     raw.produce(topic, b"unregistered", partition=1,
-                headers=[(TXN_ID_HEADER, txn.id.to_bytes())])
+                headers=txn_headers(txn.id, txn.key, topic, 1))
     raw.flush(10)
     txn.commit()
     producer.send(b"plain-after", partition=1)
@@ -78,8 +79,8 @@ def test_a_txn_ended_by_a_later_markers_lwm_gets_its_own_abort_marker(config, wo
         producer.send(b"warm", txn=warm, partition=0)
     lost = client.new_transaction(timeout_s=60)
     raw = KafkaProducer(config.producer())
-    raw.produce(topic, b"never-registered", partition=0,
-                headers=[(TXN_ID_HEADER, lost.id.to_bytes())])
+    raw.produce(topic, b"never-registered", partition=0,  # by its writer: tagged
+                headers=txn_headers(lost.id, lost.key, topic, 0))
     raw.flush(10)
     lost.abort()  # it ends at its coordinator with no marker in this partition
     with client.new_transaction(tc_id=lost.id.tc_id) as later:  # its marker carries the LWM

@@ -7,13 +7,16 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import Producer as KafkaProducer
 from confluent_kafka import TopicPartition as KafkaTP
 
+from tests.genuine import marker_headers, txn_record_headers
 from tests.integration.buffer.conftest import make_topic, read_all, wait_until
 from txnstream import TopicPartition
 from txnstream.buffer import TransactionBuffer, take_snapshot
 from txnstream.buffer.follower import BufferStateFollower
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore, registration_key
 from txnstream.buffer.worker import BufferWorker
+from txnstream.config import Config
 from txnstream.markers import TXN_ID_HEADER, MarkerKind, TxnMarker
+from txnstream.membership import txn_headers
 from txnstream.types import TxnID
 
 pytestmark = pytest.mark.integration
@@ -41,17 +44,20 @@ def _produce(raw: KafkaProducer, topic: str, partition: int, value: bytes | None
             raw.poll(0.2)
 
 
-def produce_markers(raw: KafkaProducer, topic: str, partition: int, n: int) -> None:
+def produce_markers(config: Config, raw: KafkaProducer, topic: str, partition: int,
+                    n: int) -> None:
     """``n`` txns of TC 9 (not a coordinator here): a COMMIT marker each, and one in
     :data:`ABORT_EVERY` an aborted record and its ABORT marker instead. Every marker and
-    aborted record is retained state."""
+    aborted record is retained state. Signed and tagged as the workers and writers make
+    them (tests/genuine.py)."""
     for i in range(n):
         t = TxnID(9, i)
         aborted = i % ABORT_EVERY == 0
         if aborted:
-            _produce(raw, topic, partition, b"x", [(TXN_ID_HEADER, t.to_bytes())])
+            _produce(raw, topic, partition, b"x",
+                     txn_record_headers(config, t, topic, partition))
         m = TxnMarker(t, MarkerKind.ABORT if aborted else MarkerKind.COMMIT, i)
-        _produce(raw, topic, partition, m.encode(), m.headers())
+        _produce(raw, topic, partition, m.encode(), marker_headers(config, m, topic, partition))
     raw.flush(60)
 
 
@@ -61,12 +67,13 @@ def test_a_snapshot_over_the_record_bound_is_published_in_segments_restored_and_
     topic = make_topic(config, 2)
     tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
     raw = KafkaProducer(config.producer(**{"linger.ms": 50}))
-    produce_markers(raw, topic, 0, MARKERS)
+    produce_markers(config, raw, topic, 0, MARKERS)
     # partition 1: a record of a txn that never registered it: only the worker's LWM
     # abort unblocks it (and that must go on while snapshots fail)
     txn = client.new_transaction()
     client.create_producer(topic).send(b"registered", txn=txn, partition=0)
-    raw.produce(topic, b"unregistered", partition=1, headers=[(TXN_ID_HEADER, txn.id.to_bytes())])
+    raw.produce(topic, b"unregistered", partition=1,  # tagged: its own writer's record
+                headers=txn_headers(txn.id, txn.key, topic, 1))
     raw.flush(10)
     txn.commit()
     client.new_transaction().commit()  # moves the TC's LWM past txn

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import socket
 import struct
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.tls_certs import make_certs
 from txnstream.config import Config
 from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.endpoints import TcEndpoint
@@ -291,21 +291,7 @@ def test_an_attempt_waiting_on_a_replaced_owner_resends_at_once(listeners, make_
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> dict[str, str]:
     """A CA, a worker certificate for 127.0.0.1 and a client certificate (openssl CLI)."""
-    d = tmp_path_factory.mktemp("certs")
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-        "ca.pem", "-days", "1", "-subj", "/CN=txnstream-test-ca")
-    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name, ext in (("worker", ["-extfile", "san.cnf"]), ("client", []), ("anonymous", [])):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-            f"{name}.csr", "-subj", f"/CN={name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", *ext)
-    return {k: str(d / f"{k}") for k in ("ca.pem", "worker.pem", "worker.key", "client.pem",
-                                         "client.key", "anonymous.pem", "anonymous.key")}
+    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 def tls_listener(listeners_made: list[Listener], config: Config) -> Listener:

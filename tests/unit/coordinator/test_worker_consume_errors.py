@@ -21,6 +21,7 @@ from txnstream.config import Config, TopicNames
 from txnstream.coordinator.metadata_store import TransactionMetadataStore
 from txnstream.coordinator.ownership import TcIncarnation, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
+from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import KafkaClientError
 
@@ -137,7 +138,9 @@ def make_worker():
 
     def make(log_batches: list[list[Msg]], requests: list[bytes]
              ) -> tuple[CoordinatorWorker, FakeConn]:
-        w = CoordinatorWorker(CONFIG, worker_id="w-unit", kafka=FakeKafka(log_batches))
+        # unsigned: these fakes have no cluster id to make the marker key with
+        w = CoordinatorWorker(CONFIG, worker_id="w-unit", kafka=FakeKafka(log_batches),
+                              settings=WorkerSettings(unsigned=True))
         made.append(w)
         conn = FakeConn()
         for r in requests:
@@ -234,6 +237,17 @@ def test_fatal_consumed_error_stops_the_worker_instead_of_looping(make_worker, c
     assert len(raised) == 1 and isinstance(raised[0], KafkaClientError), raised
     assert "consumer fenced" in str(raised[0])
     assert not w.tcs, "a stopped worker serves nothing"
+
+
+def test_an_unsigned_worker_says_so_at_start(make_worker, caplog):
+    fatal = KafkaError(KafkaError._FATAL, "consumer fenced", fatal=True)
+    w, _ = make_worker([[Msg(err=fatal)]], [])
+    with caplog.at_level(logging.WARNING), pytest.raises(KafkaClientError):
+        w.run()
+    [said] = [r for r in caplog.records if "not signed" in r.getMessage()
+              and r.name == "txnstream.coordinator.worker"]  # (its buffer role says it too)
+    assert said.levelno == logging.WARNING and "--unsigned" in said.getMessage()
+    assert "membership" in said.getMessage() and "w-unit" in said.getMessage()
 
 
 def test_connections_of_requests_nobody_answers_are_forgotten_past_their_deadline(
