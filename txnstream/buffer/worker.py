@@ -398,8 +398,7 @@ class BufferWorker:
 
     def _start_fold(self, tp: TopicPartition, slot: int, buf: TransactionBuffer, low: int,
                     snapshot_due: bool, log_end: int = 0) -> None:
-        """Serve ``tp`` from ``buf`` on, its log ``low``..``log_end`` now: the one place a
-        fold starts (owners only: readers never fold)."""
+        """Serve ``tp`` from ``buf`` on (log ``low``..``log_end``): where every fold starts."""
         buf.trim(low)
         buf.journal = Journal()
         buf.attach_signer(self._signer, log_end)
