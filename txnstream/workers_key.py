@@ -60,9 +60,8 @@ def check_secret_strength(secret: str, what: str) -> None:
         raise ConfigError(
             f"{what} is too weak to derive the workers' keys from: it needs at least "
             f"{MIN_SECRET_CHARS} characters, {MIN_DISTINCT_CHARS} of them different. "
-            "Give the workers a key file instead (32 random bytes as hex, e.g. "
-            "`python -c 'import secrets; print(secrets.token_hex(32))' > FILE`, mode 0600, "
-            "then TXNSTREAM_WORKERS_KEY_FILE=FILE), or a longer random secret.")
+            "Give the workers a key file instead (`txnstream keygen FILE`, then "
+            "--workers-key-file FILE), or a longer random secret.")
 
 
 def load_key_file(path: str | os.PathLike[str]) -> bytes:
