@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -24,6 +25,7 @@ __all__ = [
     "CoordinatorNotFoundError",
     "RequestTimeoutError",
     "TransactionOutcomeUnknownError",
+    "RecordsExcludedError",
     "KafkaClientError",
     "ClusterError",
     "ConfigError",
@@ -131,6 +133,33 @@ class TransactionOutcomeUnknownError(RequestTimeoutError):
     coordinator answers; call ``commit()`` again (idempotent) to learn the outcome.
     Never treat it as aborted: work retried on that assumption would be written twice.
     """
+
+
+class RecordsExcludedError(InvalidTxnStatusError):
+    """Records this writer sent into a txn landed after the txn's first marker.
+
+    The txn was ended by another handle (another process committed it while this one
+    still wrote): every reader drops such records, so they are not part of it, whatever
+    the txn's outcome. ``excluded`` names them: topic-partition -> offsets. The txn's
+    outcome is ``outcome`` (its other records are delivered if it committed).
+    """
+
+    MAX_NAMED = 20
+
+    def __init__(self, txn_id: TxnID, excluded: Mapping[Any, Sequence[int]],
+                 outcome: str) -> None:
+        named = ", ".join(f"{tp}@{','.join(map(str, offs[:self.MAX_NAMED]))}"
+                          + (f" (+{len(offs) - self.MAX_NAMED})"
+                             if len(offs) > self.MAX_NAMED else "")
+                          for tp, offs in list(excluded.items())[:self.MAX_NAMED])
+        n = sum(len(o) for o in excluded.values())
+        super().__init__(
+            txn_id, "OPEN", outcome,
+            f"transaction {txn_id} was ended ({outcome}) by another handle while this one "
+            f"wrote: {n} of its records landed after the txn's marker and no reader "
+            f"delivers them: {named}")
+        self.excluded = {tp: list(offs) for tp, offs in excluded.items()}
+        self.outcome = outcome
 
 
 class KafkaClientError(TxnStreamError):

@@ -89,10 +89,13 @@ class _TxnSends:
         self.acked = 0
         self.acks: list[KafkaError | None] = []
         ack = self.acks.append
+        record = txn.delivered.recorder(topic)  # where each landed (txnstream.fate)
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             ack(err)
-            if err is not None:
+            if err is None:
+                record(msg.partition(), msg.offset())  # type: ignore[arg-type]
+            else:
                 txn.mark_abort_only(TxnStreamError(
                     f"send to {topic}-{msg.partition()} failed: {err}", txn.id))
 

@@ -1,29 +1,20 @@
 """``Transaction``: the client's handle on one coordinator transaction.
 
-Produced partitions and acked subscriptions are registered with the coordinator (once
-per transaction, cached here). ``commit()`` first waits for the transaction's sends; a
-failed send or registration makes the transaction abort-only, so its commit raises and
-aborts instead. Its END carries the registrations not confirmed yet.
+Partitions and subscriptions are registered once per txn; ``commit()`` waits for the
+sends first; a failed send or registration makes the txn abort-only. Registration is
+pipelined (:mod:`txnstream.pipeline`) except a topic's first by the client; an ack waits
+for its subscription's (maybe sent ahead); the END carries what is unconfirmed.
 
-Pipelined registration: a new partition's ``ADD_PARTITIONS`` goes out in the
-background (:mod:`txnstream.pipeline`) and the write proceeds at once, except a
-topic's first registration by the client; an ack waits for its subscription's
-registration (which may have been sent ahead, as a batch's inputs arrived).
+The deadline counts from the NEW reply (never earlier than the coordinator's). Past it,
+while OPEN, :attr:`status` reads TIMED_OUT and ``commit()`` raises
+``TransactionTimeoutError`` at once (an abort goes out in the background).
 
-The deadline: a transaction knows its timeout and when it opened (when the reply to
-NEW arrived, so the client's deadline is never earlier than the coordinator's, which
-counts from when it handled NEW). Past it, while still OPEN, :attr:`status` reads
-TIMED_OUT without a request, and ``commit()`` raises ``TransactionTimeoutError`` at
-once (telling the coordinator to abort in the background, best effort).
-
-Sends racing an end: a send checks that the transaction is OPEN and hands its record to
-librdkafka inside one guarded section (:meth:`sending`); an end leaves OPEN first, then
-waits for the sends inside it, so every send is counted by the flush before the END or
-fails with ``InvalidTxnStatusError`` (Pulsar rejects such sends too): a record after
-the COMMIT marker would be dropped as a straggler while its sender was told it
-succeeded. A handle from ``client.attach_transaction`` in another process cannot see
-this one's status: its :meth:`flush` asks the coordinator, once its sends are durable,
-whether the transaction is still OPEN, and raises if not.
+Sends racing an end: a send checks OPEN and hands its record to librdkafka inside one
+guarded section (:meth:`sending`); an end leaves OPEN first, then waits for the sends
+inside it, so each is flushed before the END or fails with ``InvalidTxnStatusError``.
+A handle whose txn another handle ended (an attached one, or an opener whose txn another
+process committed) learns which of its records are in by the readers' rule
+(:mod:`txnstream.fate`): ``RecordsExcludedError`` names those that are not.
 
 Locks: ``_lock`` serialises the ends (commit/abort) and registrations and is held while
 flushers and end listeners run (they take a consumer's or producer's lock).
@@ -46,12 +37,14 @@ from txnstream.coordinator.protocol import TcOp, TxnInfo
 from txnstream.errors import (
     InvalidTxnStatusError,
     NotAuthorizedError,
+    RecordsExcludedError,
     RequestTimeoutError,
     TransactionNotFoundError,
     TransactionOutcomeUnknownError,
     TransactionTimeoutError,
     TxnStreamError,
 )
+from txnstream.fate import DeliveredOffsets, excluded
 from txnstream.pipeline import BackgroundRequests, RequestPipeline
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
@@ -90,6 +83,7 @@ class Transaction:
         self._tc = tc
         self.id = txn_id
         self.key = key  # what makes its writers' records members of it (txn.tag)
+        self.delivered = DeliveredOffsets()  # where its records landed (txnstream.fate)
         self.timeout_s = timeout_s
         self.attached = attached
         """True for a handle on a txn another process opened (``attach_transaction``)."""
@@ -112,9 +106,7 @@ class Transaction:
         self._abort_only: BaseException | None = None
         self._flushers: dict[object, Callable[[], None]] = {}
         self._end_listeners: dict[object, Callable[[bool], None]] = {}
-        self._remote_end: TxnStreamError | None = None
-        """The coordinator ended the txn without this handle's END (timeout, admin, a
-        registration refused): every later send raises this at once."""
+        self._remote_end: TxnStreamError | None = None  # ended without our END: sends raise it
         live = getattr(tc, "live_txns", None)
         if live is not None:
             live[txn_id] = self  # the coordinator's "ended" notice finds it there
@@ -304,12 +296,10 @@ class Transaction:
     def flush(self) -> None:
         """Wait for the registrations and sends; ``TxnStreamError`` (abort-only) if one failed.
 
-        What :meth:`commit` checks first, for writers whose commit is done elsewhere (the
-        Spark sink's tasks, committed by their driver as a group, or a process writing
-        into a txn another one commits). For an attached handle it then asks the
-        coordinator whether the txn is still OPEN: if it is, every record just flushed
-        precedes the txn's markers; if not, some may follow them and be dropped, and
-        this raises ``InvalidTxnStatusError`` naming the state.
+        For writers whose commit is done elsewhere (Spark tasks, an attached handle). An
+        attached handle then asks the coordinator: still OPEN, every record flushed
+        precedes the markers; committed, ``RecordsExcludedError`` names any that landed
+        after them (:mod:`txnstream.fate`); aborted, ``InvalidTxnStatusError``.
         """
         self._requests.wait()  # the registrations sent so far
         self._run_flushers()
@@ -321,25 +311,33 @@ class Transaction:
                                  self.id) from cause
         if self.attached:
             status = self.info().status
-            if status is not TxnStatus.OPEN:
+            if status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
+                self._check_fate(status)  # its opener committed: which records are in?
+            elif status is not TxnStatus.OPEN:
                 raise InvalidTxnStatusError(
                     self.id, TxnStatus.OPEN, status,
                     f"transaction {self.id} is {status.value}: records sent to it after it "
                     f"ended are dropped by every reader; they were not part of it")
+
+    def _check_fate(self, outcome: TxnStatus) -> None:
+        """``RecordsExcludedError`` if a record of this handle landed after the marker."""
+        config = self._tc.config
+        out = excluded(config, self.id, self.delivered.snapshot(), config.request_timeout_s)
+        if out:
+            raise RecordsExcludedError(self.id, out, outcome.value)
 
     # ------------------------------------------------------------ ends
 
     def commit(self) -> None:
         """Commit: 1. flush the sends, 2. END (commit) carrying what is unconfirmed.
 
-        The END carries the pipelined registrations and activation not confirmed yet,
-        applied first with their checks: one turn (docs/coordinator.md). Raises (after
-        aborting) if abort-only: a failed registration's own error (e.g.
-        ``TransactionTimeoutError``, ``InvalidTxnStatusError`` after an admin abort),
-        else ``TxnStreamError`` naming the failed send or ack. Past the deadline it
-        raises ``TransactionTimeoutError`` with no request (the abort is sent in the
-        background). ``TransactionOutcomeUnknownError`` if unanswered: the status
-        stays COMMITTING and a later ``commit()`` asks again (idempotent).
+        Returns once the decision is durable (docs/api.md). The END carries the pipelined
+        registrations and activation (one turn, docs/coordinator.md). Raises (after
+        aborting) if abort-only: a failed registration's own error, else
+        ``TxnStreamError`` naming the failed send or ack; ``TransactionTimeoutError``
+        past the deadline; ``TransactionOutcomeUnknownError`` if unanswered (the status
+        stays COMMITTING; ``commit()`` again asks); ``RecordsExcludedError`` if another
+        handle committed it first and some records landed after its marker.
         """
         with self._lock:
             if self._status is TxnStatus.COMMITTED:
@@ -367,10 +365,10 @@ class Transaction:
                         self.id) from cause
             parts, act = self._carried
             try:  # a retry carries them again: the coordinator answers as it decided
-                self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits,
-                                 commit=True, partitions=parts,
-                                 open_time_ms=act[0] if act else 0,
-                                 timeout_ms=act[1] if act else 0)
+                reply = self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits,
+                                         commit=True, partitions=parts,
+                                         open_time_ms=act[0] if act else 0,
+                                         timeout_ms=act[1] if act else 0)
             except RequestTimeoutError as exc:
                 raise TransactionOutcomeUnknownError(
                     f"commit of {self.id} got no answer: it may have committed or not; "
@@ -380,6 +378,8 @@ class Transaction:
                 self._ended(TxnStatus.ABORTED)  # the coordinator says it is not committed
                 raise exc
             self._ended(TxnStatus.COMMITTED)
+            if reply.already:  # decided by another END: were all our records before it?
+                self._check_fate(TxnStatus.COMMITTED)
 
     def commit_async(self) -> Future[None]:
         """Commit in the background; ``future.result()`` gives :meth:`commit`'s outcome."""

@@ -353,6 +353,9 @@ class FakeTxn:
     def __init__(self) -> None:
         self.id = TxnID(0, 1)
         self.key = None
+        from txnstream.fate import DeliveredOffsets
+
+        self.delivered = DeliveredOffsets()
         self.registered: list[Any] = []
 
     def register_partitions(self, tps: Any) -> None:

@@ -33,6 +33,8 @@ class FakeKafka:
         self.deliver = True
         self.queue_full = 0
         """The next this many produce() calls raise BufferError."""
+        self.offsets: dict[int, int] = {}
+        """Partition -> the offset of its latest delivered record."""
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         t = SimpleNamespace(error=None, partitions=dict.fromkeys(range(PARTITIONS)))
@@ -55,7 +57,9 @@ class FakeKafka:
         done, self.pending = self.pending, []
         for record, on_delivery in done:
             err = "Broker: Not leader" if record["partition"] == self.fail_partition else None
-            on_delivery(err, SimpleNamespace(partition=lambda r=record: r["partition"]))
+            self.offsets[record["partition"]] = at = self.offsets.get(record["partition"], -1) + 1
+            on_delivery(err, SimpleNamespace(partition=lambda r=record: r["partition"],
+                                             offset=lambda at=at: at))
         return len(done)
 
     def flush(self, timeout: float = 0) -> int:
@@ -69,8 +73,9 @@ class FakeTC:
     def __init__(self) -> None:
         self.registered: list[TopicPartition] = []
 
-    def request(self, op: Any, tc_id: int, **fields: Any) -> None:
+    def request(self, op: Any, tc_id: int, **fields: Any) -> Any:
         self.registered.extend(fields.get("partitions", ()))
+        return SimpleNamespace(already=False)  # END: decided by this request
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from txnstream.types import TopicPartition, TxnID, TxnStatus
 @dataclass
 class Reply:
     txn_seq: int = 0
+    already: bool = False
 
 
 @dataclass

@@ -290,10 +290,13 @@ class TcRequestHandler:
                 self._add_partitions(tc, req, now_ms, caller)
         reason = ABORT_ADMIN if req.reason == ABORT_ADMIN and caller.admin else ABORT_CLIENT
         res = tc.store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
-        if res.meta.status.is_final:
-            return self._ok(tc, req)
-        tc.end_waiters[req.txn_seq].append(req)
-        return None
+        # Answered once the decision reads back (the worker sends no reply before its
+        # entries do), not after the markers: Kafka's order. ``already``: another request
+        # decided it, so some of this writer's records may follow the markers; its client
+        # checks each by the readers' rule (txnstream.fate).
+        return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
+                       owner_id=self.worker_id,
+                       already=res.meta.decided_by != req.request_id)
 
     def _force_end(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                    caller: Caller) -> TcReply:

@@ -37,6 +37,10 @@ class TxnMeta:
     reserved: bool = False
     """Opened by RESERVE and not handed out yet: no writer holds it (not an open txn to
     stats, LIST or ``top``)."""
+    decided_by: str | None = None
+    """The request id of the END that moved it to COMMITTING or ABORTING (None: another
+    way, or not known): an END of another request finds it decided elsewhere, and its
+    writer checks where its records landed (:mod:`txnstream.fate`)."""
 
     @property
     def deadline_ms(self) -> int:

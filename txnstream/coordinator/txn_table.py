@@ -145,6 +145,9 @@ class TxnMetaTable:
         if entry.subscriptions:
             meta.subscriptions |= set(entry.subscriptions)
         if entry.status is not None and entry.status is not meta.status:
+            if meta.status is TxnStatus.OPEN and entry.status in (TxnStatus.COMMITTING,
+                                                                  TxnStatus.ABORTING):
+                meta.decided_by = entry.request_id
             self._move(meta, entry.status, entry.reason, now_ms)
 
     def _move(self, meta: TxnMeta, status: TxnStatus, reason: str | None,
