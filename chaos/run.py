@@ -165,7 +165,8 @@ class ChaosRun:
                 "slow_ratio": p.slow_ratio, "slow_timeout_s": p.slow_timeout_s,
                 "slow_overrun_s": list(p.slow_overrun_s),
                 "abandon_ratio": p.abandon_ratio, "abandon_timeout_s": p.abandon_timeout_s,
-                "late_ratio": p.late_ratio, "hold_s": list(p.hold_s),
+                "late_ratio": p.late_ratio, "foreign_ratio": p.foreign_ratio,
+                "hold_s": list(p.hold_s),
                 "doomed": DOOMED_TOPIC if p.hostile else None, "doomed_ratio": p.doomed_ratio}),
                 env=self.creds.env("chaos-producer"))
         if p.hostile:

@@ -9,11 +9,21 @@ Events (field ``e``):
 - ``open``: ``txn`` was issued to this process (``by`` = writer, ``timeout``).
 - ``sent``: records of ``txn`` whose sends this process saw acknowledged
   (``txn.flush()`` passed): ``recs`` = ``[[id, topic, partition, writer, seq], ...]``;
-  ``late`` if sent after the opener's commit returned (item 7's probe); processors add
-  ``pairs`` = ``[[output id, input id], ...]``.
-- ``late_rejected``: a late send was refused with an error (what Pulsar does).
-- ``end``: the opener's outcome for ``txn``: ``want`` (commit/abort/abandon/slow),
-  ``outcome`` (committed/aborted/unknown), the client's ``status`` and the ``error``.
+  ``late`` if sent after the opener's commit returned (item 7's probe); ``foreign`` if
+  the opener sent them after its peer committed the txn (their ``commit()`` answers for
+  them), ``unsure`` too if that ``commit()`` raised another error than
+  ``RecordsExcludedError`` (their fate is unknown); processors add ``pairs`` =
+  ``[[output id, input id], ...]``.
+- ``excluded``: the writer ``by`` was told (``RecordsExcludedError``) that its records
+  of ``txn`` at ``at`` = ``[[topic, partition, offset], ...]`` are out of it (they
+  landed after its first marker; readers drop them); ``how``: ``foreign`` (the opener's
+  commit) or ``late`` (the peer's flush). Its other records of the txn are in.
+- ``late_rejected``: a late send was refused with an error (what Pulsar does); ``rec``
+  if the send was handed over before the error (its fate is unknown).
+- ``end``: the opener's outcome for ``txn``: ``want`` (commit/abort/abandon/slow/late/
+  foreign), ``outcome`` (committed/aborted/unknown), the client's ``status`` and the
+  ``error``; the peer logs one too for a txn it committed (``want`` ``cocommit``).
+- ``cocommit_refused``: the peer could not attach to the txn it was asked to commit.
 - ``recv``: records a committed-only consumer received: ``recs`` = ``[[id, topic,
   partition, offset, txn], ...]``.
 - ``admin_abort``: the harness aborted ``txn`` through ``client.admin`` (``status``).

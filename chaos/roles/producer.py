@@ -8,8 +8,15 @@ timeout)``), then end it:
 
 - ``commit`` (most), ``abort`` (``abort_ratio``), ``abandon`` (never ended: the
   coordinator must abort it at its timeout), ``slow`` (held past a short timeout, then
-  committed: the coordinator must refuse), and ``late`` (committed, then the peer sends
-  once more into it: Pulsar refuses such a send; if it is accepted it must not be lost).
+  committed: the coordinator must refuse), ``late`` (committed, then the peer sends
+  once more into it through its attached handle and flushes: the record is in if it
+  landed before the txn's marker, else the flush raises ``RecordsExcludedError``
+  naming it), and ``foreign`` (the peer commits it from its process through its
+  attached handle while the opener still writes: the opener then sends 1-3 more
+  records to its partitions and commits; its ``commit()`` returns (all its records
+  are in) or raises ``RecordsExcludedError`` naming those that landed after the
+  marker, logged as an ``excluded`` event: the checker holds every record to that
+  answer, record by record).
 
 In the hostile profile a share of txns (``doomed_ratio``) also writes one record to the
 ``doomed`` topic, which the harness deletes halfway through the workload: txns that
@@ -18,7 +25,9 @@ wrote there and commit after it is gone must still end, their other records visi
 
 The peer protocol is one JSON line each way over a TCP connection to the peer's port:
 ``{"op": "cowrite", "txn", "timeout", "parts", "n"}`` -> ``{"ok", "recs"|"error"}`` and
-``{"op": "late", "txn"}`` -> ``{"ok", "rejected"}``. The peer logs what it wrote itself.
+``{"op": "late", "txn"}`` -> ``{"ok", "rejected", "excluded"}`` and ``{"op": "cocommit",
+"txn", "timeout"}`` -> ``{"ok", "outcome"}``. The peer logs what it wrote, and the end of
+the txns it commits, itself.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from typing import Any
 from chaos.roles.common import RoleArgs, commit_outcome, install_stop, make_client
 from chaos.truth import TruthLog, encode_value
 from txnstream import Client, Transaction, TxnID
-from txnstream.errors import TxnStreamError
+from txnstream.errors import RecordsExcludedError, TxnStreamError
 from txnstream.producer import Producer
 
 log = logging.getLogger("chaos.producer")
@@ -47,6 +56,16 @@ PEER_TIMEOUT_S = 20.0
 failover (~6 s) inside it."""
 ATTACHED_MAX = 512
 """Txns of other processes this peer keeps handles of (for late sends); LRU."""
+KINDS = ("abort", "slow", "abandon", "late", "foreign")
+"""The ways to end a txn other than a plain commit, each with its ``<kind>_ratio``."""
+FOREIGN_WAIT_S = (0.0, 0.3)
+"""After the peer's commit returned, before the opener's next sends: the txn's markers
+are written after the decision, so the sends land before them or after, at random."""
+
+
+def excluded_at(exc: RecordsExcludedError) -> list[list[Any]]:
+    """``exc.excluded`` as ``[[topic, partition, offset], ...]`` for the truth log."""
+    return [[tp.topic, tp.partition, off] for tp, offs in exc.excluded.items() for off in offs]
 
 
 class _Writer:
@@ -107,8 +126,8 @@ class ProducerRole:
         while not self.stop.is_set():
             r = rng.random()
             kind = "commit"
-            for name in ("abort", "slow", "abandon", "late"):
-                r -= sp[f"{name}_ratio"]
+            for name in KINDS:
+                r -= sp.get(f"{name}_ratio", 0.0)
                 if r < 0:
                     kind = name
                     break
@@ -164,6 +183,9 @@ class ProducerRole:
         if want == "abandon":
             self.truth.write(end | {"outcome": "abandoned", "status": txn.status.value})
             return
+        if want == "foreign":
+            self._foreign(txn, end, w, rng, sorted({r[2] for r in recs}))
+            return
         if want == "slow":
             self.stop.wait(txn.timeout_s + rng.uniform(*sp["slow_overrun_s"]))
         exc: BaseException | None = None
@@ -185,6 +207,46 @@ class ProducerRole:
         if want == "late" and outcome == "committed":
             self._peer({"op": "late", "txn": str(txn.id)})
 
+    def _foreign(self, txn: Transaction, end: dict[str, Any], w: _Writer,
+                 rng: random.Random, mine: list[int]) -> None:
+        """The peer commits ``txn``; this opener then sends 1-3 records more and commits.
+
+        The records logged ``sent`` before were flushed while the txn was open: they are
+        in. Of the later ones, those ``RecordsExcludedError`` names are out (logged as
+        an ``excluded`` event) and the others in; if ``commit()`` raised anything else,
+        their fate is unknown (logged ``unsure``: the checker neither demands nor
+        forbids them). Each later record is logged once its send was handed over.
+        """
+        reply = self._peer({"op": "cocommit", "txn": str(txn.id), "timeout": txn.timeout_s})
+        self.stop.wait(rng.uniform(*FOREIGN_WAIT_S))
+        after: list[list[Any]] = []
+        refused: str | None = None
+        for _ in range(rng.randint(1, 3)):
+            p = rng.choice(mine)
+            value, rec = w.record(txn.id, self.topic, p)
+            try:
+                self.producer.send(value, txn=txn, partition=p)
+            except TxnStreamError as err:  # not handed over: not sent
+                refused = f"{type(err).__name__}: {err}"
+                break
+            after.append(rec)
+        exc: BaseException | None = None
+        try:
+            txn.commit()
+        except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
+            exc = e
+        fated = exc is None or isinstance(exc, RecordsExcludedError)
+        if after:
+            self.truth.write({"e": "sent", "txn": str(txn.id), "recs": after, "foreign": True}
+                             | ({} if fated else {"unsure": True}))
+        if isinstance(exc, RecordsExcludedError):
+            self.truth.write({"e": "excluded", "txn": str(txn.id), "by": w.writer,
+                              "how": "foreign", "at": excluded_at(exc)})
+        self.truth.write(end | {"outcome": commit_outcome(txn, exc), "status": txn.status.value,
+                                "error": None if exc is None else f"{type(exc).__name__}: {exc}",
+                                "peer": reply, "sent_after": len(after), "refused": refused,
+                                "t": time.time()})
+
     def _peer(self, req: dict[str, Any]) -> dict[str, Any]:
         try:
             with socket.create_connection(("127.0.0.1", self.spec["peer_port"]),
@@ -203,6 +265,8 @@ class ProducerRole:
             return self._cowrite(req)
         if req.get("op") == "late":
             return self._late(req)
+        if req.get("op") == "cocommit":
+            return self._cocommit(req)
         return {"ok": False, "error": f"unknown op {req.get('op')!r}"}
 
     def _attach(self, txn_text: str, timeout: float, first: int) -> Transaction:
@@ -243,16 +307,49 @@ class ProducerRole:
             if got is None:
                 return {"ok": False, "error": "not attached"}
             txn, p = got
+            value, rec = self.co.record(txn.id, self.topic, p)
+            handed = False
             try:
-                value, rec = self.co.record(txn.id, self.topic, p)
                 self.producer.send(value, txn=txn, partition=p)
+                handed = True
                 txn.flush()
+            except RecordsExcludedError as exc:  # landed after the marker: out
+                self.truth.write({"e": "sent", "txn": req["txn"], "recs": [rec], "late": True})
+                self.truth.write({"e": "excluded", "txn": req["txn"], "by": self.co.writer,
+                                  "how": "late", "at": excluded_at(exc)})
+                return {"ok": True, "rejected": False, "excluded": True}
             except TxnStreamError as exc:
+                # Refused; or handed over and then not confirmed either way (the fate
+                # check timed out, say): it may be in Kafka, so the checker gets it
+                # (``rec``) as a record neither demanded nor forbidden.
                 self.truth.write({"e": "late_rejected", "txn": req["txn"],
-                                  "error": f"{type(exc).__name__}: {exc}"})
+                                  "error": f"{type(exc).__name__}: {exc}"}
+                                 | ({"rec": rec} if handed else {}))
                 return {"ok": True, "rejected": True}
             self.truth.write({"e": "sent", "txn": req["txn"], "recs": [rec], "late": True})
-            return {"ok": True, "rejected": False}
+            return {"ok": True, "rejected": False, "excluded": False}
+
+    def _cocommit(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Commit the opener's txn from this process, through the attached handle."""
+        with self._co_lock:
+            try:
+                txn = self._attach(req["txn"], float(req["timeout"]), 0)
+            except TxnStreamError as refused:
+                self.truth.write({"e": "cocommit_refused", "txn": req["txn"],
+                                  "error": f"{type(refused).__name__}: {refused}"})
+                return {"ok": False, "error": f"attach: {type(refused).__name__}: {refused}"}
+        exc: BaseException | None = None
+        try:
+            txn.commit()
+        except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
+            exc = e
+        outcome = commit_outcome(txn, exc)
+        self.truth.write({"e": "end", "txn": req["txn"], "by": self.co.writer,
+                          "want": "cocommit", "co": True, "outcome": outcome,
+                          "status": txn.status.value,
+                          "error": None if exc is None else f"{type(exc).__name__}: {exc}",
+                          "t": time.time()})
+        return {"ok": exc is None, "outcome": outcome}
 
 
 class _Handler(socketserver.StreamRequestHandler):
