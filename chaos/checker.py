@@ -5,7 +5,14 @@ which defect of issue 11 a kind most likely points at. The checks:
 
 1. every record of a committed txn visible to a committed-only reader, exactly once
    (``committed_record_missing``, ``duplicate_record``, and per missing record what the
-   raw partition shows: not there, after its txn's marker, under an ABORT marker, ...);
+   raw partition shows: not there, after its txn's marker, under an ABORT marker, ...),
+   except those its writer was told are out (``RecordsExcludedError``, issue 33: the
+   ``excluded`` events, matched by their raw offsets): those must not be delivered, to
+   the committed-only read or to a consumer (``excluded_record_visible``), and each
+   offset a writer was told is out must hold a record logged as sent in that txn
+   (``excluded_offset_unmatched``). So every writer's in/out answer equals what readers
+   deliver, record by record; a record whose writer was told neither (``unsure``: its
+   commit or flush raised another error) is neither demanded nor forbidden;
 2. nothing of an aborted txn visible (``aborted_record_visible``); a txn whose outcome is
    unknown is all or nothing (``unknown_txn_partial``), and if it committed while the
    client said ABORTED, ``reported_aborted_but_committed``;
@@ -44,6 +51,10 @@ MAPS_TO = {
                                 "straggler = 7, ABORT marker = 4/5, raw-visible but not "
                                 "delivered = 1)",
     "duplicate_record": "item 1/2 (a record delivered twice by the committed-only read)",
+    "excluded_record_visible": "issue 33 (a writer told its record is out of the txn, "
+                               "readers deliver it: the fate check and the fold disagree)",
+    "excluded_offset_unmatched": "issue 33 (a writer told an offset is out that holds no "
+                                 "record logged in the txn: wrong delivered offsets)",
     "aborted_record_visible": "items 4/5 (markers that disagree with the outcome)",
     "unknown_txn_partial": "items 4/5 (a txn ended differently on its partitions)",
     "reported_aborted_but_committed": "item 8 (commit() reports ABORTED when unknown)",
@@ -106,8 +117,16 @@ class Truth:
     """Every truth file, joined by TxnID."""
 
     opens: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-    sent: dict[str, list[tuple[list[Any], bool]]] = field(
+    sent: dict[str, list[tuple[list[Any], str]]] = field(
         default_factory=lambda: defaultdict(list))
+    """TxnID -> ``(rec, how)``: ``how`` is ``late``, ``foreign`` or empty."""
+    unsure: set[str] = field(default_factory=set)
+    """Ids of records whose writer does not know whether they are in their txn."""
+    excluded: dict[str, set[tuple[str, int, int]]] = field(
+        default_factory=lambda: defaultdict(set))
+    """TxnID -> the raw places (topic, partition, offset) its writers were told are out."""
+    excluded_how: Counter[str] = field(default_factory=Counter)
+    """Excluded places by how the writer learnt it (``foreign`` / ``late``)."""
     ends: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     admin: dict[str, dict[str, Any]] = field(default_factory=dict)
     pairs: dict[str, str] = field(default_factory=dict)
@@ -148,8 +167,10 @@ def load_truth(truth_dir: Path) -> Truth:
         if e == "open":
             t.opens[txn].append(ev | {"file": stem})
         elif e == "sent":
-            late = bool(ev.get("late"))
-            t.sent[txn].extend((r, late) for r in ev["recs"])
+            how = "late" if ev.get("late") else "foreign" if ev.get("foreign") else ""
+            t.sent[txn].extend((r, how) for r in ev["recs"])
+            if ev.get("unsure"):
+                t.unsure.update(r[0] for r in ev["recs"])
             for oid, iid in ev.get("pairs", ()):
                 t.pairs[oid] = iid
         elif e == "end":
@@ -158,6 +179,13 @@ def load_truth(truth_dir: Path) -> Truth:
             t.admin[txn] = ev
         elif e == "late_rejected":
             t.late_rejected += 1
+            if ev.get("rec"):  # handed over, then the flush failed: fate unknown
+                t.sent[txn].append((ev["rec"], "late"))
+                t.unsure.add(ev["rec"][0])
+        elif e == "excluded":
+            for topic, partition, offset in ev["at"]:
+                t.excluded[txn].add((topic, int(partition), int(offset)))
+                t.excluded_how[ev.get("how", "")] += 1
         elif e == "intrusion":
             t.intrusions.append(ev)
         elif e == "intruder_stats":
@@ -186,14 +214,17 @@ class CheckResult:
     notes: dict[str, Any]
 
 
+_PREFIX = {"late": "late send: ", "foreign": "sent after a foreign commit, told in: "}
+
+
 def _diagnose(rid: str, txn: str, where: dict[str, tuple[tuple[str, int], int]],
-              raw: dict[tuple[str, int], RawPartition], late: bool) -> str:
+              raw: dict[tuple[str, int], RawPartition], how: str) -> str:
     loc = where.get(rid)
     if loc is None:
         return "not in the partition"
     tp, off = loc
     m = raw[tp].first_marker.get(txn)
-    prefix = "late send: " if late else ""
+    prefix = _PREFIX.get(how, "")
     if m is None:
         return prefix + "no marker for its txn on that partition"
     kind, moff = m
@@ -202,6 +233,21 @@ def _diagnose(rid: str, txn: str, where: dict[str, tuple[tuple[str, int], int]],
     if kind == "ABORT":
         return prefix + "under an ABORT marker"
     return prefix + "raw says visible, not delivered"
+
+
+def _place(loc: tuple[tuple[str, int], int] | None) -> tuple[str, int, int] | None:
+    """A record's raw place (topic, partition, offset), from ``where``."""
+    return None if loc is None else (loc[0][0], loc[0][1], loc[1])
+
+
+def _holds(raw: dict[tuple[str, int], RawPartition], place: tuple[str, int, int]) -> str:
+    """What the raw partition holds at ``place`` (for an unmatched excluded offset)."""
+    for rec in raw[(place[0], place[1])].records:
+        if rec.offset == place[2]:
+            if rec.marker is not None:
+                return f"a {rec.marker} marker of {rec.txn}"
+            return f"record {rec.value and rec.value.get('id')} of {rec.txn}"
+    return "nothing (not in the raw read)"
 
 
 def _reach(behind: dict[str, list[int]] | None, topic: str, partition: int, offset: int) -> str:
@@ -242,6 +288,7 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
 
     # ---- 1, 2: txns against beliefs
     txns: Counter[str] = Counter()
+    out_ids: set[str] = set()  # records of committed txns their writers were told are out
     all_txns = set(truth.opens) | set(truth.sent) | set(truth.ends)
     for txn in sorted(all_txns):
         exp = truth.expected(txn)
@@ -250,14 +297,35 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
         records_checked += len(recs)
         ids = {r[0] for r, _ in recs}
         seen = sum(1 for rid in ids if vis_count[rid])
+        out = truth.excluded.get(txn, set())
+        out_of_txn = {rid for rid in ids if rid not in truth.unsure
+                      and _place(where.get(rid)) in out}
+        matched = {_place(where.get(rid)) for rid in ids}
+        for place in sorted(out - matched):
+            if (place[0], place[1]) in raw:  # (a deleted topic's records are not read)
+                an.add("excluded_offset_unmatched", {
+                    "txn": txn, "at": "{}-{}@{}".format(*place),
+                    "holds": _holds(raw, place)})
         if exp == "contradictory":
             an.add("contradictory_outcomes", {"txn": txn, "ends": truth.ends[txn],
                                               "admin": truth.admin.get(txn)})
         elif exp == "committed":
-            for r, late in recs:
+            out_ids |= out_of_txn
+            for r, how in recs:
                 rid = r[0]
+                if rid in truth.unsure:
+                    continue  # its writer does not know: neither demanded nor forbidden
+                if rid in out_of_txn:
+                    if vis_count[rid]:
+                        tp, off = where[rid]
+                        an.add("excluded_record_visible", {
+                            "txn": txn, "id": rid, "at": f"{tp[0]}-{tp[1]}@{off}",
+                            "how": how or "co-write", "times": vis_count[rid],
+                            "first_marker": raw[tp].first_marker.get(txn)},
+                            sub="committed read")
+                    continue
                 if vis_count[rid] == 0:
-                    why = _diagnose(rid, txn, where, raw, late)
+                    why = _diagnose(rid, txn, where, raw, how)
                     an.add("committed_record_missing", {
                         "txn": txn, "id": rid, "partition": f"{r[1]}-{r[2]}", "why": why,
                         "visible_of_txn": seen, "records_of_txn": len(ids),
@@ -276,6 +344,8 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
                     "txn": txn, "id": d.value["id"], "at": f"{d.topic}-{d.partition}@{d.offset}",
                     "ends": truth.ends.get(txn), "admin": truth.admin.get(txn)})
         else:
+            ids -= truth.unsure | out_of_txn  # all or nothing: of the records said in
+            seen = sum(1 for rid in ids if vis_count[rid])
             if 0 < seen < len(ids):
                 an.add("unknown_txn_partial", {"txn": txn, "visible": seen, "records": len(ids),
                                                "ends": truth.ends.get(txn)})
@@ -342,6 +412,9 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
     for rid, rtxn in truth.received_txn.items():
         if rtxn is not None and truth.expected(rtxn) == "aborted":
             an.add("consumer_saw_aborted", {"id": rid, "txn": rtxn})
+        if rid in out_ids:
+            an.add("excluded_record_visible", {"id": rid, "txn": rtxn,
+                                               "times": truth.received[rid]}, sub="consumer")
 
     # ---- 6: raw agreement
     kinds_by_txn: dict[str, set[str]] = defaultdict(set)
@@ -379,9 +452,22 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
     intruder: Counter[str] = Counter()
     for counts in truth.intruder_counts.values():
         intruder.update(counts)
+    sent_how = Counter(how for recs in truth.sent.values() for r, how in recs
+                       if r[0] not in truth.unsure)
+    foreign = Counter((e.get("error") or "returned").split(":")[0]
+                      for ends in truth.ends.values() for e in ends if e.get("want") == "foreign")
     notes = {"late_sends_rejected": truth.late_rejected,
-             "late_sends_accepted": sum(1 for recs in truth.sent.values()
-                                        for _, late in recs if late),
+             "late_sends_accepted": sent_how["late"] - truth.excluded_how["late"],
+             "late_sends_excluded": truth.excluded_how["late"],
+             "foreign_commits": sum(1 for ends in truth.ends.values() for e in ends
+                                    if e.get("want") == "cocommit"
+                                    and e.get("outcome") == "committed"),
+             "foreign_opener_commits_returned": foreign.pop("returned", 0),
+             "foreign_opener_commits_excluded": foreign.pop("RecordsExcludedError", 0),
+             "foreign_opener_commits_other_error": sum(foreign.values()),
+             "foreign_records_sent_after": sent_how["foreign"],
+             "foreign_records_excluded": truth.excluded_how["foreign"],
+             "records_fate_unknown": len(truth.unsure),
              "processor_redeliveries_seen": truth.regressions,
              "processor_duplicate_deliveries_in_a_batch": truth.dup_in_batch,
              "consumer_records_received": sum(truth.received.values()),
