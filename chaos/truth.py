@@ -17,7 +17,8 @@ Events (field ``e``):
 - ``excluded``: the writer ``by`` was told (``RecordsExcludedError``) that its records
   of ``txn`` at ``at`` = ``[[topic, partition, offset], ...]`` are out of it (they
   landed after its first marker; readers drop them); ``how``: ``foreign`` (the opener's
-  commit) or ``late`` (the peer's flush). Its other records of the txn are in.
+  commit), ``late`` (the peer's flush) or ``cocommit`` (the peer's commit). Its other
+  records of the txn are in.
 - ``late_rejected``: a late send was refused with an error (what Pulsar does); ``rec``
   if the send was handed over before the error (its fate is unknown).
 - ``end``: the opener's outcome for ``txn``: ``want`` (commit/abort/abandon/slow/late/

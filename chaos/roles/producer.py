@@ -344,6 +344,9 @@ class ProducerRole:
         except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
             exc = e
         outcome = commit_outcome(txn, exc)
+        if isinstance(exc, RecordsExcludedError):  # the opener's END decided it first
+            self.truth.write({"e": "excluded", "txn": req["txn"], "by": self.co.writer,
+                              "how": "cocommit", "at": excluded_at(exc)})
         self.truth.write({"e": "end", "txn": req["txn"], "by": self.co.writer,
                           "want": "cocommit", "co": True, "outcome": outcome,
                           "status": txn.status.value,
