@@ -81,9 +81,10 @@ class Profile:
     late_ratio: float = 0.05
     """Txns whose co-writer sends once more after the commit (item 7; issue 33: its
     flush says whether the record is in)."""
-    foreign_ratio: float = 0.06
+    foreign_ratio: float = 0.1
     """Txns the co-writer commits from its process while the opener still writes
-    (issue 33): the opener's ``commit()`` names the records that are out."""
+    (issue 33): the opener's ``commit()`` names the records that are out. A short run
+    has ~80 producer txns: this gives it ~8."""
     hold_s: tuple[float, float] = (0.0, 1.2)
     """How long an opener keeps a txn open before ending it (admin aborts hit these)."""
     admin_abort_every_s: float = 9.0

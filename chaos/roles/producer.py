@@ -12,11 +12,11 @@ timeout)``), then end it:
   once more into it through its attached handle and flushes: the record is in if it
   landed before the txn's marker, else the flush raises ``RecordsExcludedError``
   naming it), and ``foreign`` (the peer commits it from its process through its
-  attached handle while the opener still writes: the opener then sends 1-3 more
-  records to its partitions and commits; its ``commit()`` returns (all its records
-  are in) or raises ``RecordsExcludedError`` naming those that landed after the
-  marker, logged as an ``excluded`` event: the checker holds every record to that
-  answer, record by record).
+  attached handle while the opener still writes: the opener sends 1-3 more records
+  to its partitions, while the peer commits or once it has, and commits; its
+  ``commit()`` returns (all its records are in) or raises ``RecordsExcludedError``
+  naming those that landed after the marker, logged as an ``excluded`` event: the
+  checker holds every record to that answer, record by record).
 
 In the hostile profile a share of txns (``doomed_ratio``) also writes one record to the
 ``doomed`` topic, which the harness deletes halfway through the workload: txns that
@@ -58,9 +58,11 @@ ATTACHED_MAX = 512
 """Txns of other processes this peer keeps handles of (for late sends); LRU."""
 KINDS = ("abort", "slow", "abandon", "late", "foreign")
 """The ways to end a txn other than a plain commit, each with its ``<kind>_ratio``."""
-FOREIGN_WAIT_S = (0.0, 0.3)
-"""After the peer's commit returned, before the opener's next sends: the txn's markers
-are written after the decision, so the sends land before them or after, at random."""
+FOREIGN_RACE_S = (0.0, 0.05)
+"""Half the foreign txns: the opener's next sends start this long after it asked the
+peer to commit, while the peer commits, so they land before the txn's marker or after
+it; the other half send once the peer's commit returned (the markers are written right
+after the decision: those records are mostly out)."""
 
 
 def excluded_at(exc: RecordsExcludedError) -> list[list[Any]]:
@@ -209,7 +211,11 @@ class ProducerRole:
 
     def _foreign(self, txn: Transaction, end: dict[str, Any], w: _Writer,
                  rng: random.Random, mine: list[int]) -> None:
-        """The peer commits ``txn``; this opener then sends 1-3 records more and commits.
+        """The peer commits ``txn``; this opener sends 1-3 records more and commits.
+
+        The records go out while the peer commits (``racing``) or once it has; either
+        way the opener's ``commit()`` comes after the peer's answer, so the peer's END
+        usually decides and the opener learns the fate of its records.
 
         The records logged ``sent`` before were flushed while the txn was open: they are
         in. Of the later ones, those ``RecordsExcludedError`` names are out (logged as
@@ -217,8 +223,16 @@ class ProducerRole:
         their fate is unknown (logged ``unsure``: the checker neither demands nor
         forbids them). Each later record is logged once its send was handed over.
         """
-        reply = self._peer({"op": "cocommit", "txn": str(txn.id), "timeout": txn.timeout_s})
-        self.stop.wait(rng.uniform(*FOREIGN_WAIT_S))
+        reply: dict[str, Any] = {}
+        asked = threading.Thread(target=lambda: reply.update(self._peer(
+            {"op": "cocommit", "txn": str(txn.id), "timeout": txn.timeout_s})),
+            name="cocommit", daemon=True)
+        asked.start()
+        racing = rng.random() < 0.5
+        if racing:
+            self.stop.wait(rng.uniform(*FOREIGN_RACE_S))
+        else:
+            asked.join()
         after: list[list[Any]] = []
         refused: str | None = None
         for _ in range(rng.randint(1, 3)):
@@ -230,6 +244,7 @@ class ProducerRole:
                 refused = f"{type(err).__name__}: {err}"
                 break
             after.append(rec)
+        asked.join()  # the peer's commit first (if it got through): this one then learns
         exc: BaseException | None = None
         try:
             txn.commit()
@@ -244,7 +259,8 @@ class ProducerRole:
                               "how": "foreign", "at": excluded_at(exc)})
         self.truth.write(end | {"outcome": commit_outcome(txn, exc), "status": txn.status.value,
                                 "error": None if exc is None else f"{type(exc).__name__}: {exc}",
-                                "peer": reply, "sent_after": len(after), "refused": refused,
+                                "peer": reply, "racing": racing, "sent_after": len(after),
+                                "refused": refused,
                                 "t": time.time()})
 
     def _peer(self, req: dict[str, Any]) -> dict[str, Any]:
