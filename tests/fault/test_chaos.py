@@ -5,8 +5,10 @@ coordinator workers, producers, processors and consumers on an authenticated lin
 -9 / SIGSTOP / broker kill at random, and an intruder: a stranger principal sending
 requests about the honest txns, clients without valid credentials, raw connections)
 and asserts on its JSON summary: every fault kind was injected, every intruder kind
-was refused, forged markers, txn.ids and endpoint records were written, work was done
-and checked, and the checker counted 0 anomalies (none of the forged records delivered).
+was refused, forged markers, txn.ids and endpoint records were written, a co-writer
+committed txns from another process while their openers still wrote (issue 33), work
+was done and checked, and the checker counted 0 anomalies (none of the forged records
+delivered; every writer's in/out answer what readers deliver).
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def test_hostile_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
     assert s["txns"]["aborted"] > 0, s["txns"]
     assert s["records"]["checked"] > 0, s["records"]
     assert s["records"]["visible_out"] > 0, s["records"]
+    assert s["notes"]["foreign_commits"] > 0, s["notes"]  # the co-writer committed some
+    assert s["notes"]["foreign_records_sent_after"] > 0, s["notes"]  # and openers wrote on
     assert all(b["ok"] for b in s["bounds"].values()), s["bounds"]
     anomalies = {k: (a["count"], a["examples"][:1]) for k, a in s["anomalies"].items()}
     assert s["anomaly_count"] == 0, f"{s['anomaly_count']} anomalies: {anomalies}"
