@@ -20,7 +20,6 @@ from tests.integration.coordinator.conftest import (  # noqa: F401  (a fixture)
     FAST_FAILOVER_MS,
     TXNSTREAM_BIN,
     make_topic,
-    own_config,
     read_all,
     wait_until,
 )
