@@ -39,6 +39,16 @@ def write_one_per_txn(client: Client, topic: str, values: list[bytes]) -> None:
     producer.close()
 
 
+def recreate(config: Config, worker, tp: TopicPartition) -> None:  # type: ignore[no-untyped-def]
+    """Delete ``tp``'s topic and create it again; return once its buffer owner serves the
+    new log (log epoch 1). Records written before that may be judged by the old log's
+    state (docs/buffer.md, Known limits: a separate window, not this test's)."""
+    delete_topic(config, tp.topic)
+    create_topic_again(config, tp.topic)
+    wait_until(lambda: (s := worker.buffers.served.get(tp)) is not None
+               and s.buf.log_epoch == 1, 30, "the buffer owner serving the new log")
+
+
 def committed_offset(config: Config, subscription: str, tp: TopicPartition) -> int:
     c = KafkaConsumer(config.consumer(subscription))
     try:
@@ -106,8 +116,7 @@ def test_a_consumer_kept_running_delivers_a_recreated_topics_new_log(config, wor
         wait_until(lambda: running.got == old, 45, "the old log delivered")
         # 10 txns: a record and a marker each; the cursor is past the last marker
         wait_until(lambda: committed_offset(config, sub, tp) == 20, 30, "cursor 20 committed")
-        delete_topic(config, topic)
-        create_topic_again(config, topic)
+        recreate(config, worker, tp)
         write_one_per_txn(client, topic, NEW)
         deadline = time.monotonic() + 60
         while len(running.got) < len(old) + len(NEW) and time.monotonic() < deadline:
@@ -131,7 +140,7 @@ def test_a_subscription_started_after_the_recreation_delivers_the_new_log(config
                                                                           client):
     """The old log's cursor (at old-8), an individual ack above it (old-9) and an ack
     pending in an open txn (old-8) are all of the old log: none applies to the new
-    log's offsets, not even when that txn commits later."""
+    log's offsets, not even when that txn ends later (its abort gives back nothing)."""
     topic = make_topic(config, 1, "recreated")
     tp = TopicPartition(topic, 0)
     sub = f"later-{uuid.uuid4().hex[:6]}"
@@ -148,8 +157,7 @@ def test_a_subscription_started_after_the_recreation_delivers_the_new_log(config
     c.acknowledge(msgs[8], txn=held)
     c.close()
     assert committed_offset(config, sub, tp) == msgs[8].offset
-    delete_topic(config, topic)
-    create_topic_again(config, topic)
+    recreate(config, worker, tp)
     write_one_per_txn(client, topic, NEW)
     later = client.subscribe(topic, subscription=sub)
     try:
@@ -159,7 +167,7 @@ def test_a_subscription_started_after_the_recreation_delivers_the_new_log(config
             got.extend(later.receive_batch(100, timeout_s=1))
         values = [m.value for m in got]
         assert values == NEW, f"a subscription started after delivered {values}"
-        held.commit()  # its ack was of old-8, not new-8
+        held.abort()  # its ack was of old-8: new-8 is not delivered again
         for m in got[:5]:
             later.acknowledge(m)
         assert later.receive(timeout_s=3) is None
