@@ -24,6 +24,7 @@ from tests.integration.consumer.conftest import make_topic, wait_until
 from tests.integration.coordinator.conftest import create_topic_again, delete_topic
 from txnstream import Client, Config, TopicPartition
 from txnstream.consumer import Consumer
+from txnstream.errors import TxnStreamError
 
 pytestmark = pytest.mark.integration
 
@@ -168,6 +169,8 @@ def test_a_subscription_started_after_the_recreation_delivers_the_new_log(config
         values = [m.value for m in got]
         assert values == NEW, f"a subscription started after delivered {values}"
         held.abort()  # its ack was of old-8: new-8 is not delivered again
+        with pytest.raises(TxnStreamError, match="not a message delivered"):
+            later.acknowledge(msgs[2])  # old-2, at the offset of new-2 (unacked)
         for m in got[:5]:
             later.acknowledge(m)
         assert later.receive(timeout_s=3) is None
