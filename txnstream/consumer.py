@@ -93,8 +93,7 @@ class Consumer:
                               "argument, or bound a fetch with librdkafka's "
                               "'fetch.max.bytes'")
         self.topics = [topics] if isinstance(topics, str) else list(topics)
-        self.subscription = subscription
-        self._nack_delay = nack_delay_s
+        self.subscription, self._nack_delay = subscription, nack_delay_s
         self._lock = threading.RLock()
         self._queue = ReadyQueue()
         self.member_id = f"{subscription}-{uuid.uuid4().hex[:8]}"
@@ -216,9 +215,8 @@ class Consumer:
         ``read_committed`` loop builds). Records of a partition after the one it waits at
         are ignored (the seek fetches them again).
         """
-        queue, views = self._queue, self._follower.views
+        queue, views, ids = self._queue, self._follower.views, self._txn_ids
         ready, unacked_of = queue.ready, None
-        ids = self._txn_ids
         key: tuple[str, int] | None = None
         r: PartitionDelivery | None = None
         view = None
@@ -440,6 +438,8 @@ class Consumer:
 
     def _was_visible(self, r: PartitionDelivery, msg: Message) -> bool:
         view = self._follower.views.get(r.tp)
+        if r.unacked.get(msg.offset, msg) != msg:
+            return False  # another record there: msg is of a log gone since (recreated)
         if view is None or msg.offset < view.trimmed_below:
             return True  # plain, or below the cursor (the handle decides)
         return view.visible(msg.offset, msg.txn_id.to_bytes() if msg.txn_id else None)

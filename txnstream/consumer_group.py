@@ -17,7 +17,12 @@ log before delivering anything (DESIGN.md section 7):
    as offset metadata, so lag tools keep working and a new owner replays seconds of the
    log, never all of it;
 5. **pause and resume**: a partition waits (paused, sought back) at the first record
-   past the served max read position, and resumes when the position reaches it.
+   past the served max read position, and resumes when the position reaches it;
+6. **a new log**: the cursor and the pending-ack state note the partition's log epoch
+   (the served buffer state's). When the view moves to a newer epoch (the topic was
+   deleted and created again) the partition is taken again at once: the claim starts
+   the pending-ack state over on the new log, delivered from its start
+   (:func:`~txnstream.delivery.start_on_log`, docs/pendingack.md).
 
 :class:`GroupMember` does all of this for the :class:`~txnstream.consumer.Consumer`,
 under the consumer's lock, and tells it through :class:`DeliveryOwner` when a partition
@@ -37,7 +42,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
-from txnstream.delivery import PartitionDelivery
+from txnstream.delivery import PartitionDelivery, newer_log, start_on_log
 from txnstream.errors import (
     KafkaErrorKind,
     NotAuthorizedError,
@@ -46,7 +51,7 @@ from txnstream.errors import (
     classify_kafka_error,
 )
 from txnstream.pendingack.handle import PendingAckHandle
-from txnstream.pendingack.records import Checkpointed
+from txnstream.pendingack.records import CursorMetadata
 from txnstream.pendingack.store import PendingAckStore
 from txnstream.types import TopicPartition, TxnStatus
 
@@ -130,19 +135,20 @@ class GroupMember:
         self._follower.unfollow(tp)
         self._owner.partition_dropped(tp, why, fence_txns)
 
-    def fenced(self, tp: TopicPartition) -> None:
-        """A newer owner claimed ``tp`` (lock held): stop delivering it here.
+    def fenced(self, tp: TopicPartition, why: str = "fenced",
+               retake_after_s: float = RETAKE_AFTER_S) -> None:
+        """A newer owner claimed ``tp`` (or it has a new log; lock held): stop here.
 
         It stays paused in the assignment and is claimed again later if the group still
         assigns it here (the other claim was a zombie's); a revoke cancels that.
         """
-        self.drop(tp, "fenced", fence_txns=False)
+        self.drop(tp, why, fence_txns=False)
         try:  # stays in librdkafka's assignment (it is the group's), paused
             self.kafka.pause([KafkaTP(tp.topic, tp.partition)])
         except KafkaException as exc:
             log.debug("pause %s: %s", tp, exc)
         if tp in self._owned:
-            self._retake[tp] = time.monotonic() + RETAKE_AFTER_S
+            self._retake[tp] = time.monotonic() + retake_after_s
 
     def close(self) -> None:
         """Leave the group (the cursor is committed by the caller first)."""
@@ -186,26 +192,34 @@ class GroupMember:
         timeout = self._config.admin_timeout_s
         ktp = KafkaTP(tp.topic, tp.partition)
         found = self.kafka.committed([ktp], timeout=timeout)[0]
-        committed = found.offset
-        pointer = Checkpointed.from_metadata(found.metadata)
+        meta = CursorMetadata.from_metadata(found.metadata)
         with self._lock:
             status = self._follower.follow(tp)
+            view = self._follower.views.get(tp)
         low, high = self.kafka.get_watermark_offsets(ktp, timeout=timeout)
-        if committed >= 0:
-            start = committed
-        elif self._initial == "earliest":
-            start = low
-        else:  # latest: the committed end (Kafka's LSO) as of now
-            start = high
-            if status is not ServeStatus.PLAIN:
-                start = self._committed_end(tp, high, low, timeout)
-        # Rebuild the pending acks before delivering anything, then claim the partition.
-        handle = self._acks.replay(tp, pointer)
-        start = max(start, handle.cursor, low)
-        owner_at = self._acks.claim(handle, cursor=start)
+
+        def initial() -> int:  # latest: the committed end (Kafka's LSO) as of now
+            if self._initial == "earliest" or status is ServeStatus.PLAIN:
+                return int(low if self._initial == "earliest" else high)
+            return self._committed_end(tp, high, low, timeout)
+
+        # Rebuild the pending acks before delivering anything, then claim the partition
+        # on the log the view serves (a state of an older log starts over in the claim).
+        handle = self._acks.replay(tp, meta.checkpoint)
+        plan = start_on_log(found.offset, meta.log_epoch, handle.log_epoch, handle.cursor,
+                            None if view is None else view.log_epoch, low, initial)
+        if plan.new_log or plan.committed != found.offset:
+            log.warning("%s: %s is a new log (log epoch %d; the topic was recreated): the "
+                        "cursor %d and pending acks of the old log (epoch %s) are not applied "
+                        "to it; delivering it from %d", self.member_id, tp, plan.log_epoch,
+                        found.offset, handle.log_epoch, plan.start)
+        owner_at = self._acks.claim(handle, cursor=plan.start, log_epoch=plan.log_epoch)
         self._end_predecessors(tp, handle)
+        start = plan.start
         reader = PartitionDelivery(tp, self._follower.status.get(tp, status), deliver_pos=start,
-                                  committed=committed, handle=handle, checkpoint=pointer)
+                                  committed=plan.committed, handle=handle,
+                                  checkpoint=meta.checkpoint)
+        reader.pointer_dirty = reader.metadata() != found.metadata  # a new epoch to commit
         with self._lock:
             self.readers[tp] = reader
             self._retake.pop(tp, None)
@@ -328,7 +342,9 @@ class GroupMember:
 
         A partition read plain waits only at a txn record whose junk check is not due
         yet; ``moved`` names it once it is (:mod:`txnstream.buffer.unregistered`).
+        First, a partition whose view moved to a newer log is taken again.
         """
+        self._follow_log_epochs()
         for r in self.readers.values():
             if r.status is ServeStatus.WAITING:
                 r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
@@ -347,6 +363,28 @@ class GroupMember:
                     log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
                     continue
                 r.wait_at = None
+
+    def _follow_log_epochs(self) -> None:
+        """Note each view's log epoch beside the cursor; a newer one: take it again now.
+
+        A view of a newer epoch serves a new log (the topic was deleted and created
+        again): every position held here is of the old one. The partition is dropped
+        (its waiting messages go; txns holding acks on it go on: their marks end nothing
+        on the new log) and taken again at the next receive, where the claim starts the
+        pending-ack state over on the new log's start. An epoch not known yet (state
+        written before epochs were noted, a partition read plain so far) is 0.
+        """
+        for r in list(self.readers.values()):
+            view, h = self._follower.views.get(r.tp), r.handle
+            if view is None or h is None or view.log_epoch == h.log_epoch:
+                continue
+            if h.log_epoch < 0 and view.log_epoch == 0:
+                h.log_epoch, r.pointer_dirty = 0, True
+            elif newer_log(h.log_epoch, view.log_epoch):
+                log.warning("%s: %s has a new log (log epoch %d -> %d: the topic was "
+                            "recreated): taking it again, from the new log's start",
+                            self.member_id, r.tp, h.log_epoch, view.log_epoch)
+                self.fenced(r.tp, f"new log (epoch {view.log_epoch})", retake_after_s=0.0)
 
     def wait_at(self, r: PartitionDelivery, offset: int) -> None:
         """Stop fetching ``r`` at ``offset`` until the served state covers it.
@@ -423,7 +461,7 @@ class GroupMember:
             return
         try:
             tps = [KafkaTP(r.tp.topic, r.tp.partition, max(c, r.committed),
-                           metadata=r.checkpoint.to_metadata() if r.checkpoint else None)
+                           metadata=r.metadata())
                    for r, c in offsets]
             if force:
                 self.kafka.commit(offsets=tps, asynchronous=False)

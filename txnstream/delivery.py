@@ -15,6 +15,11 @@ pending-ack state: the cursor, individual acks above it, acks pending in txns).
 order, nacked ones after their delay, and redeliveries after an abort in offset order
 ahead of later ones (Pulsar redelivers 0, 1, 2 before 3, 4).
 
+Where a partition's delivery starts (:func:`start_on_log`): the committed cursor and the
+pending-ack state each know which log of the partition they are of (its log epoch, as
+the served buffer state numbers them); one of a log gone since (the topic was deleted
+and created again) is not applied to the new log, which is delivered from its start.
+
 Nothing here locks, fetches or logs: the consumer calls it under its lock, and
 ``tests/unit/test_delivery.py`` checks the decisions without a broker.
 """
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from txnstream.message import Message
+from txnstream.pendingack.records import CursorMetadata
 from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
@@ -36,7 +42,8 @@ if TYPE_CHECKING:
     from txnstream.pendingack.handle import PendingAckHandle
     from txnstream.pendingack.records import Checkpointed
 
-__all__ = ["PartitionDelivery", "ReadyQueue", "Verdict", "message_order", "verdict"]
+__all__ = ["PartitionDelivery", "ReadyQueue", "StartPlan", "Verdict", "message_order",
+           "newer_log", "start_on_log", "verdict"]
 
 
 class Verdict(enum.Enum):
@@ -58,6 +65,67 @@ def verdict(view: BufferView | None, offset: int, txn_raw: bytes | None,
     if marker or not view.visible(offset, txn_raw):
         return Verdict.SKIP
     return Verdict.DELIVER
+
+
+def newer_log(noted: int | None, now: int | None) -> bool:
+    """Whether positions noted on log epoch ``noted`` are of a log gone since.
+
+    ``now`` is the served view's epoch; None (no view: a partition read plain, or not
+    served yet) decides nothing. A position with no epoch noted (None or -1: metadata
+    or pending-ack records of a version that noted none, a claim made before any view)
+    counts as of the first log, epoch 0: epochs start there, and a log of a higher one
+    was created after the buffer role found the topic recreated, so positions taken
+    before are of a log gone (if they were taken after, by an older version, the new
+    log comes again from its start: records twice, none lost).
+    """
+    return now is not None and now > (noted if noted is not None and noted >= 0 else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """Where a new owner of a partition starts (:func:`start_on_log`)."""
+
+    start: int
+    """The first offset to deliver (the claim's cursor)."""
+    committed: int
+    """The committed cursor if it applies to this log, else -1 (commits may go lower)."""
+    new_log: bool
+    """The pending-ack state is of an older log: the claim starts it over on this one."""
+    log_epoch: int
+    """The log epoch the claim notes beside its cursor (-1 not known)."""
+
+
+def start_on_log(committed: int, cursor_epoch: int | None, state_epoch: int,
+                 state_cursor: int, view_epoch: int | None, low: int,
+                 initial: Callable[[], int]) -> StartPlan:
+    """Where to start delivering a partition just taken, and on which log.
+
+    ``committed`` is the group's committed offset (-1 none) and ``cursor_epoch`` the log
+    epoch its metadata notes; ``state_epoch`` and ``state_cursor`` are the replayed
+    pending-ack state's; ``view_epoch`` the served view's now (None: none yet);
+    ``low`` the log start; ``initial()`` the subscription's initial position (asked
+    only for a subscription with no cursor and no state of an older log).
+
+    A cursor or a state of a log older than the view's is of a log that is gone: the
+    subscription read that topic before it was recreated, so the new log is delivered
+    from its start (``low``), whatever the initial position; a state that still applies
+    keeps every offset below its cursor acked.
+    """
+    stale_cursor = committed >= 0 and newer_log(cursor_epoch, view_epoch)
+    stale_state = newer_log(state_epoch, view_epoch)
+    if committed >= 0 and not stale_cursor:
+        start = committed
+    elif stale_cursor or stale_state:
+        start = low
+    else:
+        start = initial()
+    if not stale_state:
+        start = max(start, state_cursor)
+    if view_epoch is not None:
+        epoch = view_epoch
+    else:
+        epoch = max(state_epoch, -1 if cursor_epoch is None else cursor_epoch)
+    return StartPlan(max(start, low), -1 if stale_cursor else committed, stale_state, epoch)
 
 
 def message_order(m: Message) -> tuple[str, int, int]:
@@ -87,6 +155,12 @@ class PartitionDelivery:
     """The latest pending-ack checkpoint; committed with the cursor as offset metadata."""
     checkpoint_due: float = 0.0
     pointer_dirty: bool = False
+    """The offset metadata changed (a checkpoint, the log epoch): commit it."""
+
+    def metadata(self) -> str | None:
+        """The committed offset's metadata: the log epoch and the latest checkpoint."""
+        epoch = self.handle.log_epoch if self.handle is not None else -1
+        return CursorMetadata(epoch if epoch >= 0 else None, self.checkpoint).to_metadata()
 
     def cursor(self) -> int:
         """The group offset to commit: below every unacked or pending offset."""

@@ -27,6 +27,16 @@ an ack is valid only if it carries the generation of the latest ``OWNER`` before
 a fenced member's late acks are ignored. Marks from the coordinator are decided outcomes
 and always apply. Folding the same log gives the same state: that is how a new owner
 rebuilds the handle before it delivers anything.
+
+Log epochs: the offsets here are of one log of the data partition. A topic deleted and
+created again has a new log, its offsets from the start again, and the buffer role
+serves it one log epoch up. An ``OWNER`` naming a newer ``log_epoch`` than the state's
+starts the state over on that log: its cursor is taken as is (it may be lower), and the
+old log's acked offsets and pending acks are dropped (those txns' marks then end
+nothing here; their late acks carry an older generation and are ignored). Ended txns
+are kept. A state whose epoch is not known (-1: records written before epochs were
+noted, a partition read plain, a claim before any served view) counts as epoch 0, the
+first log (as :func:`txnstream.delivery.newer_log` decides at a claim).
 """
 
 from __future__ import annotations
@@ -92,6 +102,8 @@ class PendingAckHandle:
     generation: int = -1
     owner: str = ""
     """Member id of the latest valid OWNER record."""
+    log_epoch: int = -1
+    """The log epoch of the data partition the offsets are of; -1 not known."""
 
     # ------------------------------------------------------------ acks
 
@@ -212,6 +224,10 @@ class PendingAckHandle:
                 return False
             self.generation = entry.generation
             self.owner = entry.member_id
+            if entry.log_epoch > max(self.log_epoch, 0):
+                self.new_log(entry.log_epoch, entry.cursor)
+                return True
+            self.log_epoch = max(self.log_epoch, entry.log_epoch)
             self.cursor = max(self.cursor, entry.cursor)
             self._advance()
             return True
@@ -234,6 +250,18 @@ class PendingAckHandle:
             return False
         return True
 
+    def new_log(self, log_epoch: int, cursor: int) -> None:
+        """Start over on a new log of the partition (the topic was recreated).
+
+        Every offset held here was of the old log: the cursor becomes ``cursor`` (the new
+        log's), acked and pending offsets go. Ended txns stay (TxnIDs are never reused).
+        """
+        self.log_epoch = log_epoch
+        self.cursor = cursor
+        self.acked = set()
+        self.pending = {}
+        self.cumulative = None
+
     # ------------------------------------------------------------ checkpoints
 
     def checkpoint(self) -> PendingAckCheckpoint:
@@ -246,7 +274,8 @@ class PendingAckHandle:
             self.cursor, tuple(sorted(self.acked)),
             tuple((t, tuple(offs)) for t, offs in by_txn.items()), self.cumulative,
             tuple((t, s is TxnStatus.COMMITTED)
-                  for t, s in list(self.ended.items())[-CHECKPOINT_ENDED_MAX:]))
+                  for t, s in list(self.ended.items())[-CHECKPOINT_ENDED_MAX:]),
+            self.log_epoch)
 
     def restore(self, ckpt: PendingAckCheckpoint) -> None:
         """Take a checkpoint's state (ended txns seen so far are kept, its own added)."""
@@ -256,6 +285,7 @@ class PendingAckHandle:
         self.acked = {o for o in ckpt.acked if o >= ckpt.cursor}
         self.pending = {o: t for t, offs in ckpt.pending for o in offs}
         self.cumulative = ckpt.cumulative
+        self.log_epoch = ckpt.log_epoch
         for t, committed in ckpt.ended:
             self._end(t, TxnStatus.COMMITTED if committed else TxnStatus.ABORTED)
 

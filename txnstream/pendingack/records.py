@@ -17,7 +17,7 @@ from txnstream.errors import CorruptRecordError
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["PendingAckKind", "PendingAckEntry", "PendingAckCheckpoint", "CHECKPOINT_HEADER",
-           "Checkpointed", "is_checkpoint"]
+           "Checkpointed", "CursorMetadata", "is_checkpoint"]
 
 CHECKPOINT_HEADER = "txnstream.pa"
 """Header marking a :class:`PendingAckCheckpoint` in the pending-ack log (value
@@ -47,6 +47,8 @@ class PendingAckEntry:
     generation: int = -1
     member_id: str = ""
     cursor: int = -1
+    log_epoch: int = -1
+    """OWNER: the log epoch of the data partition ``cursor`` is on; -1 not known."""
 
     @property
     def tp(self) -> TopicPartition:
@@ -71,6 +73,7 @@ class PendingAckEntry:
             "partition": self.partition, "most_bits": t.most_bits if t else -1,
             "least_bits": t.least_bits if t else -1, "offsets": list(self.offsets),
             "generation": self.generation, "member_id": self.member_id, "cursor": self.cursor,
+            "log_epoch": self.log_epoch,
         })
 
     @classmethod
@@ -80,7 +83,8 @@ class PendingAckEntry:
         try:
             txn = TxnID(r["most_bits"], r["least_bits"]) if r["most_bits"] >= 0 else None
             return cls(PendingAckKind(r["kind"]), r["subscription"], r["topic"], r["partition"],
-                       txn, tuple(r["offsets"]), r["generation"], r["member_id"], r["cursor"])
+                       txn, tuple(r["offsets"]), r["generation"], r["member_id"], r["cursor"],
+                       r["log_epoch"])
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"pending_ack_entry: {exc!r}") from exc
 
@@ -100,6 +104,8 @@ class PendingAckCheckpoint:
     cumulative: tuple[TxnID, int] | None = None
     ended: tuple[tuple[TxnID, bool], ...] = ()
     """The newest txns that ended here, oldest first, and whether each committed."""
+    log_epoch: int = -1
+    """The log epoch of the data partition the offsets are of; -1 not known."""
 
     @property
     def tp(self) -> TopicPartition:
@@ -124,6 +130,7 @@ class PendingAckCheckpoint:
             "cumulative_offset": cum[1] if cum else -1,
             "ended": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
                        "committed": committed} for t, committed in self.ended],
+            "log_epoch": self.log_epoch,
         })
 
     @classmethod
@@ -138,7 +145,7 @@ class PendingAckCheckpoint:
                        tuple((TxnID(p["most_bits"], p["least_bits"]), tuple(p["offsets"]))
                              for p in r["pending"]), cum,
                        tuple((TxnID(e["most_bits"], e["least_bits"]), e["committed"])
-                             for e in r["ended"]))
+                             for e in r["ended"]), r["log_epoch"])
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"pending_ack_checkpoint: {exc!r}") from exc
 
@@ -154,7 +161,10 @@ def key_of(subscription: str, tp: TopicPartition) -> bytes:
 
 
 METADATA_PREFIX = "txnstream-pa1:"
-"""Committed offset metadata naming the partition's latest pending-ack checkpoint."""
+"""Committed offset metadata of version 1: ``txnstream-pa1:P:C`` (a checkpoint pointer)."""
+METADATA_PREFIX_V2 = "txnstream-pa2:"
+"""Version 2: ``txnstream-pa2:E:P:C``, the cursor's log epoch ``E`` beside the pointer
+(each part empty when there is none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,16 +178,49 @@ class Checkpointed:
     at: int
 
     def to_metadata(self) -> str:
-        """Kept in the group's committed offset metadata (a few bytes of its 4 KiB)."""
+        """Version 1 metadata (what :class:`CursorMetadata` writes with no log epoch known)."""
         return f"{METADATA_PREFIX}{self.position}:{self.at}"
 
     @classmethod
     def from_metadata(cls, text: str | None) -> Checkpointed | None:
-        """Parse; None when there is none (or another tool's metadata)."""
-        if not text or not text.startswith(METADATA_PREFIX):
-            return None
+        """Parse either version; None when there is none (or another tool's metadata)."""
+        return CursorMetadata.from_metadata(text).checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class CursorMetadata:
+    """What a subscription keeps in its committed offset's metadata, beside the cursor.
+
+    ``log_epoch``: which log of the partition the cursor is an offset of (the served
+    buffer state's :attr:`~txnstream.buffer.served.BufferView.log_epoch`; None where not
+    known: a partition read plain, or metadata written before version 2). A reader whose
+    view is of a newer epoch knows the cursor belongs to a log that is gone (the topic
+    was recreated). ``checkpoint``: the latest pending-ack checkpoint. Tens of bytes of
+    Kafka's 4 KiB (``offset.metadata.max.bytes``).
+    """
+
+    log_epoch: int | None = None
+    checkpoint: Checkpointed | None = None
+
+    def to_metadata(self) -> str | None:
+        """Version 2 text; version 1 (or None) when no log epoch is known."""
+        c = self.checkpoint
+        if self.log_epoch is None:
+            return c.to_metadata() if c is not None else None
+        where = f"{c.position}:{c.at}" if c is not None else ":"
+        return f"{METADATA_PREFIX_V2}{self.log_epoch}:{where}"
+
+    @classmethod
+    def from_metadata(cls, text: str | None) -> CursorMetadata:
+        """Parse version 1 or 2; empty for none, another tool's or garbled metadata."""
         try:
-            pos, at = text[len(METADATA_PREFIX):].split(":")
-            return cls(int(pos), int(at))
+            if text and text.startswith(METADATA_PREFIX):
+                pos, at = text[len(METADATA_PREFIX):].split(":")
+                return cls(None, Checkpointed(int(pos), int(at)))
+            if text and text.startswith(METADATA_PREFIX_V2):
+                epoch, pos, at = text[len(METADATA_PREFIX_V2):].split(":")
+                return cls(int(epoch) if epoch else None,
+                           Checkpointed(int(pos), int(at)) if pos and at else None)
         except ValueError:
-            return None
+            pass
+        return cls()

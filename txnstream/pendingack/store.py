@@ -224,8 +224,12 @@ class PendingAckStore:
         handle.apply(entry)
         return entry
 
-    def claim(self, handle: PendingAckHandle, cursor: int) -> int:
+    def claim(self, handle: PendingAckHandle, cursor: int, log_epoch: int = -1) -> int:
         """Append this member's OWNER record (a newer generation); fold up to it.
+
+        ``log_epoch``: the log ``cursor`` is on (-1 not known); newer than the handle's,
+        the fold of the OWNER starts the state over on that log
+        (:meth:`PendingAckHandle.new_log`), for this owner and every later replay.
 
         The generation is at least the log end :meth:`replay` read to, and above the
         latest one folded. So a generation is never above its own OWNER's offset, and
@@ -249,7 +253,8 @@ class PendingAckStore:
         entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, handle.tp.topic,
                                 handle.tp.partition,
                                 generation=max(handle.generation + 1, floor),
-                                member_id=self.member_id, cursor=cursor)
+                                member_id=self.member_id, cursor=cursor,
+                                log_epoch=log_epoch)
         w = write_owner_record(self._producer, self.topic, part, entry.key(), entry.encode(),
                                FLUSH_TIMEOUT_S)
         if w.undelivered or w.error is not None or w.offset is None:

@@ -14,9 +14,10 @@ import logging
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.integration.buffer.conftest import make_topic, read_all, wait_until
+from tests.integration.coordinator.conftest import create_topic_again as create
+from tests.integration.coordinator.conftest import delete_topic as delete
 from txnstream import Client, TopicPartition
 from txnstream.buffer.follower import BufferStateFollower
 from txnstream.buffer.recreation import TopicIds
@@ -67,28 +68,6 @@ def write(client: Client, topic: str, txns: list[tuple[str, list[bytes]]]) -> No
             producer.send(v, txn=txn, partition=0)
         txn.commit() if fate == "commit" else txn.abort()
     producer.close()
-
-
-def delete(config, topic: str) -> None:
-    admin = AdminClient(config.admin())
-    for f in admin.delete_topics([topic], operation_timeout=30).values():
-        f.result(30)
-    wait_until(lambda: topic not in admin.list_topics(timeout=5).topics, 30,
-               f"{topic} deleted")
-
-
-def create(config, topic: str, partitions: int = 1) -> None:
-    admin = AdminClient(config.admin())
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-                f.result(30)
-            break
-        except Exception:  # still being deleted
-            assert time.monotonic() < deadline, f"{topic} not recreated"
-            time.sleep(0.5)
-    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, 30, f"{topic} created")
 
 
 @pytest.mark.parametrize("found_by", ["topic id", "offsets"])

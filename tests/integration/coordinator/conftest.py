@@ -142,6 +142,34 @@ def make_topic(config: Config, partitions: int, prefix: str = "data") -> str:
     return name
 
 
+def delete_topic(config: Config, topic: str) -> None:
+    """Delete ``topic`` and wait until the broker no longer lists it."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(config.admin())
+    for f in admin.delete_topics([topic], operation_timeout=30).values():
+        f.result(30)
+    wait_until(lambda: topic not in admin.list_topics(timeout=5).topics, 30,
+               f"{topic} deleted")
+
+
+def create_topic_again(config: Config, topic: str, partitions: int = 1) -> None:
+    """Create ``topic`` (just deleted: retried while the broker still removes it)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(config.admin())
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+                f.result(30)
+            break
+        except Exception:  # still being deleted
+            assert time.monotonic() < deadline, f"{topic} not recreated"
+            time.sleep(0.5)
+    wait_until(lambda: topic in admin.list_topics(timeout=5).topics, 30, f"{topic} created")
+
+
 def read_all(config: Config, topic: str, timeout_s: float = 30.0) -> list:
     """Every record of ``topic`` up to its current end, as confluent-kafka Messages."""
     import uuid
