@@ -438,7 +438,7 @@ class Consumer:
 
     def _was_visible(self, r: PartitionDelivery, msg: Message) -> bool:
         view = self._follower.views.get(r.tp)
-        if r.unacked.get(msg.offset, msg) != msg:
+        if (there := r.unacked.get(msg.offset, msg)) is not msg and there != msg:
             return False  # another record there: msg is of a log gone since (recreated)
         if view is None or msg.offset < view.trimmed_below:
             return True  # plain, or below the cursor (the handle decides)
