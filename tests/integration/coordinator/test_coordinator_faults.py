@@ -108,15 +108,19 @@ def test_kill9_owner_midrun_survivors_take_over(config, worker_procs, client):
         kind, txn_id = classify_headers(m.headers())
         if kind is RecordKind.MARKER:
             markers.setdefault(txn_id, set()).add(TxnMarker.decode(m.value()).kind)
-    # The coordinator's record of each txn goes in the message: a missing marker where it
-    # registered no partition (an abort whose registration never landed) and one where it
-    # did (a marker the new owner failed to write) are different findings (seen once, in
-    # a full run, not reproduced alone or in pairs).
+    # A marker is owed where the coordinator registered the partition, and only there.
+    # A registration is pipelined after a topic's first (docs/coordinator.md): one sent
+    # to the killed owner may never land, and the abort that follows it (which waits for
+    # it a bounded time) ends a txn that registered nothing and sent nothing here: no
+    # marker is due (seen once in six full runs: (1,456) told ABORTED, no marker). A
+    # commit carries its unconfirmed registrations, so every committed txn has it.
     known = {t.txn_id: t for t in client.admin.list_transactions()}
     for txn_id, status in told.items():
         want = MarkerKind.COMMIT if status is TxnStatus.COMMITTED else MarkerKind.ABORT
-        assert markers.get(txn_id) == {want}, (txn_id, status, markers.get(txn_id),
-                                               known.get(txn_id))
+        registered = any(p.startswith(f"{topic}-") for p in known[txn_id].partitions)
+        assert registered or status is TxnStatus.ABORTED, (txn_id, status, known[txn_id])
+        assert markers.get(txn_id) == ({want} if registered else None), (
+            txn_id, status, markers.get(txn_id), known[txn_id])
 
 
 def test_sigstopped_owner_is_fenced_and_stops_serving(config, worker_procs, client):
