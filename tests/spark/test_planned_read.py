@@ -176,6 +176,7 @@ def test_a_range_that_starts_mid_partition_gets_only_its_own_records(config, wor
     for i in range(6):
         with client.transaction() as t:  # each txn: a record and its marker
             p.send(f"v{i}".encode(), txn=t, partition=0)
+        markers_written(client, t.id)  # the next txn's record after it, not before
     assert batch_read(config, topic)[0] == [f"v{i}".encode() for i in range(6)]
 
     def read(s, e):

@@ -33,9 +33,9 @@ def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, every: flo
 
 def markers_written(client: Client, txn_id: object, timeout_s: float = 15.0) -> None:
     """Wait until the coordinator has written ``txn_id``'s markers (COMMITTED or ABORTED
-    there), for a test that lays out a partition's offsets around a marker. A commit
-    answered before its markers land (Kafka's order; tried and taken back out, see
-    docs/coordinator.md) would otherwise make such layouts racy."""
+    there), for a test that lays out a partition's offsets around a marker. A commit is
+    answered once its decision is durable, before its markers land (Kafka's order), so
+    a later txn's record may otherwise precede them."""
     wait_until(lambda: client.admin.get_transaction(txn_id).status.is_final, timeout_s,
                f"the markers of {txn_id} written")
 
