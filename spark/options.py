@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from txnstream.config import (
     txn_producer_problem,
 )
 from txnstream.errors import ConfigError
+from txnstream.types import TopicPartition
 from txnstream.validate import (
     MAX_LONG,
     MAX_PARTITION,
@@ -36,7 +37,7 @@ from txnstream.validate import (
 )
 
 __all__ = ["EARLIEST", "LATEST", "Offsets", "SourceOptions", "SinkOptions", "TC_OPTIONS",
-           "Timestamps", "UNSUPPORTED", "parse_offsets", "parse_time_ms"]
+           "Timestamps", "UNSUPPORTED", "named_offsets", "parse_offsets", "parse_time_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -434,3 +435,33 @@ class SinkOptions:
                                f"option '{TXN_TIMEOUT}'", maximum=config.max_txn_timeout_s,
                                cap="max_txn_timeout_s, where coordinators cap a txn's timeout")
         return cls(config, options.get("topic"), timeout)
+
+
+def named_offsets(spec: Mapping[str, Mapping[str, Any]], name: str, topics: Sequence[str],
+                  tps: Sequence[TopicPartition], by_time: bool = False
+                  ) -> dict[TopicPartition, Any]:
+    """Option ``name``'s per-partition JSON, checked against ``tps``.
+
+    It must name every partition of the subscribed ``topics`` and no other, as Kafka's
+    source requires; the ``ConfigError`` names the option and the partitions.
+    """
+    known = set(tps)
+    out: dict[TopicPartition, Any] = {}
+    for t, parts in spec.items():
+        if t not in topics:
+            raise ConfigError(f"option '{name}' names topic {t!r}, which is not "
+                              f"subscribed ({', '.join(topics)})")
+        for p, offset in parts.items():
+            tp = TopicPartition(t, int(p))
+            if tp not in known:
+                n = sum(1 for k in known if k.topic == t)
+                raise ConfigError(f"option '{name}' names {tp}, which does not exist "
+                                  f"({t!r} has {n} partitions)")
+            out[tp] = offset
+    if missing := [tp for tp in tps if tp not in out]:
+        what = "a timestamp" if by_time else "an offset"
+        hint = "" if by_time else " (-2: earliest, -1: latest)"
+        raise ConfigError(f"option '{name}' must give {what} for every partition of the "
+                          f"subscribed topics{hint}, as Kafka's source requires; missing: "
+                          f"{', '.join(map(str, missing))}")
+    return out

@@ -19,7 +19,8 @@ from confluent_kafka import KafkaError, KafkaException
 from txnstream.errors import ConfigError
 from txnstream.types import TopicPartition
 
-from .options import EARLIEST, LATEST, Offsets, SourceOptions, Timestamps
+from .log_epochs import replaced, split
+from .options import EARLIEST, LATEST, Offsets, SourceOptions, Timestamps, named_offsets
 from .partition import TxnStreamPartition
 
 __all__ = ["CATCH_UP_S", "COVER_WAIT_S", "FRESH_WAIT_S", "Planner", "TxnStreamPartition"]
@@ -210,23 +211,29 @@ class Planner:
         """Partitions added to the subscribed topics, and topics deleted, since last time.
 
         A new partition is planned from its log start (Kafka: "newly discovered
-        partitions during a query will start at earliest"). A deleted topic fails the
-        query under ``failOnDataLoss``; else its partitions are left out (a warning says
-        so) until it exists again.
+        partitions during a query will start at earliest"). A deleted topic, or partitions
+        a topic no longer has (created again with fewer), fail the query under
+        ``failOnDataLoss``; else they are left out (a warning says so) until they exist.
         """
         if not self._discovers:
             return
         known = set(self.tps)
         gone: set[TopicPartition] = set()
+        fewer: list[TopicPartition] = []  # Kafka never takes a partition away: recreated
         for t in self.opts.topics:
             found = self.follower.partitions_of(t)
             if found is None:
                 gone.update(tp for tp in self.tps if tp.topic == t)
                 continue
+            fewer += [tp for tp in self.tps if tp.topic == t and tp not in found]
             new = [tp for tp in found if tp not in known]
             if new:
                 log.info("%s: new partitions %s, read from their start", t, new)
                 self.tps += new
+        if fewer and self.opts.fail_on_data_loss:
+            raise RuntimeError(f"{fewer}: these partitions no longer exist (the topic was "
+                               f"deleted and created again with fewer?). {LOST_HINT}")
+        gone.update(fewer)
         if gone and self.opts.fail_on_data_loss:
             raise RuntimeError(f"{sorted({tp.topic for tp in gone})}: the subscribed topic no "
                                f"longer exists (deleted?). {LOST_HINT}")
@@ -279,6 +286,31 @@ class Planner:
             self.committed[tp] = max(low, self._covered_end(tp))
         return held
 
+    def log_epochs(self) -> dict[TopicPartition, int]:
+        """Each served partition's log epoch now (:mod:`txnstream_spark.log_epochs`)."""
+        return {tp: v.log_epoch for tp in self.tps if (v := self.follower.views.get(tp))}
+
+    def new_logs(self, noted: dict[TopicPartition, int], start: Offsets) -> None:
+        """Partitions now on a newer log than ``start`` noted (the topic was recreated).
+
+        The query fails under ``failOnDataLoss``; else their next range starts at the
+        new log's start.
+        """
+        for tp, (was, now) in replaced(noted, self.log_epochs()).items():
+            at = start.get(tp.topic, {}).get(str(tp.partition))
+            if self.opts.fail_on_data_loss:
+                raise RuntimeError(
+                    f"{tp} was deleted and created again since offset {at} of this query "
+                    f"(log epoch {was}, now {now}): records of the old log after it may not "
+                    f"have been read, and the new log's below it would be skipped. "
+                    f"{LOST_HINT}")
+            low = self.marks.get(tp, (0, 0))[0]
+            if self._restart_from.get(tp) != low:
+                log.warning("%s was deleted and created again since offset %s (log epoch %d, "
+                            "now %d): reading the new log from its start, offset %d, as "
+                            "failOnDataLoss=false asks", tp, at, was, now, low)
+            self._restart_from[tp], self.committed[tp] = low, max(low, self._covered_end(tp))
+
     def restarted(self, tp: TopicPartition) -> bool:
         """Whether ``tp``'s next range starts over on a new log (see :meth:`moved_back`)."""
         return tp in self._restart_from
@@ -313,7 +345,7 @@ class Planner:
             return dict.fromkeys(self.tps, LATEST if spec == "latest" else EARLIEST)
         if isinstance(spec, Timestamps):
             return self._by_time(spec)
-        return self._named(spec, name)
+        return named_offsets(spec, name, self.opts.topics, self.tps)
 
     def _by_time(self, spec: Timestamps) -> dict[TopicPartition, int]:
         """Each partition's first offset at or after its time, as Kafka's source finds it.
@@ -324,7 +356,7 @@ class Planner:
         ``startingOffsetsByTimestampStrategy=latest``), else Kafka's error.
         """
         if isinstance(spec.at, dict):
-            self._named(spec.at, spec.option, by_time=True)  # every partition, no other
+            named_offsets(spec.at, spec.option, self.opts.topics, self.tps, by_time=True)
         times = {tp: t for tp in self.tps if (t := spec.time_of(tp.topic, tp.partition))
                  is not None}
         found = self.follower.offsets_for_times(times)
@@ -338,30 +370,6 @@ class Planner:
                     "'startingOffsetsByTimestampStrategy' to 'latest' to start such "
                     "partitions at their latest offset)")
             out[tp] = offset if offset >= 0 else LATEST
-        return out
-
-    def _named(self, spec: Offsets, name: str, by_time: bool = False
-               ) -> dict[TopicPartition, int]:
-        """Per-partition JSON, checked to name every subscribed partition and no other."""
-        known = set(self.tps)
-        out: dict[TopicPartition, int] = {}
-        for t, parts in spec.items():
-            if t not in self.opts.topics:
-                raise ConfigError(f"option '{name}' names topic {t!r}, which is not "
-                                  f"subscribed ({', '.join(self.opts.topics)})")
-            for p, offset in parts.items():
-                tp = TopicPartition(t, int(p))
-                if tp not in known:
-                    n = sum(1 for k in known if k.topic == t)
-                    raise ConfigError(f"option '{name}' names {tp}, which does not exist "
-                                      f"({t!r} has {n} partitions)")
-                out[tp] = offset
-        if missing := [tp for tp in self.tps if tp not in out]:
-            what = "a timestamp" if by_time else "an offset"
-            hint = "" if by_time else " (-2: earliest, -1: latest)"
-            raise ConfigError(f"option '{name}' must give {what} for every partition of the "
-                              f"subscribed topics{hint}, as Kafka's source requires; missing: "
-                              f"{', '.join(map(str, missing))}")
         return out
 
     def starts(self, spec: str | Offsets | Timestamps) -> Offsets:
@@ -431,6 +439,7 @@ class Planner:
         it covers the range; ``RuntimeError`` if it does not in ``COVER_WAIT_S``.
         """
         ranges: dict[TopicPartition, tuple[int, int]] = {}
+        (start, began), (end, ends_on) = split(start), split(end)
         for tp in self.tps:
             if tp in self.gone:
                 continue
@@ -438,7 +447,9 @@ class Planner:
             s = int(start.get(tp.topic, {}).get(str(tp.partition),
                                                 self.marks.get(tp, (0, 0))[0]))
             e = int(end.get(tp.topic, {}).get(str(tp.partition), s))
-            if e < s and tp in self._restart_from:  # a new log (moved_back)
+            if tp in began and ends_on.get(tp, -1) > began[tp]:  # a new log (new_logs)
+                s = self._restart_from.pop(tp, self.marks.get(tp, (0, 0))[0])
+            elif e < s and tp in self._restart_from:  # a new log (moved_back)
                 s = self._restart_from[tp]
             elif e >= s:
                 self._restart_from.pop(tp, None)

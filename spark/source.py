@@ -30,6 +30,7 @@ from txnstream.kafka.fetch import KafkaRecord, read_to
 from txnstream.types import TopicPartition
 
 from .avro import ValueSchema
+from .log_epochs import join, split
 from .options import Offsets, SourceOptions
 from .partition import TxnStreamPartition, _unpack_offsets
 from .partition import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
@@ -319,7 +320,8 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # Resolved once, as Kafka's source does: Spark asks for it more than once at a
         # query's start, and the answer must not move between the asks.
         if self._initial is None:
-            self._initial = self._planner.starts(self.opts.starting)
+            planner = self._planner
+            self._initial = join(planner.starts(self.opts.starting), planner.log_epochs())
         return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -332,9 +334,12 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         planner = self._planner
+        given, (start, noted) = start, split(start)
         planner.refresh()
-        # a log that ends below the query (a recreated topic): fails under failOnDataLoss,
-        # else held until its new log is served, then read from its start
+        # a topic recreated since ``start`` (its partitions served on a newer log, or a
+        # log that ends below the query): fails under failOnDataLoss, else read from the
+        # new log's start (a log that ends below: held until the new log is served)
+        planner.new_logs(noted, start)
         held = planner.moved_back(start)
         ends = planner.committed_ends()
         if self._target is not None:  # AvailableNow: nothing committed after query start
@@ -354,10 +359,10 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         begin = {t: {p: planner.range_start(TopicPartition(t, int(p)), int(o))
                      for p, o in parts.items()} for t, parts in start.items()}
         if self._delays(begin, ends):
-            return start
-        if not isinstance(limit, ReadMaxRows):
-            return ends
-        return _rate_limit(begin, ends, limit.max_rows)
+            return given
+        if isinstance(limit, ReadMaxRows):
+            ends = _rate_limit(begin, ends, limit.max_rows)
+        return join(ends, planner.log_epochs())  # the log each end is of, beside it
 
     def _delays(self, start: Offsets, ends: Offsets) -> bool:
         """Whether ``minOffsetsPerTrigger`` holds this micro-batch back, as in Kafka's source.
