@@ -145,6 +145,39 @@ def test_a_recreated_topic_is_served_from_its_new_log(config, worker, client, ca
     assert len(worker.buffers.owned_slots()) == config.num_buffer_slots
 
 
+def test_a_topic_recreated_with_fewer_partitions_is_served_from_its_new_log(config, worker,
+                                                                           client, caplog):
+    """Kafka never takes a partition away, but a topic deleted and created again may have
+    fewer. Old code: the owner's recreation check asked the cached log end of a
+    partition the topic no longer has, which raised, so the whole check failed every
+    turn (an ERROR each 10 s): no partition on that owner was ever restarted on its new
+    log, and readers of them went on with the old log's state (Spark: an AvailableNow
+    query over such a topic ran on)."""
+    caplog.set_level(logging.WARNING, logger="txnstream.buffer")
+    topic = make_topic(config, 3, "fewer")
+    tp = TopicPartition(topic, 0)
+    producer = client.create_producer(topic)
+    for p in range(3):
+        with client.transaction() as t:
+            producer.send(f"old-{p}".encode(), txn=t, partition=p)
+    producer.close()
+    follower = BufferStateFollower(config, "fewer")
+    try:
+        follower.catch_up([tp])
+        wait_reads(config, follower, tp, [b"old-0"], "the old log read")
+        delete(config, topic)
+        create(config, topic, partitions=1)
+        write(client, topic, [("commit", [b"new-0"]), ("abort", [b"new-aborted"]),
+                              ("commit", [b"new-1"])])
+        wait_reads(config, follower, tp, [b"new-0", b"new-1"], "the new log read")
+        assert follower.views[tp].log_epoch == 1
+    finally:
+        follower.close()
+    failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR
+              and r.name.startswith("txnstream.buffer")]
+    assert not failed, failed[:2]
+
+
 def test_a_deleted_topic_that_stays_deleted_leaves_the_others_served(config, worker, client,
                                                                         caplog):
     caplog.set_level(logging.WARNING, logger="txnstream.buffer")
