@@ -215,13 +215,13 @@ class LogRestarts:
         for tp, s in list(served.items()):
             buf = s.buf
             ktp = KafkaTP(tp.topic, tp.partition)
-            high = self._data.get_watermark_offsets(ktp, cached=True)[1]
-            if 0 <= high <= buf.last_offset:  # below the fold, as last fetched: ask
-                try:
+            try:  # a partition its topic no longer has (created again with fewer) raises
+                high = self._data.get_watermark_offsets(ktp, cached=True)[1]
+                if 0 <= high <= buf.last_offset:  # below the fold, as last fetched: ask
                     high = self._data.get_watermark_offsets(ktp, timeout=self._timeout_s)[1]
-                except KafkaException as exc:  # deleted again, leader moving: no word
-                    log.debug("%s: log end unknown: %s", tp, exc)
-                    high = -1
+            except KafkaException as exc:  # deleted again, leader moving, gone: no word
+                log.debug("%s: log end unknown: %s", tp, exc)
+                high = -1
             topic_id = ids.get(tp.topic, "")
             why = self.identity.check(tp, buf.last_offset + 1, high, buf.topic_id, topic_id)
             if why is not None:

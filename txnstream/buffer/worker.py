@@ -415,14 +415,16 @@ class BufferWorker:
                  topic_id: str) -> None:
         """Serve ``tp`` again from its new log's start, one log epoch up.
 
-        1. a fresh fold from the new log start replaces the old state;
-        2. its first DELTA (of the new epoch: readers drop their views) and snapshot go
-           out at the next snapshot step: readers reload from it (a crash before leaves
-           the old epoch's snapshot: the next owner finds the topic changed itself).
+        A fresh fold; its first DELTA (readers drop their views) and snapshot go out at
+        the next snapshot step; a log not known now (its topic has fewer) waits.
         """
         old = s.buf
         ktp = KafkaTP(tp.topic, tp.partition)
-        low, high = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+        try:
+            low, high = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+        except KafkaException as exc:  # the others are restarted all the same
+            log.debug("%s: not restarted now: %s", tp, exc)
+            return
         epoch = old.log_epoch + 1
         self._logs.warn(tp, old.last_offset, old.max_read_position, why, low, high, epoch)
         try:
