@@ -231,8 +231,8 @@ class Planner:
                 log.info("%s: new partitions %s, read from their start", t, new)
                 self.tps += new
         if fewer and self.opts.fail_on_data_loss:
-            raise RuntimeError(f"{fewer}: these partitions no longer exist (the topic was "
-                               f"deleted and created again with fewer?). {LOST_HINT}")
+            raise RuntimeError(f"{', '.join(map(str, fewer))}: these partitions no longer "
+                               f"exist (the topic deleted and created with fewer?). {LOST_HINT}")
         gone.update(fewer)
         if gone and self.opts.fail_on_data_loss:
             raise RuntimeError(f"{sorted({tp.topic for tp in gone})}: the subscribed topic no "

@@ -336,11 +336,11 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         planner = self._planner
         given, (start, noted) = start, split(start)
         planner.refresh()
-        # a topic recreated since ``start`` (its partitions served on a newer log, or a
-        # log that ends below the query): fails under failOnDataLoss, else read from the
-        # new log's start (a log that ends below: held until the new log is served)
-        planner.new_logs(noted, start)
+        # a topic recreated since ``start`` (a log that ends below the query: Kafka's
+        # words; or its partitions served on a newer log): fails under failOnDataLoss,
+        # else read from the new log's start (one below: held until it is served)
         held = planner.moved_back(start)
+        planner.new_logs(noted, start)
         ends = planner.committed_ends()
         if self._target is not None:  # AvailableNow: nothing committed after query start
             ends = {t: {p: min(e, self._target.get(t, {}).get(p, e)) for p, e in parts.items()}

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark.errors import StreamingQueryException
 
+from tests.integration.coordinator.conftest import create_topic_again, delete_topic
 from tests.spark.conftest import make_topic, stream_values, wait_until
 from tests.spark.test_spark import opts
 from tests.spark.test_topic_changes import commit_values
@@ -37,18 +37,8 @@ def recreate(config, worker, topic: str, partitions: int = 1) -> None:
     Records written before the owner found the new log may be judged by the old log's
     state (docs/buffer.md, Known limits): not what these tests are about.
     """
-    admin = AdminClient(config.admin())
-    for f in admin.delete_topics([topic], operation_timeout=30).values():
-        f.result(30)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-                f.result(30)
-            break
-        except Exception:  # still being deleted
-            assert time.monotonic() < deadline, f"{topic} not recreated"
-            time.sleep(0.5)
+    delete_topic(config, topic)
+    create_topic_again(config, topic, partitions)
     tp = TopicPartition(topic, 0)
     wait_until(lambda: (s := worker.buffers.served.get(tp)) is not None
                and s.buf.log_epoch >= 1, 60, "the buffer owner serving the new log")
