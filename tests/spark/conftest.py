@@ -91,3 +91,18 @@ def stream_values(spark, config, tmp_path, seen: list[bytes], sizes: list[int] |
             .writeStream.foreachBatch(batch)
             .option("checkpointLocation", str(tmp_path / "ckpt"))
             .trigger(**(trigger or {"processingTime": "200 milliseconds"})).start())
+
+
+def run_available_now(spark, config, tmp_path, seen: list[bytes], **options):
+    """One ``Trigger.AvailableNow`` run of :func:`stream_values` on ``tmp_path``'s
+    checkpoint: the query's error (None if it finished cleanly)."""
+    from pyspark.errors import StreamingQueryException
+
+    q = stream_values(spark, config, tmp_path, seen, trigger={"availableNow": True},
+                      **options)
+    try:
+        finished = q.awaitTermination(120)
+    except StreamingQueryException as exc:
+        return exc
+    assert finished, "the query hung"
+    return q.exception()

@@ -20,7 +20,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from tests.integration.coordinator.conftest import create_topic_again, delete_topic
-from tests.spark.conftest import make_topic, stream_values, wait_until
+from tests.spark.conftest import make_topic, run_available_now, stream_values, wait_until
 from tests.spark.test_spark import opts
 from tests.spark.test_topic_changes import commit_values
 from txnstream import Client, TopicPartition
@@ -82,15 +82,8 @@ def test_a_query_restarted_over_a_topic_recreated_with_a_longer_log(
     seen: list[bytes] = []
 
     def run_once() -> BaseException | None:
-        q = stream_values(spark, config, tmp_path, seen, trigger={"availableNow": True},
-                          subscribe=topic, failOnDataLoss=fail_on_data_loss,
-                          startingOffsets="earliest")
-        try:
-            finished = q.awaitTermination(120)
-        except StreamingQueryException as exc:
-            return exc
-        assert finished, "the query hung"
-        return q.exception()
+        return run_available_now(spark, config, tmp_path, seen, subscribe=topic,
+                                 failOnDataLoss=fail_on_data_loss, startingOffsets="earliest")
 
     assert run_once() is None
     assert seen == OLD

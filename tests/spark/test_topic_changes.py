@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from pyspark.errors import StreamingQueryException
 
-from tests.spark.conftest import make_topic, stream_values, wait_until
+from tests.spark.conftest import make_topic, run_available_now, stream_values, wait_until
 from tests.spark.test_spark import opts
 
 pytestmark = pytest.mark.spark
@@ -88,20 +88,8 @@ def test_a_topic_recreated_while_the_query_was_stopped(spark, config, worker, cl
     seen: list[bytes] = []
 
     def run_once():
-        q = (spark.readStream.format("txnstream")
-             .options(**opts(config, subscribe=topic, failOnDataLoss=fail_on_data_loss,
-                             startingOffsets="earliest"))
-             .load()
-             .writeStream.foreachBatch(
-                 lambda df, _id: seen.extend(bytes(r.value) for r in df.select("value").collect()))
-             .option("checkpointLocation", str(tmp_path / "ckpt"))
-             .trigger(availableNow=True).start())
-        try:
-            finished = q.awaitTermination(120)
-        except StreamingQueryException as exc:
-            return exc
-        assert finished, "the query hung"
-        return q.exception()
+        return run_available_now(spark, config, tmp_path, seen, subscribe=topic,
+                                 failOnDataLoss=fail_on_data_loss, startingOffsets="earliest")
 
     assert run_once() is None
     assert len(seen) == 8

@@ -75,6 +75,15 @@ def receive_all(c: Consumer, settle_s: float = 4.0, timeout_s: float = 60.0) -> 
     return out
 
 
+def restarted_receives(client: Client, topic: str, subscription: str) -> list[bytes]:
+    """What the subscription delivers when started again (then closed)."""
+    again = client.subscribe(topic, subscription=subscription)
+    try:
+        return receive_all(again)
+    finally:
+        again.close()
+
+
 class Running:
     """A consumer kept running in a thread: receives, acks what ``ack`` says."""
 
@@ -130,11 +139,7 @@ def test_a_consumer_kept_running_delivers_a_recreated_topics_new_log(config, wor
     assert not running.errors, running.errors
     c.close()
     # The restarted subscription: the 7 not acked, nothing acked on the new log again
-    again = client.subscribe(topic, subscription=sub)
-    try:
-        assert receive_all(again) == NEW[8:]
-    finally:
-        again.close()
+    assert restarted_receives(client, topic, sub) == NEW[8:]
 
 
 def test_a_subscription_started_after_the_recreation_delivers_the_new_log(config, worker,
@@ -176,8 +181,4 @@ def test_a_subscription_started_after_the_recreation_delivers_the_new_log(config
         assert later.receive(timeout_s=3) is None
     finally:
         later.close()
-    again = client.subscribe(topic, subscription=sub)
-    try:
-        assert receive_all(again) == NEW[5:]
-    finally:
-        again.close()
+    assert restarted_receives(client, topic, sub) == NEW[5:]
