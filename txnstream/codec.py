@@ -43,11 +43,16 @@ class AvroCodec:
         self._older = {v: fastavro.parse_schema(s) for v, s in (older or {}).items()}
         self.version = max(self._older, default=FORMAT_VERSION - 1) + 1
 
-    def encode(self, record: dict[str, Any]) -> bytes:
-        """Version byte + schemaless Avro."""
+    def encode(self, record: dict[str, Any], version: int | None = None) -> bytes:
+        """Version byte + schemaless Avro, in the newest version or an older one.
+
+        An older ``version`` (fields added since are left out) lets a record whose new
+        fields hold nothing yet stay readable by the previous release (a rolling upgrade).
+        """
+        writer = self._schema if version in (None, self.version) else self._older[version]
         buf = io.BytesIO()
-        buf.write(bytes([self.version]))
-        fastavro.schemaless_writer(buf, self._schema, record)
+        buf.write(bytes([self.version if version is None else version]))
+        fastavro.schemaless_writer(buf, writer, record)
         return buf.getvalue()
 
     def decode(self, data: bytes | None) -> dict[str, Any]:

@@ -74,7 +74,7 @@ class PendingAckEntry:
             "least_bits": t.least_bits if t else -1, "offsets": list(self.offsets),
             "generation": self.generation, "member_id": self.member_id, "cursor": self.cursor,
             "log_epoch": self.log_epoch,
-        })
+        }, None if self.log_epoch > 0 else 1)  # the first log: as the previous release
 
     @classmethod
     def decode(cls, data: bytes | None) -> PendingAckEntry:
@@ -131,7 +131,7 @@ class PendingAckCheckpoint:
             "ended": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
                        "committed": committed} for t, committed in self.ended],
             "log_epoch": self.log_epoch,
-        })
+        }, None if self.log_epoch > 0 else 2)  # the first log: as the previous release
 
     @classmethod
     def decode(cls, data: bytes | None) -> PendingAckCheckpoint:
@@ -203,9 +203,13 @@ class CursorMetadata:
     checkpoint: Checkpointed | None = None
 
     def to_metadata(self) -> str | None:
-        """Version 2 text; version 1 (or None) when no log epoch is known."""
+        """Version 2 text; version 1 (or None) on the first log.
+
+        Epoch 0 and "not known" mean the same log, and the previous release reads
+        version 1 too.
+        """
         c = self.checkpoint
-        if self.log_epoch is None:
+        if self.log_epoch is None or self.log_epoch <= 0:
             return c.to_metadata() if c is not None else None
         where = f"{c.position}:{c.at}" if c is not None else ":"
         return f"{METADATA_PREFIX_V2}{self.log_epoch}:{where}"

@@ -31,12 +31,30 @@ def owner(generation: int, cursor: int, log_epoch: int = -1, member: str = "m") 
 
 @pytest.mark.parametrize("meta", [
     CursorMetadata(3, Checkpointed(120, 131)),
-    CursorMetadata(0, None),
+    CursorMetadata(1, None),
     CursorMetadata(None, Checkpointed(5, 9)),
     CursorMetadata(),
 ])
 def test_cursor_metadata_round_trips(meta):
     assert CursorMetadata.from_metadata(meta.to_metadata()) == meta
+
+
+def test_the_first_log_is_written_as_the_previous_release_reads_it():
+    """Epoch 0 and "not known" are the same log (newer_log): version 1 text, which a
+    consumer of the previous release still takes its checkpoint pointer from."""
+    assert CursorMetadata(0, Checkpointed(5, 9)).to_metadata() == "txnstream-pa1:5:9"
+    assert CursorMetadata(0, None).to_metadata() is None
+    for epoch, version in ((-1, 1), (0, 1), (1, 2)):
+        data = owner(1, 10, log_epoch=epoch).encode()
+        assert data[0] == version, (epoch, data[0])
+        assert PendingAckEntry.decode(data).log_epoch == (epoch if epoch > 0 else -1)
+    mark = PendingAckEntry.mark(PendingAckKind.COMMIT_MARK, "job", TP, A)
+    assert mark.encode()[0] == 1, "a coordinator's marks stay readable by the old release"
+    for epoch, version in ((0, 2), (2, 3)):
+        ckpt = PendingAckCheckpoint("job", "in", 0, 1, "m", 7, (9,), log_epoch=epoch)
+        data = ckpt.encode()
+        assert data[0] == version, (epoch, data[0])
+        assert PendingAckCheckpoint.decode(data).log_epoch == (epoch if epoch > 0 else -1)
 
 
 def test_cursor_metadata_is_small_and_versioned():
