@@ -167,6 +167,10 @@ def test_a_topic_recreated_with_fewer_partitions_is_served_from_its_new_log(conf
         wait_reads(config, follower, tp, [b"old-0"], "the old log read")
         delete(config, topic)
         create(config, topic, partitions=1)
+        # the owner restarts partition 0 on its new log (the old state would also read
+        # these values at these offsets: wait for the epoch, not for the reads alone)
+        wait_until(lambda: (s := worker.buffers.served.get(tp)) is not None
+                   and s.buf.log_epoch == 1, 45, "the owner serving the new log")
         write(client, topic, [("commit", [b"new-0"]), ("abort", [b"new-aborted"]),
                               ("commit", [b"new-1"])])
         wait_reads(config, follower, tp, [b"new-0", b"new-1"], "the new log read")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from txnstream import Client
+from txnstream import Client, TopicNames
+from txnstream.admin_topics import ensure_topics
 from txnstream.config import Config
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.settings import WorkerSettings
@@ -35,6 +37,18 @@ from .conftest import (
     set_topic_config,
     wait_until,
 )
+
+
+@pytest.fixture
+def config(config: Config) -> Config:
+    """Internal topics of its own. These tests check that no line is logged unlimited, and
+    the session's shared endpoint topic holds other tests' endpoint records written
+    under other workers' keys (or none): every client warns about each TC's once per
+    10 s, four TCs' lines in all (seen in a full run once workers sign by default)."""
+    cfg = config.with_(topics=TopicNames(f"__t{uuid.uuid4().hex[:8]}"))
+    ensure_topics(cfg)
+    return cfg
+
 
 GONE_BOUND_S = 10.0
 """docs/coordinator.md: a txn whose partition is gone ends (and the LWM passes it)
