@@ -22,6 +22,7 @@ does not know, is logged with its position and skipped.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -49,9 +50,14 @@ from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.types import TopicPartition
 
 __all__ = ["TransactionBufferSnapshotStore", "LatestSnapshotFinder", "RegistrationScan", "SlotScan",
-           "segment_key", "registration_key"]
+           "ScanStopped", "segment_key", "registration_key", "registered_partition"]
 
 log = logging.getLogger(__name__)
+
+
+class ScanStopped(Exception):
+    """A scan given up: its caller is stopping (:meth:`TransactionBufferSnapshotStore.scan`)."""
+
 
 SLOTS = 2
 """Key sets a partition's snapshots alternate between (see the module docstring)."""
@@ -68,6 +74,16 @@ REGISTERED = "registered"
 def registration_key(tp: TopicPartition) -> bytes:
     """Key of ``tp``'s registration: a coordinator registered it in a txn (it is served)."""
     return f"{tp}/{REGISTERED}".encode()
+
+
+def registered_partition(key: bytes | None, value: bytes | None) -> TopicPartition | None:
+    """The partition a snapshot-topic record registers; None: not a live registration."""
+    if key is None or value is None or not key.endswith(f"/{REGISTERED}".encode()):
+        return None
+    try:
+        return TopicPartition.parse(key.rsplit(b"/", 1)[0].decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 class LatestSnapshotFinder:
@@ -316,10 +332,13 @@ class TransactionBufferSnapshotStore:
         self.scan(self.partition_of(tp), finder)
         return finder
 
-    def scan_slot(self, slot: int) -> tuple[SlotScan, int]:
-        """Every partition registered or snapshotted in ``slot``, and the slot's end offset."""
+    def scan_slot(self, slot: int, stop: threading.Event | None = None) -> tuple[SlotScan, int]:
+        """Every partition registered or snapshotted in ``slot``, and the slot's end offset.
+
+        ``stop``: once set, the scan ends at its next batch with :class:`ScanStopped`.
+        """
         found = SlotScan()
-        return found, self.scan(slot, found)
+        return found, self.scan(slot, found, stop)
 
     def any_registered(self, tps: list[TopicPartition]) -> bool:
         """Whether any of ``tps`` is registered now: their snapshot partitions, scanned."""
@@ -330,8 +349,13 @@ class TransactionBufferSnapshotStore:
                 return True
         return False
 
-    def scan(self, part: int, sink: LatestSnapshotFinder | SlotScan | RegistrationScan) -> int:
-        """Feed every record of snapshot partition ``part`` to ``sink``; the end scanned to."""
+    def scan(self, part: int, sink: LatestSnapshotFinder | SlotScan | RegistrationScan,
+             stop: threading.Event | None = None) -> int:
+        """Feed every record of snapshot partition ``part`` to ``sink``; the end scanned to.
+
+        A partition not compacted yet can take seconds to read (a CI run's took 42 s); a
+        caller that is stopping (``stop`` set) must not sit in it: :class:`ScanStopped`.
+        """
         where = f"snapshot store {self.topic}[{part}]"
         c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-snap-{uuid.uuid4().hex}",
                                           **{"fetch.wait.max.ms": 10}))
@@ -343,6 +367,8 @@ class TransactionBufferSnapshotStore:
             ktp.offset = low
             c.assign([ktp])
             for msgs in read_to(c, self.topic, part, high, self.config.admin_timeout_s):
+                if stop is not None and stop.is_set():
+                    raise ScanStopped(f"{where}: scan stopped at {msgs[0].offset()} of {high}")
                 for m in msgs:
                     if message_error(m, where, log) or m.offset() >= high:
                         continue

@@ -15,7 +15,8 @@ snapshots and deltas valid, and the next claim starts over):
    owner's generation. Readers refuse deltas of lower generations from then on (a
    zombie owner is fenced); this owner stops serving ``s`` when it reads a newer OWNER
    there (a newer claim);
-2. scan snapshot partition ``s``: every registered partition, and its newest snapshot;
+2. scan snapshot partition ``s``: every registered partition, and its newest snapshot
+   (given up when the worker stops: a scan can take seconds, and the slot is held);
 3. per partition: restore from the snapshot if it is at or above the log start, else
    fold from the log start (:meth:`_serve`, the one place a fold starts);
 4. tail snapshot partition ``s`` from where the scan ended, for new registrations.
@@ -70,7 +71,11 @@ from txnstream.buffer.recreation import (
     fresh_state,
 )
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord
-from txnstream.buffer.snapshot_store import REGISTERED, TransactionBufferSnapshotStore
+from txnstream.buffer.snapshot_store import (
+    ScanStopped,
+    TransactionBufferSnapshotStore,
+    registered_partition,
+)
 from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
@@ -295,7 +300,8 @@ class BufferWorker:
     def _on_assign(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
         consumer.assign(parts)
         for p in parts:
-            self._claim(p.partition)
+            if not self._stop.is_set():  # leaving: the next owner claims the rest
+                self._claim(p.partition)
 
     def _on_revoke(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
         self._publish_deltas()  # what changed since the last delta, for readers
@@ -316,7 +322,9 @@ class BufferWorker:
         try:
             generation = self._write_owner(slot)
             t1 = time.monotonic()
-            scan, end = self._store.scan_slot(slot)
+            scan, end = self._store.scan_slot(slot, self._stop)
+        except ScanStopped:  # leaving: the next owner claims it
+            return
         except Exception as exc:
             log.warning("buffer worker %s: cannot claim slot %d yet (%s); retrying",
                         self.member, slot, exc)
@@ -351,8 +359,7 @@ class BufferWorker:
         w = write_owner_record(self._producer, self._state_topic, slot, str(slot).encode(),
                                rec.encode(), CLAIM_TIMEOUT_S)
         if w.offset is None:
-            raise KafkaException(w.error if w.error is not None
-                                 else "OWNER record not delivered in time")
+            raise KafkaException(w.error or "OWNER record not delivered in time")
         return w.offset
 
     def _drop_slot(self, slot: int, why: str) -> None:
@@ -364,8 +371,7 @@ class BufferWorker:
         for tp in s.served:
             self.served.pop(tp, None)
             self._logs.identity.forget(tp)
-        for c, parts in ((self._data, gone), (self._registry,
-                                               [KafkaTP(self._store.topic, slot)])):
+        for c, parts in ((self._data, gone), (self._registry, [KafkaTP(self._store.topic, slot)])):
             try:
                 if parts:
                     c.incremental_unassign(parts)
@@ -460,14 +466,8 @@ class BufferWorker:
         for m in consume(self._registry, 100, 0):
             if message_error(m, "buffer worker registrations", log):
                 continue
-            key = m.key() or b""
-            if not key.endswith(f"/{REGISTERED}".encode()) or m.value() is None:
-                continue
-            try:
-                tp = TopicPartition.parse(key.rsplit(b"/", 1)[0].decode())
-            except (ValueError, UnicodeDecodeError):
-                continue
-            if m.partition() in self.slots and self.serves_topic(tp.topic):
+            tp = registered_partition(m.key(), m.value())
+            if tp is not None and m.partition() in self.slots and self.serves_topic(tp.topic):
                 self._serve(tp, m.partition(), None)
 
     # ------------------------------------------------------------ folding

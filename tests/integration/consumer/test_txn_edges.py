@@ -114,15 +114,21 @@ def test_a_send_from_another_process_after_the_commit_is_reported_by_its_flush(c
         other.close()
 
 
-def test_commit_without_an_answer_is_unknown_not_aborted(config, client):
+def test_commit_without_an_answer_is_unknown_not_aborted(own_config):
     """Item 8: no coordinator answers the END: the outcome is unknown (distinct error,
-    status not final); once a coordinator answers, commit() again learns it committed."""
+    status not final); once a coordinator answers, commit() again learns it committed.
+
+    Internal topics of its own: a restarted worker's buffer role restores every partition
+    registered in its slots before it serves any, and with the session's shared topics
+    (every earlier test's snapshots) one slot's scan took 42 s in a full run."""
+    from dataclasses import replace
+
+    config = own_config
     topic = make_topic(config, 1)
     w = CoordinatorWorker(config, settings=WorkerSettings(session_timeout_ms=6000)).start()
     wait_until(lambda: len(w.serving()) == config.num_coordinators, 60, "worker serving")
-    from dataclasses import replace
-
     impatient = Client(config=replace(config, request_timeout_s=4.0))
+    client = Client(config=config)
     try:
         txn = impatient.new_transaction(timeout_s=120)
         impatient.create_producer(topic).send(b"r", txn=txn, partition=0)
@@ -136,13 +142,13 @@ def test_commit_without_an_answer_is_unknown_not_aborted(config, client):
             wait_until(lambda: len(w2.serving()) == config.num_coordinators, 60, "serving")
             txn.commit()
             assert txn.status.value == "COMMITTED"
-            # The restarted worker's buffer role must claim the topic's slot before any
-            # reader sees the commit; a slot holding a multi-MB snapshot of an earlier
-            # test took 8.7 s to scan in a full run, past the default 5 s wait.
+            # the restarted worker's buffer role claims the topic's slot before any
+            # reader sees the commit
             assert committed_values(client, topic, 1, timeout_s=30.0) == [b"r"]
         finally:
             w2.stop()
     finally:
+        client.close()
         impatient.close()
 
 
