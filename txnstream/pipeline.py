@@ -31,7 +31,7 @@ from typing import Any
 from txnstream.errors import TxnStreamError
 from txnstream.types import TxnID
 
-__all__ = ["BackgroundRequests", "RequestPipeline"]
+__all__ = ["BackgroundRequests", "RequestPipeline", "end_in_background"]
 
 LINGER_S = 0.005
 """How long a txn's pipelined activation and registrations wait before they are sent:
@@ -110,6 +110,19 @@ class RequestPipeline:
             ends.shutdown(wait=True)
         if executor is not None:
             executor.shutdown(wait=wait, cancel_futures=True)
+
+
+def end_in_background(pipeline: RequestPipeline | None, fn: Callable[[], None]) -> Future[None]:
+    """``fn`` (an end) on ``pipeline``'s end threads; run here if there is none (or closed)."""
+    future = pipeline.submit_end(fn) if pipeline is not None else None
+    if future is None:
+        future = Future()
+        try:
+            fn()
+            future.set_result(None)
+        except BaseException as exc:
+            future.set_exception(exc)
+    return future
 
 
 class BackgroundRequests:

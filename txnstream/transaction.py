@@ -45,7 +45,7 @@ from txnstream.errors import (
     TxnStreamError,
 )
 from txnstream.fate import DeliveredOffsets, excluded
-from txnstream.pipeline import BackgroundRequests, RequestPipeline
+from txnstream.pipeline import BackgroundRequests, RequestPipeline, end_in_background
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ class Transaction:
         self._flushers: dict[object, Callable[[], None]] = {}
         self._end_listeners: dict[object, Callable[[bool], None]] = {}
         self._remote_end: TxnStreamError | None = None  # ended without our END: sends raise it
+        self._remote_commit = False  # ... by another handle's commit: flush() checks the fate
         live = getattr(tc, "live_txns", None)
         if live is not None:
             live[txn_id] = self  # the coordinator's "ended" notice finds it there
@@ -182,6 +183,8 @@ class Transaction:
             return  # the hot path of every send: known partitions, no lock, no request
         with self._lock:
             self._check_open("produce")
+            if self._remote_end is not None:
+                raise self._remote_end
             new = set(tps) - self._partitions
             if not new:
                 return
@@ -257,16 +260,25 @@ class Transaction:
         with self._state_lock:
             self._end_listeners[key] = listener
 
-    def ended_remotely(self, error: TxnStreamError) -> None:
-        """Ended without this handle's END: later sends and a commit raise ``error``."""
+    def ended_remotely(self, error: TxnStreamError | None) -> None:
+        """Ended without this handle's END: later sends raise.
+
+        ``error`` (an abort's): a commit raises it too. None: another handle committed it;
+        :meth:`flush` and ``commit()`` say which of this handle's records are in.
+        """
         with self._state_lock:
-            if self._status is not TxnStatus.OPEN:
-                return  # this handle is ending it itself (its own abort's notice)
-            if self._remote_end is None:
-                self._remote_end = error
-            self._requests.keep(error)
-            if self._abort_only is None:
-                self._abort_only = error
+            if self._status is not TxnStatus.OPEN or self._remote_end is not None:
+                return  # this handle is ending it itself (its own end's notice), or knows
+            if error is None:
+                self._remote_commit = True
+                error = InvalidTxnStatusError(
+                    self.id, TxnStatus.OPEN, TxnStatus.COMMITTED, f"transaction {self.id} "
+                    "was committed by another handle: a record sent to it now would follow "
+                    "its markers, and no reader would deliver it; it was not sent")
+            else:
+                self._requests.keep(error)
+                self._abort_only = self._abort_only or error
+            self._remote_end = error
 
     def mark_abort_only(self, cause: BaseException) -> None:
         """A send or ack failed: the transaction can only abort now."""
@@ -297,20 +309,21 @@ class Transaction:
         """Wait for the registrations and sends; ``TxnStreamError`` (abort-only) if one failed.
 
         For writers whose commit is done elsewhere (Spark tasks, an attached handle). An
-        attached handle then asks the coordinator: still OPEN, every record flushed
-        precedes the markers; committed, ``RecordsExcludedError`` names any that landed
-        after them (:mod:`txnstream.fate`); aborted, ``InvalidTxnStatusError``.
+        attached handle (or one told another handle committed) then asks the coordinator:
+        still OPEN, every record flushed precedes the markers; committed,
+        ``RecordsExcludedError`` names any that landed after them (:mod:`txnstream.fate`);
+        aborted, ``InvalidTxnStatusError``.
         """
         self._requests.wait()  # the registrations sent so far
         self._run_flushers()
-        if self._remote_end is not None:
+        if self._remote_end is not None and not self._remote_commit:
             raise self._remote_end
         cause = self._abort_only
         if cause is not None:
             raise TxnStreamError(f"transaction {self.id} can only abort: {cause}",
                                  self.id) from cause
-        if self.attached:
-            status = self.info().status
+        if self.attached or self._remote_commit:
+            status = TxnStatus.COMMITTED if self._remote_commit else self.info().status
             if status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED):
                 self._check_fate(status)  # its opener committed: which records are in?
             elif status is not TxnStatus.OPEN:
@@ -383,15 +396,7 @@ class Transaction:
 
     def commit_async(self) -> Future[None]:
         """Commit in the background; ``future.result()`` gives :meth:`commit`'s outcome."""
-        future = self._pipeline.submit_end(self.commit) if self._pipeline else None
-        if future is None:  # no pipeline (or closed): commit here
-            future = Future()
-            try:
-                self.commit()
-                future.set_result(None)
-            except BaseException as exc:
-                future.set_exception(exc)
-        return future
+        return end_in_background(self._pipeline, self.commit)
 
     def abort(self) -> None:
         """Abort; its writes are never delivered and its acks are undone.
@@ -438,8 +443,7 @@ class Transaction:
             log.debug("abort of timed-out %s not confirmed: %s", self.id, exc)
 
     def _send_abort(self) -> None:
-        # Aborting an already aborted txn (timeout, admin) succeeds; the coordinator
-        # refuses to abort a committing or committed one (InvalidTxnStatusError).
+        # An aborted txn (timeout, admin) aborts again; a committing or committed one: refused.
         try:
             self._tc.request(TcOp.END, self.id.tc_id, txn_seq=self.id.least_bits,
                              commit=False)
@@ -472,12 +476,8 @@ class Transaction:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         # Commit on a clean exit, abort on an exception; a txn the block already ended
         # (``txn.abort()`` inside it) is left as it is.
-        if self._status is not TxnStatus.OPEN:
-            return
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+        if self._status is TxnStatus.OPEN:
+            (self.commit if exc_type is None else self.abort)()
 
 
 class _SendGuard:

@@ -200,7 +200,7 @@ class FakeStore:
         self.attempts = 0
         self.published: list = []
 
-    def scan_slot(self, slot):
+    def scan_slot(self, slot, stop=None):
         from txnstream.buffer.snapshot_store import LatestSnapshotFinder, SlotScan
 
         scan = SlotScan()

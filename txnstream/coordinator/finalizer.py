@@ -43,7 +43,7 @@ from txnstream import metrics
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.meta import TxnMeta
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership
-from txnstream.coordinator.protocol import ENDED_NOTICE, TcReply, TcRequest
+from txnstream.coordinator.protocol import COMMITTED_NOTICE, ENDED_NOTICE, TcReply, TcRequest
 from txnstream.coordinator.txn_log import KafkaClients
 from txnstream.errors import TxnStreamError
 from txnstream.kafka.topics import PartitionCatalog, says_gone
@@ -313,14 +313,24 @@ class TxnFinalizer:
         self._answer(tc, seq)
 
     def _answer(self, tc: TcIncarnation, seq: int) -> None:
-        """Txn ``seq`` is final: tell its writer (if it aborted), its END and group waiters."""
+        """Txn ``seq`` is final: tell its writers how it ended, answer END and group waiters.
+
+        Aborted: ``ended:`` with the reason, so a writer's next send fails. Committed:
+        ``committed:``, so a writer whose txn another handle committed stops sending
+        (what it sent is checked at its flush or commit, :mod:`txnstream.fate`). The
+        handle that ended it itself ignores either.
+        """
         meta = tc.store.txns[seq]
-        watcher = tc.watchers.pop(seq, None)
-        if watcher is not None and meta.status is TxnStatus.ABORTED:
-            watcher.send(TcReply(f"{ENDED_NOTICE}{seq}", "", tc.tc_id,
-                                 error_kind=type(_ended_other_way(meta)).__name__,
-                                 error_message=str(_ended_other_way(meta)), txn_seq=seq,
-                                 owner_id=self.worker_id).encode())
+        if meta.status is TxnStatus.ABORTED:
+            why = _ended_other_way(meta)
+            notice = TcReply(f"{ENDED_NOTICE}{seq}", "", tc.tc_id, error_kind=type(why).__name__,
+                             error_message=str(why), txn_seq=seq, owner_id=self.worker_id)
+        else:
+            notice = TcReply(f"{COMMITTED_NOTICE}{seq}", "", tc.tc_id, txn_seq=seq,
+                             owner_id=self.worker_id)
+        data = notice.encode()
+        for conn in tc.watchers.pop(seq, {}):
+            conn.send(data)
         for req in tc.end_waiters.pop(seq, []):
             if req.commit == (meta.status is TxnStatus.COMMITTED):
                 self._reply(req, TcReply(req.request_id, req.client_id, tc.tc_id,

@@ -61,6 +61,12 @@ lost ACLs) is retried twice a minute, with an error logged each time, instead of
 replayed in a tight loop."""
 
 
+MAX_TXN_WATCHERS = 64
+"""Connections told of one txn's end (its newest writers): a Spark batch's tasks each
+write through their own; a writer past the bound learns its records' fate at its flush
+or commit (:mod:`txnstream.fate`)."""
+
+
 class TcPhase(enum.Enum):
     """Where an incarnation is between its assignment and serving."""
 
@@ -90,14 +96,23 @@ class TcIncarnation:
     truncate_pending: bool = False
     last_error: Any = None
     """Why its last failed append failed (KafkaError, exception or "timeout")."""
-    watchers: dict[int, Any] = field(default_factory=dict)
-    """Txn sequence -> the connection that last sent a request for it (NEW, ACTIVATE,
-    ADD): told at once when the txn ends without its own END (timeout, admin), so its
-    writer stops sending. Bounded by the live txns (dropped when a txn ends)."""
+    watchers: dict[int, dict[Any, None]] = field(default_factory=dict)
+    """Txn sequence -> the connections that sent requests for it (NEW, ACTIVATE, ADD), in
+    the order they last did, at most :data:`MAX_TXN_WATCHERS`: told at once when the txn
+    ends, so its writers stop sending (:meth:`watch`). Bounded by the live txns (dropped
+    when a txn ends)."""
     late_aborts: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
     """(TxnID, partitions) an owner tried to register after its txn had ended: they get
     an ABORT marker, so records sent there never wait for one
     (:data:`~txnstream.coordinator.finalizer.MAX_LATE_ABORTS` at most)."""
+
+    def watch(self, seq: int, conn: Any) -> None:
+        """``conn`` wrote into txn ``seq``: tell it when the txn ends (its newest writers)."""
+        conns = self.watchers.setdefault(seq, {})
+        conns.pop(conn, None)
+        conns[conn] = None
+        if len(conns) > MAX_TXN_WATCHERS:  # the longest quiet one learns at its commit
+            del conns[next(iter(conns))]
 
 
 class TcOwnership:

@@ -20,12 +20,16 @@ from txnstream.errors import CorruptRecordError, TxnStreamError
 from txnstream.types import ANONYMOUS, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["TcOp", "TcRequest", "TcReply", "TxnInfo", "error_from_reply", "scoped_group_key",
-           "ENDED_NOTICE",
-           "unscoped_group_key"]
+           "ENDED_NOTICE", "COMMITTED_NOTICE", "unscoped_group_key"]
 
 ENDED_NOTICE = "ended:"
 """Request id prefix of a reply nobody asked for: the txn whose sequence follows ended
-without its writer's END (timeout, admin); the client fails that txn's next send."""
+without its writer's END (timeout, admin, another handle's abort); the client fails that
+txn's next send."""
+COMMITTED_NOTICE = "committed:"
+"""The same for a txn that committed: a handle that did not commit it fails its next send
+(a record sent now would follow the markers: no reader delivers it). A client of an
+earlier version ignores it (no request of its has that id)."""
 GROUP_SCOPE = "\x1f"
 """Between a group key's principal and the key itself (a character no principal has)."""
 

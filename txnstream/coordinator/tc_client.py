@@ -44,6 +44,7 @@ from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.endpoints import EndpointDirectory, TcEndpoint
 from txnstream.coordinator.line_security import client_ssl_context
 from txnstream.coordinator.protocol import (
+    COMMITTED_NOTICE,
     ENDED_NOTICE,
     TcOp,
     TcReply,
@@ -186,7 +187,7 @@ class TransactionCoordinatorClient:
         except CorruptRecordError as exc:
             log.error("client %s: skipping a bad reply: %s", self.client_id, exc)
             return
-        if reply.request_id.startswith(ENDED_NOTICE):
+        if reply.request_id.startswith((ENDED_NOTICE, COMMITTED_NOTICE)):
             self._txn_ended(reply)
             return
         with self._lock:
@@ -202,8 +203,10 @@ class TransactionCoordinatorClient:
         Its handle fails every later send at once (Kafka fences the producer the same way).
         """
         txn = self.live_txns.get(TxnID(notice.tc_id, notice.txn_seq))
-        err = error_from_reply(notice)
-        if txn is not None and err is not None:
+        if notice.request_id.startswith(COMMITTED_NOTICE):
+            if txn is not None:
+                txn.ended_remotely(None)
+        elif txn is not None and (err := error_from_reply(notice)) is not None:
             txn.ended_remotely(err)
 
     def _on_owner_change(self, ep: TcEndpoint) -> None:

@@ -361,7 +361,7 @@ class CoordinatorWorker:
             if reply is not None and reply.error_kind is None and req.op in _WATCHED:
                 seq = reply.txn_seq if req.op is TcOp.NEW else req.txn_seq
                 if (m := tc.store.txns.get(seq)) is None or not m.status.is_final:
-                    tc.watchers[seq] = conn
+                    tc.watch(seq, conn)
             metrics.REQUESTS.labels(req.op.value,
                                     reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:

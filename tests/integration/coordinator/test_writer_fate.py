@@ -54,11 +54,15 @@ def delivered(client: Client, topic: str, want: int, limit_s: float = 30.0) -> d
 
 
 def test_an_opener_whose_txn_another_process_committed_is_told_which_records_are_out(
-        config, worker, client, proc_reaper):
+        config, worker, client, proc_reaper, monkeypatch):
+    """The opener never hears of the commit (its notice is dropped here: a connection past
+    the coordinator's bound of watchers, or one that reconnected), so its sends after the
+    markers go out; its commit names each of them."""
     topic = make_topic(config, 1)
     tp = TopicPartition(topic, 0)
     producer = client.create_producer(topic)
     txn = client.new_transaction(timeout_s=60)
+    monkeypatch.setattr(client.tc, "_txn_ended", lambda notice: None)
     for i in range(3):
         producer.send(f"before-{i}".encode(), txn=txn, partition=0)
     producer.flush_transaction(txn)
@@ -116,3 +120,58 @@ def test_an_attached_writer_is_told_in_exactly_when_readers_deliver(config, work
             tp = TopicPartition(topic, 0)
     finally:
         other.close()
+
+
+def test_an_opener_told_another_process_committed_its_txn_sends_nothing_more(
+        config, worker, client, proc_reaper):
+    """Every connection that wrote into a txn is told when it commits, not only the last
+    writer when it aborts: the opener's next send raises and writes nothing (on the old
+    code it was written after the markers, and only the fate check at commit caught it)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTP
+
+    topic = make_topic(config, 1)
+    tp = TopicPartition(topic, 0)
+    producer = client.create_producer(topic)
+    txn = client.new_transaction(timeout_s=60)
+    producer.send(b"before", txn=txn, partition=0)
+    producer.flush_transaction(txn)
+    env = {**os.environ, "TXNSTREAM_BOOTSTRAP": config.bootstrap_servers,
+           "TXNSTREAM_TOPIC_PREFIX": config.topics.prefix}
+    co = proc_reaper.track(subprocess.Popen(
+        [sys.executable, "-c", CO_WRITER, str(txn.id), topic], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    out, err = co.communicate(timeout=120)
+    assert co.returncode == 0 and b"committed" in out, err.decode()[-2000:]
+    assert sorted(delivered(client, topic, 2).values()) == [b"before", b"co-writer"]
+    # The notice goes out with the markers: give it a moment to arrive, sending meanwhile.
+    slipped = 0
+    deadline = time.monotonic() + 10
+    with pytest.raises(InvalidTxnStatusError) as raised:
+        while True:
+            producer.send(b"slipped", txn=txn, partition=0)
+            slipped += 1
+            assert time.monotonic() < deadline, f"{slipped} sends after the commit went out"
+            time.sleep(0.05)
+    assert "committed by another handle" in str(raised.value)
+    probe = Consumer(config.consumer(f"probe-{uuid.uuid4().hex[:6]}"))
+    try:
+        high = probe.get_watermark_offsets(KafkaTP(topic, 0), timeout=10)[1]
+        with pytest.raises(InvalidTxnStatusError):
+            producer.send(b"after", txn=txn, partition=0)
+        with pytest.raises(InvalidTxnStatusError):  # a new partition: not registered either
+            client.create_producer(make_topic(config, 1)).send(b"x", txn=txn, partition=0)
+        producer.flush()
+        assert probe.get_watermark_offsets(KafkaTP(topic, 0), timeout=10)[1] == high
+    finally:
+        probe.close()
+    mine = txn.delivered.snapshot()[tp]
+    assert len(mine) == 1 + slipped
+    if slipped:  # sent before the notice came: after the markers, so out
+        with pytest.raises(RecordsExcludedError) as excluded:
+            txn.commit()
+        assert excluded.value.excluded == {tp: mine[1:]}
+    else:
+        txn.commit()  # its one record is in: the commit says so
+    assert txn.status.value == "COMMITTED"
+    assert sorted(delivered(client, topic, 2).values()) == [b"before", b"co-writer"]
