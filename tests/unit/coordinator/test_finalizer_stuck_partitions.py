@@ -275,3 +275,41 @@ def test_a_topic_known_not_to_exist_is_answered_from_the_cache_again():
     assert cat.missing([gone]) == [gone]
     assert cat.missing([gone]) == [gone]
     assert cat.count("deleted") is None and cat.gone(gone)
+
+
+class _Conn:
+    def __init__(self) -> None:
+        self.sent: list[TcReply] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(TcReply.decode(data))
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_every_writer_of_a_txn_up_to_the_bound_is_told_how_it_ended(commit):
+    """Stop 42's gap: only the last writer's connection was told, and only of an abort.
+    Now each connection that wrote (its newest ``MAX_TXN_WATCHERS``) is told either way,
+    once, and nothing of the txn's watchers is kept after it ended."""
+    from txnstream.coordinator.ownership import MAX_TXN_WATCHERS
+    from txnstream.coordinator.protocol import COMMITTED_NOTICE, ENDED_NOTICE
+
+    s = Setup({}, {"a": 1})
+    store = s.tc.store
+    meta, _ = store.new_txn("r1", 60_000, NOW_MS)
+    seq = meta.txn_id.least_bits
+    store.add_partitions(seq, (A0,), NOW_MS)
+    conns = [_Conn() for _ in range(MAX_TXN_WATCHERS + 36)]
+    for c in conns:
+        s.tc.watch(seq, c)
+    s.tc.watch(seq, conns[0])  # wrote again: among the newest now
+    store.end_txn(seq, commit, NOW_MS)
+    store.unlogged()
+    s.finalize_now()
+    assert s.status(seq) is (TxnStatus.COMMITTED if commit else TxnStatus.ABORTED)
+    told = [c for c in conns if c.sent]
+    assert told == [conns[0], *conns[-(MAX_TXN_WATCHERS - 1):]]
+    prefix = COMMITTED_NOTICE if commit else ENDED_NOTICE
+    assert all(len(c.sent) == 1 and c.sent[0].request_id == f"{prefix}{seq}"
+               and c.sent[0].txn_seq == seq for c in told)
+    assert all(c.sent[0].error_kind is None for c in told) == commit
+    assert seq not in s.tc.watchers
