@@ -36,6 +36,17 @@ print("committed", flush=True)
 """
 
 
+def commit_from_another_process(config, proc_reaper, txn, topic: str) -> None:
+    """A real second process attaches to ``txn``, writes one record to ``topic`` and commits."""
+    env = {**os.environ, "TXNSTREAM_BOOTSTRAP": config.bootstrap_servers,
+           "TXNSTREAM_TOPIC_PREFIX": config.topics.prefix}
+    co = proc_reaper.track(subprocess.Popen(
+        [sys.executable, "-c", CO_WRITER, str(txn.id), topic], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    out, err = co.communicate(timeout=120)
+    assert co.returncode == 0 and b"committed" in out, err.decode()[-2000:]
+
+
 def delivered(client: Client, topic: str, want: int, limit_s: float = 30.0) -> dict[int, bytes]:
     """Offset -> value of every record a committed-only reader delivers (``want`` or more)."""
     c = client.subscribe(topic, subscription=f"check-{uuid.uuid4().hex[:6]}")
@@ -66,13 +77,7 @@ def test_an_opener_whose_txn_another_process_committed_is_told_which_records_are
     for i in range(3):
         producer.send(f"before-{i}".encode(), txn=txn, partition=0)
     producer.flush_transaction(txn)
-    env = {**os.environ, "TXNSTREAM_BOOTSTRAP": config.bootstrap_servers,
-           "TXNSTREAM_TOPIC_PREFIX": config.topics.prefix}
-    co = proc_reaper.track(subprocess.Popen(
-        [sys.executable, "-c", CO_WRITER, str(txn.id), topic], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    out, err = co.communicate(timeout=120)
-    assert co.returncode == 0 and b"committed" in out, err.decode()[-2000:]
+    commit_from_another_process(config, proc_reaper, txn, topic)
     # The markers are written and folded once a reader sees the co-writer's record:
     # everything the opener sends from now on follows them.
     assert b"co-writer" in delivered(client, topic, 4).values()
@@ -136,13 +141,7 @@ def test_an_opener_told_another_process_committed_its_txn_sends_nothing_more(
     txn = client.new_transaction(timeout_s=60)
     producer.send(b"before", txn=txn, partition=0)
     producer.flush_transaction(txn)
-    env = {**os.environ, "TXNSTREAM_BOOTSTRAP": config.bootstrap_servers,
-           "TXNSTREAM_TOPIC_PREFIX": config.topics.prefix}
-    co = proc_reaper.track(subprocess.Popen(
-        [sys.executable, "-c", CO_WRITER, str(txn.id), topic], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    out, err = co.communicate(timeout=120)
-    assert co.returncode == 0 and b"committed" in out, err.decode()[-2000:]
+    commit_from_another_process(config, proc_reaper, txn, topic)
     assert sorted(delivered(client, topic, 2).values()) == [b"before", b"co-writer"]
     # The notice goes out with the markers: give it a moment to arrive, sending meanwhile.
     slipped = 0
