@@ -132,10 +132,13 @@ class Transaction:
         return self._clock() >= self.deadline_s
 
     def _check_open(self, what: str) -> None:
+        """``InvalidTxnStatusError`` unless OPEN; a write also fails once another ended it."""
         if self._status is not TxnStatus.OPEN:
             raise InvalidTxnStatusError(
                 self.id, TxnStatus.OPEN, self._status,
                 f"cannot {what} with transaction {self.id}: it is {self._status.value}")
+        if self._remote_end is not None and what != "commit":
+            raise self._remote_end
 
     def _set_status(self, status: TxnStatus) -> None:
         with self._state_lock:
@@ -154,8 +157,6 @@ class Transaction:
     def _admit_sends(self, n: int) -> None:
         """Count ``n`` sends in, or raise why not (``_state_mutex`` held)."""
         self._check_open("produce")
-        if self._remote_end is not None:
-            raise self._remote_end
         if self._expired():
             raise TransactionTimeoutError(
                 f"transaction {self.id} timed out after {int(self.timeout_s * 1000)} ms "
@@ -183,8 +184,6 @@ class Transaction:
             return  # the hot path of every send: known partitions, no lock, no request
         with self._lock:
             self._check_open("produce")
-            if self._remote_end is not None:
-                raise self._remote_end
             new = set(tps) - self._partitions
             if not new:
                 return

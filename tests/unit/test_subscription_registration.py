@@ -100,3 +100,29 @@ def test_without_a_pipeline_nothing_is_sent_ahead_and_the_ack_registers_itself()
     assert tc.subscription_requests() == []
     txn.register_subscriptions(SUBS[:1])
     assert tc.subscription_requests() == [(SUBS[0],)]
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_no_write_of_any_kind_after_another_handle_ended_the_txn(committed):
+    """Told its txn ended (another handle committed it, or it aborted): a send, a new
+    partition's registration and an ack on a subscription already registered all raise,
+    and none of them reaches the coordinator."""
+    from txnstream.errors import InvalidTxnStatusError
+    from txnstream.types import TopicPartition
+
+    tc = StubTc()
+    txn = Transaction(tc, TxnID(0, 1), 30)  # type: ignore[arg-type]
+    txn.register_subscriptions(SUBS[:1])
+    asked = len(tc.requests)
+    txn.ended_remotely(None if committed else InvalidTxnStatusError(
+        txn.id, None, None, "transaction (0,1) ended ABORTED (admin)"))
+    with pytest.raises(InvalidTxnStatusError) as raised:
+        with txn.sending():
+            pass
+    assert ("committed by another handle" if committed else "ABORTED") in str(raised.value)
+    with pytest.raises(InvalidTxnStatusError):
+        txn.register_partitions([TopicPartition("out", 0)])
+    with pytest.raises(InvalidTxnStatusError):
+        txn.register_subscriptions(SUBS[:1])  # known: the ack would go out without a request
+    assert len(tc.requests) == asked
+    assert txn.status.value == "OPEN"  # its own commit() then learns the outcome
