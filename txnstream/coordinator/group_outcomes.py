@@ -14,6 +14,18 @@ what others do only while it holds more than an equal share: each of ``n`` princ
 with outcomes on a TC keeps about its ``1/n`` of :data:`MAX_REMEMBERED_GROUPS` and of
 the byte budget (or all of its own, if less). Ties are broken by principal name, so a
 new owner replaying the same outcomes forgets the same ones.
+
+Past the bound a replay fails loudly, never commits twice. A key of the form
+``<stream>/<n>`` (a Spark query's ``<query id>/<batch id>``; batches of one query
+commit in order) is a version of its stream: when such an outcome is forgotten, the
+stream's **mark** keeps the highest version forgotten, and a commit of a version at or
+below it is refused (:meth:`GroupOutcomes.forgotten_through`): it may have committed
+already, and nothing tells a replay from a new commit. A mark is carried in checkpoints
+as an outcome of its own (:func:`mark_key`: a key no client can name; the version as its
+one sequence), so a new owner, and a worker of the previous release, read it as any
+other. Marks are forgotten last (a principal's outcomes first), at most
+:data:`MAX_STREAM_MARKS` per TC; past that a stream whose mark was forgotten has no
+protection left, which needs that many streams of one principal with forgotten outcomes.
 """
 
 from __future__ import annotations
@@ -24,19 +36,26 @@ from collections.abc import Mapping
 
 from txnstream.coordinator.log_entry import GroupOutcome
 from txnstream.coordinator.protocol import GROUP_SCOPE
-from txnstream.types import ANONYMOUS
+from txnstream.types import ANONYMOUS, TxnStatus
 
 __all__ = [
     "CHECKPOINT_FIXED_BYTES",
     "MAX_CHECKPOINT_BYTES",
     "MAX_REMEMBERED_GROUPS",
+    "MAX_STREAM_MARKS",
     "GroupOutcomes",
+    "mark_key",
 ]
 
 log = logging.getLogger(__name__)
 
 MAX_REMEMBERED_GROUPS = 10_000
 """Committed group keys carried in checkpoints; Spark replays only its last batches."""
+MAX_STREAM_MARKS = 10_000
+"""Streams a TC keeps a mark for (module docstring): each a few dozen bytes of its
+checkpoint, inside the same byte budget as the outcomes."""
+MAX_VERSION_DIGITS = 18
+"""Digits of a stream version (a ``long``'s range)."""
 MAX_CHECKPOINT_BYTES = 256 * 1024
 """Upper bound of one encoded CHECKPOINT record. It must fit in one Kafka message: the
 broker's default ``max.message.bytes`` is 1 MiB and librdkafka refuses a message over
@@ -59,8 +78,14 @@ class GroupOutcomes:
         """Named in the log lines about an outcome too big to keep."""
         self._by_key: OrderedDict[str, GroupOutcome] = OrderedDict()
         self._of: dict[str, OrderedDict[str, int]] = {}
-        """Per principal, its outcomes' keys and encoded sizes, oldest first."""
+        """Per principal, its outcomes' keys and encoded sizes, oldest first (no marks)."""
         self._bytes_of: Counter[str] = Counter()
+        self._marks_of: dict[str, OrderedDict[str, int]] = {}
+        """Per principal, its marks' keys and encoded sizes, least recently raised first."""
+        self._mark_bytes_of: Counter[str] = Counter()
+        self._marks = 0
+        self.mark_bytes = 0
+        """Encoded size of the marks (part of :attr:`bytes`, at most a quarter of it)."""
         self.bytes = 0
         """Encoded size of the outcomes in a checkpoint (kept under :attr:`budget`)."""
         self.budget = MAX_CHECKPOINT_BYTES - CHECKPOINT_FIXED_BYTES
@@ -71,12 +96,28 @@ class GroupOutcomes:
         """Every outcome remembered, by group key, oldest first."""
         return self._by_key
 
+    def forgotten_through(self, key: str) -> int | None:
+        """The highest forgotten version of ``key``'s stream if ``key`` is at or below it.
+
+        None: ``key`` is not a stream version, or no version of it as high is forgotten.
+        """
+        parsed = _version_of(key)
+        if parsed is None:
+            return None
+        mark = self._by_key.get(parsed[0])
+        return mark.seqs[0] if mark is not None and parsed[1] <= mark.seqs[0] else None
+
     def remember(self, outcome: GroupOutcome) -> None:
         """Keep ``outcome`` as the newest; forget the oldest past the count or byte bound.
 
         What is remembered is exactly what the next checkpoint carries, so a new owner
-        that replays the checkpoint recognises the same keys as this one.
+        that replays the checkpoint recognises the same keys as this one (a mark, read
+        back from a checkpoint, is kept as a mark).
         """
+        if _is_mark(outcome.key):
+            self._mark(outcome.key, outcome.seqs[0] if outcome.seqs else 0)
+            self._trim()
+            return
         size = outcome.encoded_size()
         if size > self.budget:
             # Idempotency needs the key and the status; the txns of the first commit are
@@ -91,11 +132,7 @@ class GroupOutcomes:
                           "of it will not be recognised", self.tc_id, size)
                 return
         self._forget(outcome.key)
-        who = _principal_of(outcome.key)
-        self._by_key[outcome.key] = outcome
-        self._of.setdefault(who, OrderedDict())[outcome.key] = size
-        self._bytes_of[who] += size
-        self.bytes += size
+        self._add(outcome)
         self._trim()
 
     def shrink(self) -> None:
@@ -109,26 +146,86 @@ class GroupOutcomes:
         self._trim()
 
     def _trim(self) -> None:
-        # the principal holding the most; of equals, the lexically first name
-        while len(self._by_key) > MAX_REMEMBERED_GROUPS:
-            self._forget_oldest_of(min(self._of, key=lambda p: (-len(self._of[p]), p)))
-        while self._by_key and self.bytes > self.budget:
-            self._forget_oldest_of(min(self._of, key=lambda p: (-self._bytes_of[p], p)))
+        # Past a bound, the principal holding the most (of equals, the lexically first
+        # name) gives back its oldest. An outcome forgotten leaves its stream's mark;
+        # marks have a quarter of the bytes, so they never crowd recent outcomes out.
+        while True:
+            if len(self._by_key) - self._marks > MAX_REMEMBERED_GROUPS:
+                self._evict(min(self._of, key=lambda p: (-len(self._of[p]), p)))
+            elif self._marks > MAX_STREAM_MARKS or self.mark_bytes > self.budget // 4 or (
+                    self.bytes > self.budget and not self._of):
+                who = min(self._marks_of, key=lambda p: (-self._mark_bytes_of[p], p))
+                self._forget(next(iter(self._marks_of[who])))
+            elif self.bytes > self.budget:
+                self._evict(min(self._of, key=lambda p: (-self._bytes_of[p], p)))
+            else:
+                return
 
-    def _forget_oldest_of(self, principal: str) -> None:
-        self._forget(next(iter(self._of[principal])))
+    def _evict(self, principal: str) -> None:
+        """Forget ``principal``'s oldest outcome; a stream version leaves its mark."""
+        key = next(iter(self._of[principal]))
+        self._forget(key)
+        if (parsed := _version_of(key)) is not None:
+            self._mark(*parsed)
+
+    def _mark(self, key: str, version: int) -> None:
+        """Raise the mark ``key`` to ``version`` (at least) and make it the newest."""
+        old = self._by_key.get(key)
+        top = max(version, old.seqs[0]) if old is not None and old.seqs else version
+        self._forget(key)
+        self._add(GroupOutcome(key, TxnStatus.COMMITTED, (top,)))
+
+    def _add(self, outcome: GroupOutcome) -> None:
+        """Keep ``outcome`` (an outcome or a mark) as its principal's newest."""
+        who, size, mark = _principal_of(outcome.key), outcome.encoded_size(), \
+            _is_mark(outcome.key)
+        self._by_key[outcome.key] = outcome
+        (self._marks_of if mark else self._of).setdefault(who, OrderedDict())[outcome.key] \
+            = size
+        (self._mark_bytes_of if mark else self._bytes_of)[who] += size
+        self._marks += mark
+        self.mark_bytes += size * mark
+        self.bytes += size
 
     def _forget(self, key: str) -> None:
         if self._by_key.pop(key, None) is None:
             return
-        who = _principal_of(key)
-        keys = self._of[who]
+        who, mark = _principal_of(key), _is_mark(key)
+        table, sizes = (self._marks_of, self._mark_bytes_of) if mark else \
+            (self._of, self._bytes_of)
+        keys = table[who]
         size = keys.pop(key)
-        self._bytes_of[who] -= size
+        sizes[who] -= size
+        self._marks -= mark
+        self.mark_bytes -= size * mark
         self.bytes -= size
         if not keys:
-            del self._of[who]
-            del self._bytes_of[who]
+            del table[who]
+            del sizes[who]
+
+
+def mark_key(principal: str, stream: str) -> str:
+    """The key of ``stream``'s mark.
+
+    Scoped always and ending in the scope separator, so no key a client names (one
+    separator at most, after its principal) is ever one.
+    """
+    return f"{principal}{GROUP_SCOPE}{stream}/{GROUP_SCOPE}"
+
+
+def _is_mark(key: str) -> bool:
+    return key.endswith(GROUP_SCOPE) and key.count(GROUP_SCOPE) == 2
+
+
+def _version_of(key: str) -> tuple[str, int] | None:
+    """(its stream's mark key, version) of a scoped key ``<stream>/<n>``; else None."""
+    if _is_mark(key):
+        return None
+    who, sep, own = key.partition(GROUP_SCOPE)
+    stream, slash, n = (own if sep else key).rpartition("/")
+    if not slash or not n.isascii() or not n.isdigit() or len(n) > MAX_VERSION_DIGITS:
+        return None
+    return mark_key(who if sep else ANONYMOUS, stream), int(n)
 
 
 def _principal_of(key: str) -> str:

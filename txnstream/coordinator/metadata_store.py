@@ -289,8 +289,9 @@ class TransactionMetadataStore(EpochFencedTable):
         1. If ``key`` committed before, nothing of this request commits: its txns that
            are not part of the first group are aborted (a replayed Spark batch), and the
            first outcome is reported with ``already=True``.
-        2. Committing needs every txn OPEN and alive. If one is not, every OPEN txn of
-           the group is aborted and the error names the culprit: all or none.
+        2. Committing needs every txn OPEN and alive, and ``key`` not a stream version
+           whose outcome may be forgotten (:meth:`GroupOutcomes.forgotten_through`). If
+           not, every OPEN txn of the group is aborted and the error says why: all or none.
         3. Otherwise one GROUP_END record moves them all to COMMITTING (or ABORTING).
 
         In every case, txns opened for ``key`` (see :meth:`new_txn`) that are still OPEN
@@ -305,8 +306,13 @@ class TransactionMetadataStore(EpochFencedTable):
             entries = self._abort_open([*extra, *orphans], now_ms, ABORT_GROUP)
             return GroupEndResult(prior.status, prior.seqs, tuple(entries), already=True)
         error = None
+        if commit and (forgotten := self.outcomes.forgotten_through(key)) is not None:
+            error = (f"the outcomes of its stream up to version {forgotten} are no longer "
+                     "remembered (a coordinator keeps a bounded number per principal, "
+                     "docs/coordinator.md): it may have committed before, so it is refused "
+                     "rather than committed twice")
         timed_out = False
-        for seq in seqs:
+        for seq in () if error else seqs:
             meta = self.txns.get(seq)
             if meta is None:
                 error = (f"transaction {TxnID(self.tc_id, seq)} is not known to "
