@@ -160,6 +160,11 @@ class Client:
         nothing itself. Raises the coordinator's error (``TransactionTimeoutError``,
         ``InvalidTxnStatusError``: the group was aborted), or ``RequestTimeoutError`` if
         no reply came in time (the outcome is unknown: ask again under the same key).
+
+        A key ``<stream>/<n>`` (``n`` decimal) is version ``n`` of its stream, as the Spark
+        sink's ``<query id>/<batch id>``: commit a stream's versions in increasing order.
+        Once a version's outcome is forgotten (docs/coordinator.md "Retention"), a
+        commit of it or of any lower version is refused rather than risked twice.
         """
         tc_id = validate.whole_number(tc_id, "tc_id")
         validate.nonempty_text(group_key, "group_key")
