@@ -134,12 +134,15 @@ class Planner:
         marks = self._watermarks([tp for tp in self.tps if tp not in self.gone])  # first
         live = list(marks)
         self.marks = {**self.marks, **marks}
-        for tp in live:
-            st = f.status.get(tp)
-            if st is None or (st is ServeStatus.PLAIN
-                              and marks[tp][1] > self._plain_end.get(tp, 0)):
-                if f.recheck(tp) is ServeStatus.PLAIN:
-                    self._plain_end[tp] = max(self._plain_end.get(tp, 0), marks[tp][1])
+        # New partitions, and plain ones that grew (a txn may have registered them since
+        # their ends were read), are looked up at once: one scan per state partition.
+        again = [tp for tp in live if f.status.get(tp) is ServeStatus.PLAIN
+                 and marks[tp][1] > self._plain_end.get(tp, 0)]
+        for tp in again:
+            f.unfollow(tp)
+        looked = f.follow_many([tp for tp in live if f.status.get(tp) is None])
+        for tp in (tp for tp, st in looked.items() if st is ServeStatus.PLAIN):
+            self._plain_end[tp] = max(self._plain_end.get(tp, 0), marks[tp][1])
         txnl = [tp for tp in live if f.status.get(tp) is not ServeStatus.PLAIN]
         if txnl:
             f.catch_up(txnl, timeout_s=CATCH_UP_S)

@@ -164,12 +164,14 @@ class GroupMember:
         # stays assigned but paused), else its automatic unassign on the next revoke
         # fails inside poll().
         ready, waiting = [], []
-        for p in parts:
-            tp = TopicPartition(p.topic, p.partition)
+        tps = [TopicPartition(p.topic, p.partition) for p in parts]
+        with self._lock:  # the whole assignment's served state at once, not one by one
+            scanned = self._follower.prefetch(tps)
+        for p, tp in zip(parts, tps, strict=True):
             with self._lock:
                 self._owned.add(tp)
             try:
-                ready.append(self._take(tp))
+                ready.append(self._take(tp, scanned=tp in scanned))
             except (TxnStreamError, KafkaException) as exc:
                 log.warning("%s: cannot take %s yet (%s); retrying in %.0fs", self.member_id,
                             tp, exc, CLAIM_RETRY_S)
@@ -182,26 +184,26 @@ class GroupMember:
         if waiting:
             consumer.pause(waiting)
 
-    def _take(self, tp: TopicPartition) -> KafkaTP:
+    def _take(self, tp: TopicPartition, scanned: bool = False) -> KafkaTP:
         """Become the owner of ``tp``: replay its pending acks, claim it.
 
         Returns where to start fetching (the caller assigns it). Nothing is delivered
         before the claim's OWNER record is in the log and every record before it is
-        folded (a zombie's late ack included).
+        folded (a zombie's late ack included). ``scanned``: its served state was just read.
         """
         timeout = self._config.admin_timeout_s
         ktp = KafkaTP(tp.topic, tp.partition)
         found = self.kafka.committed([ktp], timeout=timeout)[0]
         meta = CursorMetadata.from_metadata(found.metadata)
         with self._lock:
-            status = self._follower.follow(tp)
+            status = self._follower.status[tp] if scanned else self._follower.follow(tp)
             view = self._follower.views.get(tp)
         low, high = self.kafka.get_watermark_offsets(ktp, timeout=timeout)
 
         def initial() -> int:  # latest: the committed end (Kafka's LSO) as of now
             if self._initial == "earliest" or status is ServeStatus.PLAIN:
                 return int(low if self._initial == "earliest" else high)
-            return self._committed_end(tp, high, low, timeout)
+            return self._follower.committed_end(tp, high, low, timeout, self._lock)
 
         # Rebuild the pending acks before delivering anything, then claim the partition
         # on the log the view serves (a state of an older log starts over in the claim).
@@ -280,29 +282,6 @@ class GroupMember:
                 handle.abort(txn_id)
             elif info.status is TxnStatus.COMMITTED:
                 handle.commit(txn_id)
-
-    def _committed_end(self, tp: TopicPartition, high: int, low: int, timeout_s: float) -> int:
-        """Where ``latest`` starts on a served partition: the committed end as of now.
-
-        That is its max read position + 1 once the owner has folded up to ``high``
-        (records before it may belong to a txn still open, which ``high`` itself would
-        skip). An owner that does not get there in ``timeout_s`` leaves the served
-        position so far (a warning says so).
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self._lock:
-                self._follower.catch_up([tp], timeout_s=max(0.1, deadline - time.monotonic()))
-                view = self._follower.views.get(tp)
-            if view is not None and view.position >= high - 1:
-                return min(high, view.max_read_position + 1)
-            if time.monotonic() >= deadline:
-                at = view.max_read_position + 1 if view is not None else low
-                log.warning("%s: the buffer owner of %s has not folded to its end (%d) in "
-                            "%.0fs; 'latest' starts at the served position %d", self.member_id,
-                            tp, high, timeout_s, at)
-                return max(low, at)
-            time.sleep(0.05)
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         """A clean revoke: our acks are made durable and the cursor committed first."""

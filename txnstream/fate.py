@@ -82,8 +82,7 @@ def excluded(config: Config, txn_id: TxnID, delivered: Mapping[TopicPartition, S
         return {}
     follower = BufferStateFollower(config, name=f"fate-{txn_id}")
     try:
-        for tp in wanted:
-            follower.follow(tp)
+        follower.follow_many(list(wanted))
         deadline = time.monotonic() + timeout_s
         behind = dict(wanted)
         while True:

@@ -186,8 +186,7 @@ class Sampler:
         txns = admin.list_transactions()
         wanted = {TopicPartition.parse(p) for t in txns if t.status in UNFINISHED
                   for p in t.partitions}
-        for tp in wanted - self._followed:
-            self.follower.follow(tp)
+        self.follower.follow_many(sorted(wanted - self._followed))
         for tp in self._followed - wanted:
             self.follower.unfollow(tp)
         self._followed = wanted

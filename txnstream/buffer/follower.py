@@ -33,6 +33,7 @@ Start-up cost is the snapshot partition's scan plus the deltas since the snapsho
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -113,8 +114,7 @@ class BufferStateFollower:
         """
         if tp in self.views:
             return self.status[tp]
-        slot = self._store.partition_of(tp)
-        self._slot[tp] = slot
+        self._slot[tp] = self._store.partition_of(tp)
         try:
             found = self._find(tp)
         except (KafkaException, TimeoutError) as exc:
@@ -125,6 +125,66 @@ class BufferStateFollower:
             log.warning("%s: cannot read the buffer state of %s yet: %s", self.name, tp, exc)
             self._wait(tp)
             return self.status[tp]
+        return self._follow_found(tp, found, plain_ok)
+
+    def follow_many(self, tps: list[TopicPartition]) -> dict[TopicPartition, ServeStatus]:
+        """:meth:`follow` each of ``tps``, scanning each snapshot partition once.
+
+        A reader's whole assignment at once (a topic of hundreds of partitions shares a
+        few snapshot partitions); Kafka errors are raised, as :meth:`follow`'s.
+        """
+        new = [tp for tp in tps if tp not in self.views]
+        if new:
+            for attempt in _scan_retries():
+                with attempt:
+                    found = self._store.find_many(new)
+            for tp in new:
+                self._slot[tp] = self._store.partition_of(tp)
+                self._follow_found(tp, found[tp], plain_ok=True)
+        return {tp: self.status[tp] for tp in tps}
+
+    def prefetch(self, tps: list[TopicPartition]) -> set[TopicPartition]:
+        """:meth:`follow_many`, for a reader's new assignment: the partitions it read.
+
+        Empty if the scan failed (logged): each partition is followed on its own then.
+        """
+        try:
+            return set(self.follow_many(tps))
+        except (KafkaException, TimeoutError) as exc:
+            log.info("%s: served state of %d partitions not read at once (%s); one by one",
+                     self.name, len(tps), exc)
+            return set()
+
+    def committed_end(self, tp: TopicPartition, high: int, low: int, timeout_s: float,
+                      lock: threading.RLock) -> int:
+        """Where ``latest`` starts on a served partition: the committed end as of now.
+
+        That is its max read position + 1 once the owner has folded up to ``high``
+        (records before it may belong to a txn still open, which ``high`` itself would
+        skip). An owner that does not get there in ``timeout_s`` leaves the served
+        position so far (a warning says so). ``lock``: the reader's, held around each
+        read of the state (not while waiting).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with lock:
+                view = self.views.get(tp)
+                if view is None or view.position < high - 1:
+                    self.catch_up([tp], timeout_s=max(0.1, deadline - time.monotonic()))
+                    view = self.views.get(tp)
+            if view is not None and view.position >= high - 1:
+                return min(high, view.max_read_position + 1)
+            if time.monotonic() >= deadline:
+                at = view.max_read_position + 1 if view is not None else low
+                log.warning("%s: the buffer owner of %s has not folded to its end (%d) in "
+                            "%.0fs; 'latest' starts at the served position %d", self.name,
+                            tp, high, timeout_s, at)
+                return max(low, at)
+            time.sleep(0.05)
+
+    def _follow_found(self, tp: TopicPartition, found: LatestSnapshotFinder,
+                      plain_ok: bool) -> ServeStatus:
+        """Start following ``tp`` from what a scan ``found`` (see :meth:`follow`)."""
         if found.best is not None:
             self._start_view(tp, found.best)
         elif found.registered:
@@ -228,8 +288,7 @@ class BufferStateFollower:
     def catch_up(self, tps: Iterable[TopicPartition], timeout_s: float = 30.0) -> None:
         """Follow ``tps`` and read their slots to their current ends (planners, admin)."""
         tps = list(tps)
-        for tp in tps:
-            self.follow(tp)
+        self.follow_many(tps)
         self._do_reseeks()
         ends = {}
         for slot in {self._slot[tp] for tp in tps if tp in self.views}:
@@ -323,9 +382,7 @@ class BufferStateFollower:
 
     def _find(self, tp: TopicPartition) -> LatestSnapshotFinder:
         """Scan ``tp``'s snapshot partition, riding through transient Kafka errors."""
-        for attempt in Retrying(retry=retry_if_exception_type((KafkaException, TimeoutError)),
-                                stop=stop_after_delay(SCAN_RETRY_S),
-                                wait=wait_exponential(0.1, max=2), reraise=True):
+        for attempt in _scan_retries():
             with attempt:
                 return self._store.find(tp)
         raise AssertionError("unreachable")
@@ -390,3 +447,10 @@ class BufferStateFollower:
     def close(self) -> None:
         """Release the consumer."""
         self._consumer.close()
+
+
+def _scan_retries() -> Retrying:
+    """Retries of a snapshot scan through transient Kafka errors (up to ``SCAN_RETRY_S``)."""
+    return Retrying(retry=retry_if_exception_type((KafkaException, TimeoutError)),
+                    stop=stop_after_delay(SCAN_RETRY_S), wait=wait_exponential(0.1, max=2),
+                    reraise=True)

@@ -187,10 +187,15 @@ class RegistrationScan:
 
 
 class SlotScan:
-    """Fed one snapshot partition's records: every partition registered or snapshotted there."""
+    """Fed one snapshot partition's records: every partition registered or snapshotted there.
 
-    def __init__(self) -> None:
+    ``only``: just these partitions (a reader's assignment; the others' records are
+    skipped undecoded).
+    """
+
+    def __init__(self, only: set[TopicPartition] | None = None) -> None:
         self.finders: dict[TopicPartition, LatestSnapshotFinder] = {}
+        self._only = only
 
     def add(self, key: bytes | None, value: bytes | None, where: str) -> None:
         """One record of the partition (see :meth:`LatestSnapshotFinder.add`)."""
@@ -201,6 +206,8 @@ class SlotScan:
             tp = TopicPartition.parse(head.decode())
         except (ValueError, UnicodeDecodeError):
             log.error("skipping snapshot record with an unknown key at %s: %r", where, key)
+            return
+        if self._only is not None and tp not in self._only:
             return
         finder = self.finders.get(tp)
         if finder is None:
@@ -331,6 +338,23 @@ class TransactionBufferSnapshotStore:
         finder = LatestSnapshotFinder(tp, at_or_before)
         self.scan(self.partition_of(tp), finder)
         return finder
+
+    def find_many(self, tps: list[TopicPartition]) -> dict[TopicPartition, LatestSnapshotFinder]:
+        """:meth:`find` of each of ``tps``, reading each snapshot partition once.
+
+        A reader assigned many partitions (Kafka assigns a whole topic at once) pays one
+        scan per snapshot partition instead of one per data partition.
+        """
+        by_part: dict[int, set[TopicPartition]] = {}
+        for tp in tps:
+            by_part.setdefault(self.partition_of(tp), set()).add(tp)
+        out: dict[TopicPartition, LatestSnapshotFinder] = {}
+        for part, group in sorted(by_part.items()):
+            found = SlotScan(only=group)
+            self.scan(part, found)
+            for tp in group:
+                out[tp] = found.finders.get(tp) or LatestSnapshotFinder(tp)
+        return out
 
     def scan_slot(self, slot: int, stop: threading.Event | None = None) -> tuple[SlotScan, int]:
         """Every partition registered or snapshotted in ``slot``, and the slot's end offset.
