@@ -37,7 +37,9 @@ from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
-from chaos.credentials import HARNESS, STRANGER, Credentials
+from chaos.credentials import HARNESS, Credentials
+from chaos.hostile import hostile_roles
+from chaos.latency import summarize
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
@@ -52,6 +54,8 @@ IN_TOPIC = "chaos-in"
 OUT_TOPIC = "chaos-out"
 DOOMED_TOPIC = "chaos-doomed"
 """(hostile) Deleted halfway through the workload while txns that wrote to it commit."""
+HOSTILE = ("intruder", "flooder")
+"""Roles of the hostile profiles' processes (chaos.hostile)."""
 EO_SUBSCRIPTION = "chaos-eo"
 READ_SUBSCRIPTION = "chaos-read"
 SERVE_TIMEOUT_S = 120.0
@@ -169,12 +173,10 @@ class ChaosRun:
                 "hold_s": list(p.hold_s),
                 "doomed": DOOMED_TOPIC if p.hostile else None, "doomed_ratio": p.doomed_ratio}),
                 env=self.creds.env("chaos-producer"))
-        if p.hostile:
-            self.sup.add("intruder-0", "intruder", self._role_argv("intruder", "intruder-0", {
-                "topics": [IN_TOPIC, OUT_TOPIC], "rate": p.intruder_rate, "forge": True,
-                "pause_s": p.pause_s}),
-                env=self.creds.env(STRANGER))
-        for role in ("consumer", "processor", "producer", "intruder"):
+        for name, role, spec, principal in hostile_roles(p, self.creds, [IN_TOPIC, OUT_TOPIC]):
+            self.sup.add(name, role, self._role_argv(role, name, spec),
+                         env=self.creds.env(principal))
+        for role in ("consumer", "processor", "producer", *HOSTILE):
             for name in self.sup.names(role):
                 self.sup.start(name)
         self._phase("roles", t0)
@@ -206,6 +208,8 @@ class ChaosRun:
         self.nemesis = Nemesis(self.sup, self.cluster, self.p, self.seed, self._on_fault)
         self.nemesis.start()
         end = t0 + self.p.workload_s
+        phases = TruthLog(self.truth_dir / "harness-phases.jsonl")  # chaos.latency
+        phases.write({"e": "phase", "phase": "quiet", "t": time.time()})
         next_note = t0 + 30
         doom_at = t0 + self.p.workload_s / 2 if self.p.hostile else None
         while time.monotonic() < end:
@@ -218,6 +222,8 @@ class ChaosRun:
                 self.log(f"workload {time.monotonic() - t0:.0f}/{self.p.workload_s:.0f} s: "
                          f"faults {dict(self.nemesis.counts())}, exits nobody caused "
                          f"{len(self.sup.exits)}, admin aborts {self.monitor.admin_aborts}")
+        phases.write({"e": "phase", "phase": "end", "t": time.time()})
+        phases.close()
         self.log("workload over: halting the nemesis")
         self.nemesis.halt()
         self.nemesis.join(180)
@@ -253,7 +259,8 @@ class ChaosRun:
         self.sup.ensure_running()
         self.monitor.stop_aborting()
         self.log("stopping the producers (they end their current txns) and intruders")
-        self.sup.stop(self.sup.names("producer") + self.sup.names("intruder"))
+        self.sup.stop(self.sup.names("producer") + [n for r in HOSTILE
+                                                    for n in self.sup.names(r)])
         deadline = time.monotonic() + self.p.drain_s
         state: dict[str, Any] = {}
         stable = 0
@@ -362,6 +369,10 @@ class ChaosRun:
                    sub=f"{ex.name.rsplit('-', 1)[0]}: {_last_error(ex.tail)[:120]}")
         for o in over_bounds:
             an.add("bound_exceeded", o, sub=o["what"])
+        lat = self.summary["commit_latency"] = summarize(
+            (e for ends in truth.ends.values() for e in ends), truth.phases)
+        if lat["verdict"] == "flood_latency":
+            an.add("flood_latency", lat)
         if self.p.hostile and "doomed_deleted_at" in self.summary and \
                 self._doomed_recreated():
             an.add("deleted_topic_recreated", {"topic": DOOMED_TOPIC})
