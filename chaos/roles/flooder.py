@@ -446,8 +446,9 @@ class Flood:
         for tc in range(self.ntc):  # end what it holds: the drain waits for no open txn
             self._release("lister", self.client, tc, self.own.pop(tc, []))
             self._release("evictor", self.client, tc, list(self.evict_pool[tc]))
+        deadline = time.monotonic() + 5.0  # within the harness's stop grace (20 s)
         for th in threads + early:
-            th.join(2)
+            th.join(max(0.0, deadline - time.monotonic()))
         self._write_stats()
 
     def close(self) -> None:

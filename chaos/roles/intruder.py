@@ -234,6 +234,9 @@ class Intruder:
         except (OSError, ConnectionError) as exc:
             self._count(who, op, type(exc).__name__)
         else:
+            if reply.owner_id == "impostor":  # the flood's (a client with no secret may)
+                self._count(who, op, "impostor")
+                return None
             self._count(who, op, "accepted")
             return reply
         return None
