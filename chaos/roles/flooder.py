@@ -325,7 +325,7 @@ class Flood:
             tc = (tc + 1) % self.ntc
             pool = self.evict_pool[tc]
             if not pool:
-                pool.extend(self._reserve("evictor", self.client, tc, RESERVE_MAX, 600.0))
+                pool.extend(self._reserve("evictor", self.client, tc, RESERVE_MAX, 120.0))
                 if not pool:
                     continue
             seq = pool.popleft()
