@@ -20,12 +20,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["MIN_COMMITS", "MAX_RATIO", "COMMIT_WANTS", "commit_samples", "phase_bounds",
-           "split", "percentile", "judge", "summarize"]
+           "split", "percentile", "judge", "summarize", "slowest"]
 
 MIN_COMMITS = 50
 """Commits a phase needs for its p99 to be judged: with fewer, p99 is one outlier."""
 MAX_RATIO = 2.0
 """Flood p99 over quiet p99 allowed (issue 34's Show)."""
+SLOWEST = 5
+"""Slowest commits of each phase kept in the summary (to read against the fault log)."""
 COMMIT_WANTS = ("commit", "late")
 """Producer txns whose opener calls ``commit()`` on an open txn right away (``slow``
 commits after its timeout on purpose; ``foreign`` after its peer committed)."""
@@ -111,8 +113,26 @@ def judge(by_phase: Mapping[str, list[float]], min_commits: int = MIN_COMMITS,
 def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, Any]]
               ) -> dict[str, Any]:
     """:func:`judge` of the honest commits in the phases the ``phase`` events bound."""
+    ends = list(ends)
     bounds = phase_bounds(phases)
     out = judge(split(commit_samples(ends), bounds))
     out["phases"] = {k: [round(lo, 3), None if hi == math.inf else round(hi, 3)]
                      for k, (lo, hi) in bounds.items()}
+    out["slowest"] = slowest(ends, bounds)
+    return out
+
+
+def slowest(ends: Iterable[Mapping[str, Any]], bounds: Mapping[str, tuple[float, float]],
+            n: int = SLOWEST) -> dict[str, list[dict[str, Any]]]:
+    """Per phase, its ``n`` slowest commits: when (s after the quiet start), how long, how."""
+    start = min((lo for lo, _ in bounds.values()), default=0.0)
+    out: dict[str, list[dict[str, Any]]] = {}
+    timed = [e for e in ends if commit_samples([e])]
+    for name, (lo, hi) in bounds.items():
+        mine = sorted((e for e in timed if lo <= float(e["t0"]) < hi),
+                      key=lambda e: float(e["t0"]) - float(e["t"]))[:n]
+        out[name] = [{"at_s": round(float(e["t0"]) - start, 1),
+                      "secs": round(float(e["t"]) - float(e["t0"]), 2),
+                      "txn": e.get("txn"), "by": e.get("by"), "outcome": e.get("outcome"),
+                      "error": (e.get("error") or "")[:200]} for e in mine]
     return out

@@ -91,6 +91,8 @@ def test_summarize_end_to_end():
     assert out["ratio"] == 5.0
     assert out["verdict"] == "flood_latency"
     assert out["phases"] == {"quiet": [100.0, 200.0], "flood": [200.0, 400.0]}
+    assert [e["at_s"] for e in out["slowest"]["flood"]] == [100.0, 101.0, 102.0, 103.0, 104.0]
+    assert out["slowest"]["quiet"][0]["secs"] == 0.1
 
 
 def test_no_flood_phase_reports_quiet_only():
