@@ -46,6 +46,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,8 @@ SENTINEL_GROUPS = 4
 """Groups the sentinel commits per TC before the flood."""
 SENTINEL_EVERY_S = 2.0
 OWN_LEASE_S = 300.0
-"""Lease of the lister's own txns: renewed every half, so a killed flooder's txns end
-within this."""
+"""Timeout of the lister's own txns: renewed a minute before, so a killed flooder's txns
+end within this."""
 REQUEST_S = 5.0
 RESERVE_MAX = 256
 
@@ -264,20 +265,30 @@ class Flood:
             conn.close()
 
     def _own_txns(self) -> None:
-        """Hold ``own_txns`` reserved txns on every TC, renewed every half lease."""
-        while not self.stop.is_set():
-            for tc in range(self.ntc):
-                fresh: list[int] = []
-                while len(fresh) < self.own_txns and not self.stop.is_set():
-                    got = self._reserve("lister", self.client, tc,
-                                        min(RESERVE_MAX, self.own_txns - len(fresh)),
-                                        OWN_LEASE_S)
-                    if not got:
-                        break
-                    fresh += got
-                self._release("lister", self.client, tc, self.own.get(tc, []))
-                self.own[tc] = fresh
-            self.stop.wait(OWN_LEASE_S / 2)
+        """Hold ``own_txns`` open txns on every TC, renewed a minute before their timeout.
+
+        Reserved, then activated: a LIST shows no reserved txn.
+        """
+        with ThreadPoolExecutor(8, thread_name_prefix="activate") as pool:
+            while not self.stop.is_set():
+                for tc in range(self.ntc):
+                    fresh: list[int] = []
+                    while len(fresh) < self.own_txns and not self.stop.is_set():
+                        got = self._reserve("lister", self.client, tc,
+                                            min(RESERVE_MAX, self.own_txns - len(fresh)),
+                                            OWN_LEASE_S)
+                        if not got:
+                            break
+                        fresh += got
+                    list(pool.map(self._activate, [tc] * len(fresh), fresh,
+                                  [int(time.time() * 1000)] * len(fresh)))
+                    self._release("lister", self.client, tc, self.own.get(tc, []))
+                    self.own[tc] = fresh
+                self.stop.wait(OWN_LEASE_S - 60.0)
+
+    def _activate(self, tc: int, seq: int, now_ms: int) -> None:
+        self._ask("lister", self.client, "activate", TcOp.ACTIVATE, tc, txn_seq=seq,
+                  timeout_ms=int(OWN_LEASE_S * 1000), open_time_ms=now_ms)
 
     # ------------------------------------------------------------------ group outcomes
 
