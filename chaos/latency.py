@@ -26,6 +26,9 @@ MIN_COMMITS = 50
 """Commits a phase needs for its p99 to be judged: with fewer, p99 is one outlier."""
 MAX_RATIO = 2.0
 """Flood p99 over quiet p99 allowed (issue 34's Show)."""
+FAULT_SETTLE_S = 10.0
+"""After a fault heals, commits still wait on it: a new owner takes a TC after the 6 s
+session timeout, a broker back in the cluster takes its leaderships back."""
 SLOWEST = 5
 """Slowest commits of each phase kept in the summary (to read against the fault log)."""
 COMMIT_WANTS = ("commit", "late")
@@ -92,10 +95,10 @@ def judge(by_phase: Mapping[str, list[float]], min_commits: int = MIN_COMMITS,
     out: dict[str, Any] = {}
     for name in ("quiet", "flood"):
         xs = by_phase.get(name, [])
-        p50, p99 = percentile(xs, 50), percentile(xs, 99)
-        out[name] = {"commits": len(xs),
-                     "p50_ms": None if p50 is None else round(p50 * 1000, 1),
-                     "p99_ms": None if p99 is None else round(p99 * 1000, 1)}
+        out[name] = {"commits": len(xs)}
+        for q in (50, 90, 99):
+            v = percentile(xs, q)
+            out[name][f"p{q}_ms"] = None if v is None else round(v * 1000, 1)
     q, f = out["quiet"]["p99_ms"], out["flood"]["p99_ms"]
     out["ratio"] = None if not q or f is None else round(f / q, 2)
     short = [n for n in ("quiet", "flood") if out[n]["commits"] < min_commits]
@@ -110,12 +113,26 @@ def judge(by_phase: Mapping[str, list[float]], min_commits: int = MIN_COMMITS,
     return out
 
 
-def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, Any]]
-              ) -> dict[str, Any]:
-    """:func:`judge` of the honest commits in the phases the ``phase`` events bound."""
+def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, Any]],
+              faults: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """:func:`judge` of the honest commits in the phases the ``phase`` events bound.
+
+    ``faults`` (the nemesis's, ``at`` seconds after the quiet phase's start, for
+    ``duration_s``): ``without_faults`` has the same figures for the commits that
+    overlap none of them nor the :data:`FAULT_SETTLE_S` after each (for reading only:
+    with one fault every few seconds, few commits are left).
+    """
     ends = list(ends)
     bounds = phase_bounds(phases)
-    out = judge(split(commit_samples(ends), bounds))
+    samples = commit_samples(ends)
+    out = judge(split(samples, bounds))
+    start = bounds["quiet"][0] if "quiet" in bounds else 0.0
+    windows = [(start + float(f["at"]), start + float(f["at"]) + float(f["duration_s"])
+                + FAULT_SETTLE_S) for f in faults]
+    clear = [(t0, secs) for t0, secs in samples
+             if not any(lo < t0 + secs and t0 < hi for lo, hi in windows)]
+    out["without_faults"] = {k: v for k, v in judge(split(clear, bounds)).items()
+                             if k in ("quiet", "flood", "ratio")}
     out["phases"] = {k: [round(lo, 3), None if hi == math.inf else round(hi, 3)]
                      for k, (lo, hi) in bounds.items()}
     out["slowest"] = slowest(ends, bounds)

@@ -376,7 +376,9 @@ class ChaosRun:
         for o in over_bounds:
             an.add("bound_exceeded", o, sub=o["what"])
         lat = self.summary["commit_latency"] = summarize(
-            (e for ends in truth.ends.values() for e in ends), truth.phases)
+            (e for ends in truth.ends.values() for e in ends), truth.phases,
+            [f for f in self.nemesis.as_dicts() if f["role"] in ("worker", "broker")
+             and not f["error"]])
         if lat["verdict"] == "flood_latency":
             an.add("flood_latency", lat)
         if self.p.hostile and "doomed_deleted_at" in self.summary and \

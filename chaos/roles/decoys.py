@@ -7,6 +7,8 @@
   come anyway are answered OK (a commit the impostor never made); one from a client that
   proved a secret is an ``intrusion``.
 - :class:`Tarpit` accepts connections and never answers.
+- :func:`forge_endpoints` writes endpoint records that send a TC's clients to them, and
+  to a live worker that does not serve that TC (items 4, 7).
 - :class:`IdleHolder` opens many TCP connections to each worker's port from a few
   loopback addresses of its own (``127.0.0.2``...) and never finishes a handshake,
   reopening those the worker closes (issue 34 item 3). A connection a worker keeps past
@@ -30,22 +32,53 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from confluent_kafka import Producer
+
+from txnstream.coordinator.endpoints import TcEndpoint
 from txnstream.coordinator.line_security import PROOF_BYTES
 from txnstream.coordinator.protocol import TcReply, TcRequest
-from txnstream.coordinator.transport import FRAME, HANDSHAKE_TIMEOUT_S, MAGIC, NONCE_BYTES
+from txnstream.coordinator.transport import (
+    FRAME,
+    HANDSHAKE_TIMEOUT_S,
+    MAGIC,
+    NONCE_BYTES,
+    Endpoint,
+)
 from txnstream.errors import TxnStreamError
 
-__all__ = ["Impostor", "Tarpit", "IdleHolder", "Count", "Intrusion"]
+__all__ = ["Impostor", "Tarpit", "IdleHolder", "Count", "Intrusion", "forge_endpoints",
+           "FORGED_OWNER_PREFIX"]
 
 Count = Callable[[str, str, str], None]
 Intrusion = Callable[[str, str, str], None]
 
+FORGED_OWNER_PREFIX = "flood-"
+"""``owner_id`` of the forged endpoint records (the intruder's raw thread skips them)."""
+FORGED_EPOCH = 1 << 52
 IMPOSTOR_MODES = (b"T", b"A", b"K")
 IDLE_CAP_CLOSE_S = 1.0
 """A connection closed sooner than this without a greeting was refused at once (a cap)."""
 IDLE_REOPEN_S = 2.0
 """Wait before reopening a connection refused at once (the worker's caps), so the holder
 churns at most ``sockets / this`` connects a second per worker."""
+
+
+def forge_endpoints(producer: Producer, topic: str, tc: int, impostor_port: int,
+                    tarpit_port: int, tarpits: int, live: Endpoint | None, count: Count) -> None:
+    """Endpoint records for TC ``tc`` with huge epochs, ``owner_id`` ``flood-<kind>``.
+
+    One naming the impostor (the highest epoch), ``tarpits`` naming the tarpit, and one
+    naming ``live``, a genuine worker that does not serve the TC.
+    """
+    recs = [("impostor", Endpoint("127.0.0.1", impostor_port), FORGED_EPOCH + 9)]
+    recs += [("tarpit", Endpoint("127.0.0.1", tarpit_port), FORGED_EPOCH + 8 - i)
+             for i in range(tarpits)]
+    if live is not None:
+        recs.append(("live", live, FORGED_EPOCH))
+    for kind, ep, epoch in recs:
+        rec = TcEndpoint(tc, f"{FORGED_OWNER_PREFIX}{kind}", ep, epoch)
+        producer.produce(topic, rec.encode(), key=str(tc).encode(), partition=tc)
+        count("forger", f"endpoint {kind}", "written")
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -164,10 +197,6 @@ class IdleHolder:
         self.socks: dict[socket.socket, dict[str, Any]] = {}
         self.wait_until: dict[tuple[Any, str], float] = {}
         """(endpoint, source) -> no reopening before this (it was refused at once)."""
-
-    def held(self) -> int:
-        """Connections open now."""
-        return len(self.socks)
 
     def run(self, stop: threading.Event, targets: Callable[[], list[Any]]) -> None:
         """Hold connections to ``targets()`` (endpoints) until ``stop``."""

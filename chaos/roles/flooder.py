@@ -7,21 +7,22 @@ then a ``phase`` truth event ``flood`` and these threads, as principal ``chaos-f
 
 - **lister**: ``list_connections`` connections of its own to the live workers,
   pipelining LIST and STATS requests of the TCs each worker serves, ``list_window`` at a
-  time per connection, as fast as the worker answers; the principal holds ``own_txns``
-  reserved txns on every TC, so a LIST has pages to show (issue 34 item 2).
+  time per connection, as fast as the worker answers; the principal first opens
+  ``own_txns`` txns on every TC, so a LIST has pages to show (issue 34 item 2).
 - **evictor**: RESERVEs TxnIDs within its limit and group-commits them one per group
-  under keys of 400-4,000 bytes, ``evict_rate`` a second, to push other principals'
-  group outcomes out of the coordinators' memory (item 1). The **sentinel** (principal
-  ``chaos-groups``, honest) commits a few groups on every TC before the flood and replays
-  one every few seconds: the replay must find its key committed (``already``); a replay
-  that commits is an ``intrusion`` (a Spark batch committed twice).
+  under keys of 4,000-15,000 bytes, ``evict_rate`` a second (a thread per TC), to push
+  other principals' group outcomes out of the coordinators' memory (item 1). The
+  **sentinel** (principal ``chaos-groups``, honest) commits a few groups on every TC
+  before the flood and replays one every few seconds: the replay must find its key
+  committed (``already``); a replay that commits is an ``intrusion`` (a Spark batch
+  committed twice).
 - **anonymous**: a client whose principal is literally ``anonymous`` with a secret of
   its own, and one with none, asking to end the sentinel's groups under its keys, bare
   and scoped with the separator (``chaos-groups`` U+001F key), and to LIST; the flooder
   sends the scoped keys too (item 6). Any of these accepted by a worker is an intrusion.
 - **garbage**: connections that pass the handshake, then send one frame with a valid tag
-  and a payload that is no request; a worker that keeps such a connection open past its
-  handshake timeout plus a pause is an intrusion (item 8).
+  and a payload that is no request, and a STATS after it; a worker that answers the
+  STATS, or keeps the connection open :data:`GARBAGE_CLOSE_S`, is an intrusion (item 8).
 - **idle**: :class:`~chaos.roles.decoys.IdleHolder`, ``idle_sockets`` connections per
   worker from ``idle_hosts`` loopback addresses that never handshake (item 3).
 - **forger**: a plain confluent-kafka producer writing endpoint records, every
@@ -39,6 +40,7 @@ aborts the txns it still holds and exits.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import string
@@ -55,33 +57,44 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from chaos.credentials import GROUPS
 from chaos.roles.common import RoleArgs, run_role
-from chaos.roles.decoys import IdleHolder, Impostor, Tarpit
+from chaos.roles.decoys import (
+    FORGED_OWNER_PREFIX,
+    IdleHolder,
+    Impostor,
+    Tarpit,
+    forge_endpoints,
+)
 from chaos.truth import TruthLog
 from txnstream import Client
 from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.endpoints import TcEndpoint
 from txnstream.coordinator.protocol import GROUP_SCOPE, TcOp, TcReply, TcRequest
-from txnstream.coordinator.transport import HANDSHAKE_TIMEOUT_S, Endpoint, IoLoop
+from txnstream.coordinator.transport import Endpoint, IoLoop
 from txnstream.errors import TxnStreamError
 from txnstream.types import ANONYMOUS
 
-__all__ = ["run", "FORGED_OWNER_PREFIX"]
+__all__ = ["run"]
 
-FORGED_OWNER_PREFIX = "flood-"
-"""``owner_id`` of the forger's endpoint records (the intruder's raw thread skips them)."""
 STATS_EVERY_S = 5.0
 PROBE_EVERY_S = 10.0
 """Live workers are proved again this often (a worker restarted by the nemesis moves)."""
 FORGE_EVERY_S = 30.0
-FORGED_EPOCH = 1 << 52
 SENTINEL_GROUPS = 4
 """Groups the sentinel commits per TC before the flood."""
 SENTINEL_EVERY_S = 2.0
-OWN_LEASE_S = 300.0
-"""Timeout of the lister's own txns: renewed a minute before, so a killed flooder's txns
-end within this."""
+OWN_TIMEOUT_S = 3600.0
+"""Timeout of the lister's own txns: a worker's longest (``max_txn_timeout_s``), longer
+than any run; the flooder ends them when it stops."""
+EVICT_LEASE_S = 600.0
+GARBAGE_CLOSE_S = 60.0
+"""A garbage frame waits behind its principal's own flood in the worker's inbox (and a
+paused worker closes nothing): a connection not closed within this is kept open."""
 REQUEST_S = 5.0
 RESERVE_MAX = 256
+
+
+def _set(event: threading.Event, _data: bytes) -> None:
+    event.set()
 
 
 def _key(rng: random.Random, lo: int, hi: int) -> str:
@@ -138,7 +151,7 @@ class Flood:
 
     def _intrusion(self, who: str, op: str, detail: str) -> None:
         self.truth.write({"e": "intrusion", "who": who, "op": op, "txn": None,
-                          "detail": detail[:500], "by": self.args.writer})
+                          "detail": detail[:500], "by": self.args.writer, "t": time.time()})
 
     def _write_stats(self) -> None:
         with self._lock:
@@ -156,7 +169,7 @@ class Flood:
         except (OSError, ConnectionError) as exc:
             self._count(who, op, type(exc).__name__)
         else:
-            self._count(who, op, "accepted")
+            self._count(who, op, "impostor" if reply.owner_id == "impostor" else "accepted")
             return reply
         return None
 
@@ -265,30 +278,28 @@ class Flood:
             conn.close()
 
     def _own_txns(self) -> None:
-        """Hold ``own_txns`` open txns on every TC, renewed a minute before their timeout.
+        """Open ``own_txns`` txns on every TC, before the listers start.
 
-        Reserved, then activated: a LIST shows no reserved txn.
+        Reserved, then activated (a LIST shows no reserved txn), with the longest timeout
+        a worker allows; the flooder ends them when it stops. Done first because the
+        principal's own LIST flood would slow its activations down (fair shares).
         """
         with ThreadPoolExecutor(8, thread_name_prefix="activate") as pool:
-            while not self.stop.is_set():
-                for tc in range(self.ntc):
-                    fresh: list[int] = []
-                    while len(fresh) < self.own_txns and not self.stop.is_set():
-                        got = self._reserve("lister", self.client, tc,
-                                            min(RESERVE_MAX, self.own_txns - len(fresh)),
-                                            OWN_LEASE_S)
-                        if not got:
-                            break
-                        fresh += got
-                    list(pool.map(self._activate, [tc] * len(fresh), fresh,
-                                  [int(time.time() * 1000)] * len(fresh)))
-                    self._release("lister", self.client, tc, self.own.get(tc, []))
-                    self.own[tc] = fresh
-                self.stop.wait(OWN_LEASE_S - 60.0)
+            for tc in range(self.ntc):
+                mine = self.own.setdefault(tc, [])
+                for _ in range(-(-self.own_txns // RESERVE_MAX) * 2):  # retries too
+                    if len(mine) >= self.own_txns or self.stop.is_set():
+                        break
+                    got = self._reserve("lister", self.client, tc,
+                                        min(RESERVE_MAX, self.own_txns - len(mine)),
+                                        OWN_TIMEOUT_S)
+                    mine += got  # ended at stop, activated or not
+                    list(pool.map(self._activate, [tc] * len(got), got,
+                                  [int(time.time() * 1000)] * len(got)))
 
     def _activate(self, tc: int, seq: int, now_ms: int) -> None:
         self._ask("lister", self.client, "activate", TcOp.ACTIVATE, tc, txn_seq=seq,
-                  timeout_ms=int(OWN_LEASE_S * 1000), open_time_ms=now_ms)
+                  timeout_ms=int(OWN_TIMEOUT_S * 1000), open_time_ms=now_ms)
 
     # ------------------------------------------------------------------ group outcomes
 
@@ -330,18 +341,19 @@ class Flood:
                                 f"already={r.already}, seqs {r.group_seqs[:4]}): its "
                                 "outcome was forgotten")
 
-    def _evictor(self) -> None:
-        tc = 0
-        while not self.stop.wait(self.rng.expovariate(self.evict_rate)):
-            tc = (tc + 1) % self.ntc
-            pool = self.evict_pool[tc]
+    def _evictor(self, tc: int) -> None:
+        """Group commits on TC ``tc`` (one thread per TC: each waits for its commit)."""
+        rng = random.Random(self.rng.random())
+        pool = self.evict_pool[tc]
+        while not self.stop.wait(rng.expovariate(self.evict_rate / self.ntc)):
             if not pool:
-                pool.extend(self._reserve("evictor", self.client, tc, RESERVE_MAX, 120.0))
+                pool.extend(self._reserve("evictor", self.client, tc, RESERVE_MAX,
+                                          EVICT_LEASE_S))
                 if not pool:
                     continue
             seq = pool.popleft()
             self._ask("evictor", self.client, "end_group", TcOp.END_GROUP, tc,
-                      group_key=_key(self.rng, 400, 4000), group_seqs=(seq,), commit=True)
+                      group_key=_key(rng, 4_000, 15_000), group_seqs=(seq,), commit=True)
 
     # ------------------------------------------------------------------ anonymous
 
@@ -367,7 +379,6 @@ class Flood:
             if reply is None:
                 continue
             if reply.owner_id == "impostor":  # no worker: only a client without a secret
-                self._count(who, "reply", "from_impostor")
                 continue
             if r > 0.85:
                 if any(t.owner != client.config.tc_principal for t in reply.txns):
@@ -381,47 +392,54 @@ class Flood:
     # ------------------------------------------------------------------ garbage frames
 
     def _garbage(self) -> None:
-        limit = HANDSHAKE_TIMEOUT_S + self.pause_s + 5.0
+        """A frame with a valid tag and no request in it, then a STATS that must go unanswered.
+
+        The worker takes a connection's frames in order and closes it at the garbage, so
+        an answer to the STATS means it kept serving that connection.
+        """
         while not self.stop.wait(self.rng.expovariate(self.rate / 2)):
             if not self.live:
                 continue
             ep = self.rng.choice(self.live)
+            answered = threading.Event()
             try:
-                conn = ClientConnection.open(self.io, ep, self.secret, None, lambda _d: None,
+                conn = ClientConnection.open(self.io, ep, self.secret, None,
+                                             functools.partial(_set, answered),
                                              lambda _c: None, 2.0, self.principal)
             except (OSError, TxnStreamError) as exc:
                 self._count("garbage", "connect", type(exc).__name__)
                 continue
+            t0 = time.monotonic()
             conn.send(b"\xff" + os.urandom(self.rng.randrange(16, 4096)))
-            if conn.closed.wait(limit):
-                self._count("garbage", "frame", "closed")
-            else:
-                self._count("garbage", "frame", "kept_open")
-                self._intrusion("garbage", "frame", f"{ep} kept a connection open {limit:g} s "
-                                "after a frame with a valid tag and no request in it")
+            conn.send(TcRequest(uuid.uuid4().hex, "flood", -1, TcOp.STATS,
+                                self.rng.randrange(self.ntc),
+                                int((time.time() + 60) * 1000)).encode())
+            closed = conn.closed.wait(GARBAGE_CLOSE_S)
+            self._count("garbage", "frame", "answered" if answered.is_set() else
+                        "closed" if closed else "kept_open")
+            if closed:  # how long it waited in the worker's inbox, behind the flood
+                secs = time.monotonic() - t0
+                self._count("garbage", "closed within", "5 s" if secs < 5 else
+                            "20 s" if secs < 20 else f"{GARBAGE_CLOSE_S:g} s")
+            if answered.is_set() or not closed:
+                self._intrusion("garbage", "frame", f"{ep} kept serving a connection after a "
+                                "frame with a valid tag and no request in it: "
+                                + ("answered the request after it" if answered.is_set()
+                                   else f"open {GARBAGE_CLOSE_S:g} s later"))
             conn.close()
 
     # ------------------------------------------------------------------ forged endpoints
 
     def _forger(self) -> None:
         producer = Producer(self.client.config.producer(**{"linger.ms": 5}))
-        topic = self.client.config.topics.endpoints
-        impostor = Endpoint("127.0.0.1", self.impostor.port)
-        tarpit = Endpoint("127.0.0.1", self.tarpit.port)
         try:
             while not self.stop.is_set():
                 for tc in range(self.ntc):
-                    recs = [("impostor", impostor, FORGED_EPOCH + 9)]
-                    recs += [("tarpit", tarpit, FORGED_EPOCH + 8 - i)
-                             for i in range(self.tarpit_records)]
                     others = [e for e in self.live if e != self.owner.get(tc)]
-                    if others:
-                        recs.append(("live", self.rng.choice(others), FORGED_EPOCH))
-                    for kind, ep, epoch in recs:
-                        rec = TcEndpoint(tc, f"{FORGED_OWNER_PREFIX}{kind}", ep, epoch)
-                        producer.produce(topic, rec.encode(), key=str(tc).encode(),
-                                         partition=tc)
-                        self._count("forger", f"endpoint {kind}", "written")
+                    forge_endpoints(producer, self.client.config.topics.endpoints, tc,
+                                    self.impostor.port, self.tarpit.port,
+                                    self.tarpit_records,
+                                    self.rng.choice(others) if others else None, self._count)
                 producer.flush(10)
                 self.stop.wait(FORGE_EVERY_S)
         finally:
@@ -442,14 +460,18 @@ class Flood:
                           "by": self.args.writer})
         threads = [threading.Thread(target=self.idle.run, args=(self.stop, lambda: self.live),
                                     daemon=True, name="idle"),
-                   *(threading.Thread(target=self._lister, args=(i,), daemon=True,
-                                      name=f"lister-{i}")
-                     for i in range(self.list_connections)),
+                   *(threading.Thread(target=self._evictor, args=(tc,), daemon=True,
+                                      name=f"evictor-{tc}") for tc in range(self.ntc)),
                    *(threading.Thread(target=fn, daemon=True, name=fn.__name__)
-                     for fn in (self._own_txns, self._evictor, self._anonymous,
-                                self._garbage, self._forger))]
+                     for fn in (self._anonymous, self._garbage, self._forger))]
         for th in threads:
             th.start()
+        self._own_txns()
+        listers = [threading.Thread(target=self._lister, args=(i,), daemon=True,
+                                    name=f"lister-{i}") for i in range(self.list_connections)]
+        for th in listers:
+            th.start()
+        threads += listers
         while not self.stop.wait(STATS_EVERY_S):
             self._write_stats()
         self.truth.write({"e": "phase", "phase": "flood_end", "t": time.time(),

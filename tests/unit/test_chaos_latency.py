@@ -64,7 +64,7 @@ def test_a_flood_p99_over_twice_the_quiet_one_is_an_anomaly():
     out = judge(quiet_and_flood(0.1, 0.25))
     assert out["verdict"] == "flood_latency"
     assert out["ratio"] == 2.5
-    assert out["quiet"] == {"commits": 100, "p50_ms": 10.0, "p99_ms": 100.0}
+    assert out["quiet"] == {"commits": 100, "p50_ms": 10.0, "p90_ms": 10.0, "p99_ms": 100.0}
     assert judge(quiet_and_flood(0.1, 0.01) | {"flood": [0.01] * 99 + [9.0]})["verdict"] == "ok"
 
 
@@ -99,3 +99,16 @@ def test_no_flood_phase_reports_quiet_only():
     out = summarize([end(150.0, 0.1)], PHASES[:1] + PHASES[-1:])
     assert out["flood"]["commits"] == 0
     assert out["verdict"].startswith("not judged")
+
+
+def test_commits_overlapping_a_fault_are_left_out_of_without_faults():
+    ends = [end(110.0, 0.1), end(150.0, 8.0), end(210.0, 0.2), end(300.0, 0.3)]
+    faults = [{"at": 45.0, "duration_s": 2.0},  # 145-147 (+10 s): hits the 150 s commit
+              {"at": 190.0, "duration_s": 5.0}]  # 290-305: hits the 300 s commit
+    out = summarize(ends, PHASES, faults)
+    assert out["quiet"]["commits"] == 2 and out["flood"]["commits"] == 2
+    clear = out["without_faults"]
+    assert clear["quiet"]["commits"] == 1 and clear["quiet"]["p99_ms"] == 100.0
+    assert clear["flood"]["commits"] == 1 and clear["flood"]["p99_ms"] == 200.0
+    assert clear["ratio"] == 2.0
+    assert out["quiet"]["p90_ms"] == 8000.0
