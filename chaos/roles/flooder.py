@@ -7,7 +7,7 @@ then a ``phase`` truth event ``flood`` and these threads, as principal ``chaos-f
 
 - **lister**: ``list_connections`` connections of its own to the live workers,
   pipelining LIST and STATS requests of the TCs each worker serves, ``list_window`` at a
-  time per connection, as fast as the worker answers; the principal first opens
+  time per connection, as fast as the worker answers, while the principal opens
   ``own_txns`` txns on every TC, so a LIST has pages to show (issue 34 item 2).
 - **evictor**: RESERVEs TxnIDs within its limit and group-commits them one per group
   under keys of 4,000-15,000 bytes, ``evict_rate`` a second (a thread per TC), to push
@@ -278,11 +278,12 @@ class Flood:
             conn.close()
 
     def _own_txns(self) -> None:
-        """Open ``own_txns`` txns on every TC, before the listers start.
+        """Open ``own_txns`` txns on every TC while the listers list them.
 
         Reserved, then activated (a LIST shows no reserved txn), with the longest timeout
-        a worker allows; the flooder ends them when it stops. Done first because the
-        principal's own LIST flood would slow its activations down (fair shares).
+        a worker allows; the flooder ends them when it stops. (Opened before the LIST
+        flood, at the ~7 activations a second a loaded 2-core machine allows, they took
+        the whole flood phase of a 10-minute run: no LIST was ever sent.)
         """
         with ThreadPoolExecutor(8, thread_name_prefix="activate") as pool:
             for tc in range(self.ntc):
@@ -458,20 +459,17 @@ class Flood:
             return
         self.truth.write({"e": "phase", "phase": "flood", "t": time.time(),
                           "by": self.args.writer})
+        self._write_stats()  # the quiet phase's counts (the sentinel's)
         threads = [threading.Thread(target=self.idle.run, args=(self.stop, lambda: self.live),
                                     daemon=True, name="idle"),
                    *(threading.Thread(target=self._evictor, args=(tc,), daemon=True,
                                       name=f"evictor-{tc}") for tc in range(self.ntc)),
+                   *(threading.Thread(target=self._lister, args=(i,), daemon=True,
+                                      name=f"lister-{i}") for i in range(self.list_connections)),
                    *(threading.Thread(target=fn, daemon=True, name=fn.__name__)
-                     for fn in (self._anonymous, self._garbage, self._forger))]
+                     for fn in (self._own_txns, self._anonymous, self._garbage, self._forger))]
         for th in threads:
             th.start()
-        self._own_txns()
-        listers = [threading.Thread(target=self._lister, args=(i,), daemon=True,
-                                    name=f"lister-{i}") for i in range(self.list_connections)]
-        for th in listers:
-            th.start()
-        threads += listers
         while not self.stop.wait(STATS_EVERY_S):
             self._write_stats()
         self.truth.write({"e": "phase", "phase": "flood_end", "t": time.time(),
