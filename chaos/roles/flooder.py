@@ -294,6 +294,9 @@ class Flood:
                     got = self._reserve("lister", self.client, tc,
                                         min(RESERVE_MAX, self.own_txns - len(mine)),
                                         OWN_TIMEOUT_S)
+                    if self.stop.is_set():  # the stop's release may have passed them
+                        self._release("lister", self.client, tc, got)
+                        break
                     mine += got  # ended at stop, activated or not
                     list(pool.map(self._activate, [tc] * len(got), got,
                                   [int(time.time() * 1000)] * len(got)))
