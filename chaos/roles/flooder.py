@@ -79,12 +79,10 @@ STATS_EVERY_S = 5.0
 PROBE_EVERY_S = 10.0
 """Live workers are proved again this often (a worker restarted by the nemesis moves)."""
 FORGE_EVERY_S = 30.0
-SENTINEL_GROUPS = 4
-"""Groups the sentinel commits per TC before the flood."""
+SENTINEL_GROUPS = 4  # groups the sentinel commits per TC before the flood
 SENTINEL_EVERY_S = 2.0
 OWN_TIMEOUT_S = 3600.0
-"""Timeout of the lister's own txns: a worker's longest (``max_txn_timeout_s``), longer
-than any run; the flooder ends them when it stops."""
+"""The lister's own txns': a worker's longest, longer than any run (ended at stop)."""
 EVICT_LEASE_S = 600.0
 GARBAGE_CLOSE_S = 60.0
 """A garbage frame waits behind its principal's own flood in the worker's inbox (and a
