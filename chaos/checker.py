@@ -29,7 +29,8 @@ which defect of issue 11 a kind most likely points at. The checks:
 7. (hostile profile) nothing the forger wrote is delivered, to the committed-only read
    or to a consumer (``forged_record_visible``); no line request about a txn its sender
    did not open was accepted, no LIST showed another principal's txns, no worker kept a
-   raw connection that never handshook (``line_intrusion``).
+   raw connection that never handshook, nothing the flood tried (:mod:`chaos.roles.flooder`)
+   was let through (``line_intrusion``).
 """
 
 from __future__ import annotations
@@ -76,8 +77,12 @@ MAPS_TO = {
     "forged_record_visible": "issue 20 item 1 (a forged marker counted, or a forged or "
                              "copied txn.id record was released)",
     "deleted_topic_recreated": "issue 20 item 3 (a marker write recreated a deleted topic)",
-    "line_intrusion": "issue 19 (the line: a stranger's or an unauthenticated request "
-                      "was accepted, or a worker kept a connection that never handshook)",
+    "line_intrusion": "issue 19 / 34 (the line: a stranger's or an unauthenticated request "
+                      "was accepted, a worker kept a connection that never handshook or "
+                      "sent garbage, a client talked to an impostor, a group replay "
+                      "committed twice)",
+    "flood_latency": "issue 34 item 2/3/7 (honest commit p99 in the flood phase over 2x "
+                     "the quiet phase's: a principal or a socket holder slows others)",
     "subscription_cursor_behind": "item 10 (acks not kept: a restart redelivers what was "
                                   "acked) or a liveness hole in the cursor commit",
 }
@@ -137,6 +142,10 @@ class Truth:
     intrusions: list[dict[str, Any]] = field(default_factory=list)
     intruder_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     """The last ``intruder_stats`` of each intruder incarnation: ``who op outcome`` -> n."""
+    flood_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The last ``flood_stats`` of each flooder incarnation: ``who op outcome`` -> n."""
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    """``phase`` events: the workload's quiet start, the flood's start, the end."""
     regressions: int = 0
     dup_in_batch: int = 0
 
@@ -190,6 +199,10 @@ def load_truth(truth_dir: Path) -> Truth:
             t.intrusions.append(ev)
         elif e == "intruder_stats":
             t.intruder_counts[stem] = ev.get("counts", {})
+        elif e == "flood_stats":
+            t.flood_counts[stem] = ev.get("counts", {})
+        elif e == "phase":
+            t.phases.append(ev)
         elif e == "regress":
             t.regressions += 1
         elif e == "dup_in_batch":
@@ -456,7 +469,7 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
                        if r[0] not in truth.unsure)
     foreign = Counter((e.get("error") or "returned").split(":")[0]
                       for ends in truth.ends.values() for e in ends if e.get("want") == "foreign")
-    notes = {"late_sends_rejected": truth.late_rejected,
+    notes: dict[str, Any] = {"late_sends_rejected": truth.late_rejected,
              "late_sends_accepted": sent_how["late"] - truth.excluded_how["late"],
              "late_sends_excluded": truth.excluded_how["late"],
              "foreign_commits": sum(1 for ends in truth.ends.values() for e in ends
@@ -474,5 +487,10 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
              "processor_outputs_logged": len(truth.pairs)}
     if intruder:
         notes["intruder_requests"] = dict(sorted(intruder.items()))
+    flood: Counter[str] = Counter()
+    for counts in truth.flood_counts.values():
+        flood.update(counts)
+    if flood:
+        notes["flood_requests"] = dict(sorted(flood.items()))
     return CheckResult(an, txns, records_checked, visible,
                        sum(len(rp.records) for rp in raw.values()), notes)

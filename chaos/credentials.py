@@ -5,7 +5,11 @@ users file, each role process proves its own principal's secret, the harness's m
 is an admin. The workers share a workers' key file (``txnstream keygen``'s), as a
 deployment's do: it signs their markers, and the checker verifies them with it. The
 hostile profile adds a ``stranger``: a principal with valid credentials that owns none
-of the honest txns, and clients with none at all.
+of the honest txns, and clients with none at all; and the flood's principals: the
+``flooder`` (valid credentials, floods and evicts) and ``groups``, an honest principal
+whose group outcomes the flooder tries to evict (:mod:`chaos.roles.flooder`). No
+principal is named ``anonymous``: a users file naming it is refused (the flooder tries
+that name with a secret of its own, which no worker knows).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from pathlib import Path
 from txnstream import Config
 from txnstream.workers_key import generate_key_file
 
-__all__ = ["Credentials", "WORKER", "HARNESS", "STRANGER"]
+__all__ = ["Credentials", "WORKER", "HARNESS", "STRANGER", "FLOODER", "GROUPS"]
 
 WORKER = "chaos-worker"
 HARNESS = "chaos-harness"
 STRANGER = "chaos-stranger"
+FLOODER = "chaos-flooder"
+GROUPS = "chaos-groups"
 ROLE_PRINCIPALS = ("chaos-producer", "chaos-processor", "chaos-consumer")
 """Producers share one principal: each co-writes into its peer's txns (attach by
 principal). Processors and consumers have their own."""
@@ -40,7 +46,7 @@ class Credentials:
         """New random secrets for every principal, written to ``directory``."""
         directory.mkdir(parents=True, exist_ok=True)
         made = {p: secrets.token_urlsafe(32)
-                for p in (WORKER, HARNESS, STRANGER, *ROLE_PRINCIPALS)}
+                for p in (WORKER, HARNESS, STRANGER, FLOODER, GROUPS, *ROLE_PRINCIPALS)}
         creds = cls(directory, made)
         for principal, secret in made.items():
             _write_private(creds.secret_file(principal), secret + "\n")

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from chaos.credentials import FLOODER
 from chaos.profile import Profile
 from chaos.supervisor import Supervisor
 from chaos.truth import TruthLog
@@ -142,8 +143,8 @@ class Monitor(threading.Thread):
     def admin_abort(self, txns: list[Any]) -> None:
         """Abort one open txn through the admin API; log the result as truth."""
         now_ms = time.time() * 1000
-        open_ = [t for t in txns if t.status is TxnStatus.OPEN
-                 and now_ms - t.open_time_ms >= MIN_ABORT_AGE_S * 1000]
+        open_ = [t for t in txns if t.status is TxnStatus.OPEN and t.owner != FLOODER
+                 and now_ms - t.open_time_ms >= MIN_ABORT_AGE_S * 1000]  # (its 1,000s)
         if not open_:
             return
         t = self.rng.choice(open_)

@@ -99,6 +99,32 @@ class Profile:
     """(hostile) Txns that also write to the topic the harness deletes halfway through."""
     intruder_rate: float = 4.0
     """Requests a second from each intruder thread (the stranger; half that anonymous)."""
+    flood_quiet_share: float = 0.5
+    """(hostile) Share of the workload the flood idles first: the quiet phase, whose honest
+    commit p99 the flood phase's is held to (2x). Halves: the two p99s are of samples
+    alike in size. A short run's half has ~25 commits, too few to judge; on a loaded
+    2-core machine (~0.2 commits/s) ``--minutes 10`` gives each phase ~60."""
+    flood_list_connections: int = 3
+    """Connections pipelining LIST and STATS (issue 34 item 2 used 3)."""
+    flood_list_window: int = 16
+    """Requests in flight per flood connection: it sends the next as each reply comes."""
+    flood_own_txns: int = 1_000
+    """Reserved txns the flooder holds per TC, so each LIST has a full page (1,000) to
+    show; 10x the honest open txns, a tenth of its per-principal limit."""
+    flood_evict_rate: float = 20.0
+    """Group commits a second under 400-4,000-byte keys: the byte budget of a TC's
+    outcomes (~250 KB) is full within seconds; more would only grow the log."""
+    flood_rate: float = 2.0
+    """Requests a second of the anonymous-named clients (garbage frames: half that)."""
+    flood_idle_sockets: int = 200
+    """Connections per worker that never handshake: hundreds, far below the fd limit."""
+    flood_idle_hosts: int = 4
+    """Loopback addresses they come from (127.0.0.2...): 4 x the per-host cap of 32 is
+    half the worker's cap of 256 handshakes from all addresses; from 8 or more addresses
+    they would fill that cap, a limit the worker states (Kafka's likewise)."""
+    flood_tarpit_records: int = 2
+    """Forged endpoint records per TC naming the tarpit (with one naming the impostor and
+    one a live worker: 4 forged, under the 8 records a client keeps per TC)."""
 
 
 _SHORT = Profile("short", workload_s=110.0)

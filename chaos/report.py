@@ -46,6 +46,14 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
     console.print(_table("bounds", ("what", "measured", "bound", "ok"), [
         (k, b["value"], b["bound"], "yes" if b["ok"] else "[red]NO[/]")
         for k, b in s.get("bounds", {}).items()]))
+    lat = s.get("commit_latency")
+    if lat:
+        console.print(_table(f"honest commit latency ({lat.get('rule')})",
+                             ("phase", "commits", "p50 ms", "p99 ms"),
+                             [(ph, lat[ph]["commits"], lat[ph]["p50_ms"], lat[ph]["p99_ms"])
+                              for ph in ("quiet", "flood")]
+                             + [("flood/quiet p99", None, None, lat.get("ratio")),
+                                ("verdict", None, None, lat.get("verdict"))]))
     an = s.get("anomalies")
     if an is None:
         console.print(f"[bold red]no verdict[/]: the run did not finish ({s.get('error')})")

@@ -20,10 +20,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -37,11 +35,21 @@ from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
-from chaos.credentials import HARNESS, STRANGER, Credentials
+from chaos.credentials import HARNESS, Credentials
+from chaos.hostile import hostile_roles
+from chaos.latency import summarize
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
 from chaos.reader import MarkerCheck, max_record_bytes, read_committed, read_raw
+from chaos.runinfo import (
+    code_under_test,
+    cursor_tail,
+    file_logger,
+    last_error,
+    log_errors,
+    txn_counts,
+)
 from chaos.supervisor import TXNSTREAM_BIN, Supervisor
 from chaos.truth import TruthLog
 from txnstream import Client, Config, TxnStatus
@@ -52,6 +60,8 @@ IN_TOPIC = "chaos-in"
 OUT_TOPIC = "chaos-out"
 DOOMED_TOPIC = "chaos-doomed"
 """(hostile) Deleted halfway through the workload while txns that wrote to it commit."""
+HOSTILE = ("intruder", "flooder")
+"""Roles of the hostile profiles' processes (chaos.hostile)."""
 EO_SUBSCRIPTION = "chaos-eo"
 READ_SUBSCRIPTION = "chaos-read"
 SERVE_TIMEOUT_S = 120.0
@@ -70,7 +80,7 @@ class ChaosRun:
         self.sup = Supervisor(workdir / "logs")
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         self.cluster = ChaosCluster(workdir / "cluster", coordinators=profile.coordinators,
-                                    kafka_logger=_file_logger(workdir / "logs" / "harness.log"))
+                                    kafka_logger=file_logger(workdir / "logs" / "harness.log"))
         self.creds = Credentials.create(workdir / "secrets")
         self.phases: dict[str, float] = {}
         self.nemesis: Nemesis | None = None
@@ -169,12 +179,10 @@ class ChaosRun:
                 "hold_s": list(p.hold_s),
                 "doomed": DOOMED_TOPIC if p.hostile else None, "doomed_ratio": p.doomed_ratio}),
                 env=self.creds.env("chaos-producer"))
-        if p.hostile:
-            self.sup.add("intruder-0", "intruder", self._role_argv("intruder", "intruder-0", {
-                "topics": [IN_TOPIC, OUT_TOPIC], "rate": p.intruder_rate, "forge": True,
-                "pause_s": p.pause_s}),
-                env=self.creds.env(STRANGER))
-        for role in ("consumer", "processor", "producer", "intruder"):
+        for name, role, spec, principal in hostile_roles(p, self.creds, [IN_TOPIC, OUT_TOPIC]):
+            self.sup.add(name, role, self._role_argv(role, name, spec),
+                         env=self.creds.env(principal))
+        for role in ("consumer", "processor", "producer", *HOSTILE):
             for name in self.sup.names(role):
                 self.sup.start(name)
         self._phase("roles", t0)
@@ -206,6 +214,8 @@ class ChaosRun:
         self.nemesis = Nemesis(self.sup, self.cluster, self.p, self.seed, self._on_fault)
         self.nemesis.start()
         end = t0 + self.p.workload_s
+        phases = TruthLog(self.truth_dir / "harness-phases.jsonl")  # chaos.latency
+        phases.write({"e": "phase", "phase": "quiet", "t": time.time()})
         next_note = t0 + 30
         doom_at = t0 + self.p.workload_s / 2 if self.p.hostile else None
         while time.monotonic() < end:
@@ -218,6 +228,8 @@ class ChaosRun:
                 self.log(f"workload {time.monotonic() - t0:.0f}/{self.p.workload_s:.0f} s: "
                          f"faults {dict(self.nemesis.counts())}, exits nobody caused "
                          f"{len(self.sup.exits)}, admin aborts {self.monitor.admin_aborts}")
+        phases.write({"e": "phase", "phase": "end", "t": time.time()})
+        phases.close()
         self.log("workload over: halting the nemesis")
         self.nemesis.halt()
         self.nemesis.join(180)
@@ -253,7 +265,8 @@ class ChaosRun:
         self.sup.ensure_running()
         self.monitor.stop_aborting()
         self.log("stopping the producers (they end their current txns) and intruders")
-        self.sup.stop(self.sup.names("producer") + self.sup.names("intruder"))
+        self.sup.stop(self.sup.names("producer") + [n for r in HOSTILE
+                                                    for n in self.sup.names(r)])
         deadline = time.monotonic() + self.p.drain_s
         state: dict[str, Any] = {}
         stable = 0
@@ -357,11 +370,17 @@ class ChaosRun:
             an.add("txn_open_past_timeout", vars(s))
         for ex in self.sup.exits:
             an.add("process_died", {"name": ex.name, "incarnation": ex.incarnation,
-                                    "returncode": ex.returncode, "error": _last_error(ex.tail),
+                                    "returncode": ex.returncode, "error": last_error(ex.tail),
                                     "log_tail": ex.tail[-1500:]},
-                   sub=f"{ex.name.rsplit('-', 1)[0]}: {_last_error(ex.tail)[:120]}")
+                   sub=f"{ex.name.rsplit('-', 1)[0]}: {last_error(ex.tail)[:120]}")
         for o in over_bounds:
             an.add("bound_exceeded", o, sub=o["what"])
+        lat = self.summary["commit_latency"] = summarize(
+            (e for ends in truth.ends.values() for e in ends), truth.phases,
+            [f for f in self.nemesis.as_dicts() if f["role"] in ("worker", "broker")
+             and not f["error"]])
+        if lat["verdict"] == "flood_latency":
+            an.add("flood_latency", lat)
         if self.p.hostile and "doomed_deleted_at" in self.summary and \
                 self._doomed_recreated():
             an.add("deleted_topic_recreated", {"topic": DOOMED_TOPIC})
@@ -370,8 +389,8 @@ class ChaosRun:
                 for tp, (cursor, end) in (drain.get(key) or {}).items():
                     an.add("subscription_cursor_behind", {
                         "subscription": sub, "partition": tp, "cursor": cursor, "end": end,
-                        "tail": _tail(raw, tp, cursor)}, sub=sub)
-        self.summary["txns"] = self._txn_counts(truth, res.txns)
+                        "tail": cursor_tail(raw, tp, cursor)}, sub=sub)
+        self.summary["txns"] = txn_counts(truth, res.txns)
         self.summary["records"] = {"checked": res.records_checked,
                                    "visible_in": res.visible.get(IN_TOPIC, 0),
                                    "visible_out": res.visible.get(OUT_TOPIC, 0),
@@ -382,7 +401,7 @@ class ChaosRun:
             "committed_read_reached_targets": all(
                 any(d.topic == tp[0] and d.partition == tp[1] and d.offset >= off
                     for d in delivered) for tp, off in targets.items() if off >= 0)}
-        self.summary["log_errors"] = self._log_errors()
+        self.summary["log_errors"] = log_errors(self.sup.procs)
         self.summary["notes"]["ERROR lines in role logs"] = sum(
             e["count"] for e in self.summary["log_errors"])
         self._phase("check", t0)
@@ -396,41 +415,6 @@ class ChaosRun:
         finally:
             c.close()
         return MarkerCheck.from_key_file(self.creds.workers_key_file, cluster)
-
-    def _log_errors(self) -> list[dict[str, Any]]:
-        """ERROR lines of the role processes' logs, by role and message (not judged)."""
-        seen: dict[tuple[str, str], dict[str, Any]] = {}
-        for name, p in self.sup.procs.items():
-            try:
-                lines = p.log_path.read_text(errors="replace").splitlines()
-            except OSError:
-                continue
-            for ln in lines:
-                if " ERROR " not in ln:
-                    continue
-                msg = ln.split(" ERROR ", 1)[1]
-                key = (p.role, " ".join(msg.split()[:4]))
-                got = seen.setdefault(key, {"role": p.role, "count": 0, "example": msg[:300],
-                                            "first_in": name})
-                got["count"] += 1
-        return sorted(seen.values(), key=lambda e: -e["count"])
-
-    @staticmethod
-    def _txn_counts(truth: Any, expected: Counter[str]) -> dict[str, Any]:
-        by_role: dict[str, Counter[str]] = defaultdict(Counter)
-        wants: Counter[str] = Counter()
-        for txn, opens in truth.opens.items():
-            role = opens[0].get("role", "?")
-            by_role[role][truth.expected(txn)] += 1
-            if opens[0].get("kind"):
-                wants[opens[0]["kind"]] += 1
-        return {"committed": expected.get("committed", 0), "aborted": expected.get("aborted", 0),
-                "unknown": expected.get("unknown", 0),
-                "contradictory": expected.get("contradictory", 0),
-                "admin_aborted": sum(1 for a in truth.admin.values()
-                                     if a.get("status") == "ABORTED"),
-                "by_role": {r: dict(c) for r, c in by_role.items()},
-                "producer_kinds": dict(wants)}
 
     # ------------------------------------------------------------------ all of it
 
@@ -504,61 +488,5 @@ class ChaosRun:
             shutil.rmtree(self.cluster.cluster.layout.data_dir(i), ignore_errors=True)
 
 
-def _tail(raw: dict[tuple[str, int], Any], tp: str, cursor: int) -> dict[str, int]:
-    """What lies between a stuck cursor and the partition's end, by kind."""
-    topic, _, part = tp.rpartition("-")
-    rp = raw.get((topic, int(part)))
-    kinds: Counter[str] = Counter()
-    for rec in rp.records if rp is not None else ():
-        if rec.offset >= cursor:
-            kinds["marker" if rec.marker else
-                  "visible" if rp.expected_visible(rec) else "not visible"] += 1
-    return dict(kinds)
-
-
-def _last_error(tail: str) -> str:
-    """The exception line of a traceback in a log tail (its last line if none)."""
-    lines = [ln for ln in tail.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        head = ln.split(":", 1)[0].strip()
-        if not ln.startswith((" ", "%")) and head.replace(".", "").isidentifier() and \
-                head.endswith(("Error", "Exception", "Interrupt")):
-            return ln.strip()
-    return lines[-1].strip() if lines else ""
-
-
 def _raise_interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _file_logger(path: Path) -> logging.Logger:
-    """The harness's own librdkafka and cluster messages go to ``path``, not the terminal."""
-    lg = logging.getLogger("chaos.harness")
-    lg.propagate = False
-    lg.setLevel(logging.INFO)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    lg.handlers = [handler]
-    for name in ("chaos.cluster", "txnstream"):
-        other = logging.getLogger(name)
-        other.propagate = False
-        other.handlers = [handler]
-    return lg
-
-
-def code_under_test() -> dict[str, Any]:
-    """Which txnstream this run exercises: its path, git commit and modified files."""
-    import txnstream
-
-    root = Path(txnstream.__file__).resolve().parents[1]
-    info: dict[str, Any] = {"txnstream": str(Path(txnstream.__file__).parent)}
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                                        capture_output=True, text=True, timeout=10,
-                                        check=False).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--", "txnstream"], cwd=root,
-                                capture_output=True, text=True, timeout=10, check=False).stdout
-        info["modified"] = [line[3:] for line in status.splitlines()]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info

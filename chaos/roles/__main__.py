@@ -16,6 +16,8 @@ def main(argv: list[str]) -> int:
         from chaos.roles.processor import run
     elif args.role == "intruder":
         from chaos.roles.intruder import run
+    elif args.role == "flooder":
+        from chaos.roles.flooder import run
     else:
         from chaos.roles.consumer import run
     return run(args)

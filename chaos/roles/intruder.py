@@ -156,11 +156,12 @@ class Intruder:
                         continue
                     if m.topic() == endpoints:
                         try:
-                            ep = TcEndpoint.decode(m.value()).endpoint
+                            rec = TcEndpoint.decode(m.value())
                         except TxnStreamError:
                             continue
-                        if ep != self.dead:
-                            self.workers.add(ep)
+                        ep = rec.endpoint
+                        if ep != self.dead and not rec.owner_id.startswith("flood-"):
+                            self.workers.add(ep)  # (not the flood's impostor or tarpit)
                         continue
                     hdrs = dict(m.headers() or ())
                     raw = hdrs.get(TXN_ID_HEADER)
@@ -233,6 +234,9 @@ class Intruder:
         except (OSError, ConnectionError) as exc:
             self._count(who, op, type(exc).__name__)
         else:
+            if reply.owner_id == "impostor":  # the flood's (a client with no secret may)
+                self._count(who, op, "impostor")
+                return None
             self._count(who, op, "accepted")
             return reply
         return None

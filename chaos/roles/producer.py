@@ -191,6 +191,7 @@ class ProducerRole:
         if want == "slow":
             self.stop.wait(txn.timeout_s + rng.uniform(*sp["slow_overrun_s"]))
         exc: BaseException | None = None
+        t0 = time.time()  # the commit's (or abort's) latency: t - t0 (chaos.latency)
         if want == "abort":
             try:
                 txn.abort()
@@ -205,7 +206,7 @@ class ProducerRole:
             outcome = commit_outcome(txn, exc)
         self.truth.write(end | {"outcome": outcome, "status": txn.status.value,
                                 "error": None if exc is None else f"{type(exc).__name__}: {exc}",
-                                "t": time.time()})
+                                "t0": t0, "t": time.time()})
         if want == "late" and outcome == "committed":
             self._peer({"op": "late", "txn": str(txn.id)})
 

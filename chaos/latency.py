@@ -1,0 +1,155 @@
+"""Honest commit latency in the run's quiet phase and in its flood phase (issue 34 Show).
+
+The hostile profile's flood actors (:mod:`chaos.roles.flooder`) idle for the first part
+of the workload, then flood. The harness logs a ``phase`` truth event ``quiet`` when the
+workload starts and ``end`` when it ends; the flooder logs ``flood`` when it starts
+flooding. An honest producer's ``end`` event of a plain commit carries ``t0`` (just
+before ``commit()``) and ``t`` (once it returned or raised): its latency is ``t - t0``,
+whatever the outcome (a timed-out commit is the slowest of all). A commit belongs to the
+phase its ``t0`` falls in.
+
+The rule: with at least :data:`MIN_COMMITS` commits in each phase, a flood p99 above
+:data:`MAX_RATIO` times the quiet p99 is a ``flood_latency`` anomaly; with fewer, the
+figures are reported and nothing is judged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["MIN_COMMITS", "MAX_RATIO", "COMMIT_WANTS", "commit_samples", "phase_bounds",
+           "split", "percentile", "judge", "summarize", "slowest"]
+
+MIN_COMMITS = 50
+"""Commits a phase needs for its p99 to be judged: with fewer, p99 is one outlier."""
+MAX_RATIO = 2.0
+"""Flood p99 over quiet p99 allowed (issue 34's Show)."""
+FAULT_SETTLE_S = 10.0
+"""After a fault heals, commits still wait on it: a new owner takes a TC after the 6 s
+session timeout, a broker back in the cluster takes its leaderships back."""
+SLOWEST = 5
+"""Slowest commits of each phase kept in the summary (to read against the fault log)."""
+COMMIT_WANTS = ("commit", "late")
+"""Producer txns whose opener calls ``commit()`` on an open txn right away (``slow``
+commits after its timeout on purpose; ``foreign`` after its peer committed)."""
+
+
+def commit_samples(ends: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """``(start, seconds)`` of every honest ``commit()`` the ``end`` events time."""
+    out = []
+    for e in ends:
+        if e.get("want") in COMMIT_WANTS and not e.get("co") and "t0" in e and "t" in e:
+            out.append((float(e["t0"]), max(0.0, float(e["t"]) - float(e["t0"]))))
+    return out
+
+
+def phase_bounds(phases: Iterable[Mapping[str, Any]]) -> dict[str, tuple[float, float]]:
+    """``{"quiet": (from, to), "flood": (from, to)}`` from the ``phase`` events.
+
+    Quiet runs from the workload's start to the flood's (or the end); the flood from its
+    first ``flood`` event to the end. A phase with no events is left out.
+    """
+    first: dict[str, float] = {}
+    for ev in phases:
+        name, t = ev.get("phase"), ev.get("t")
+        if isinstance(name, str) and isinstance(t, (int, float)):
+            first[name] = min(first.get(name, math.inf), float(t))
+    end = first.get("end", math.inf)
+    out: dict[str, tuple[float, float]] = {}
+    if "quiet" in first:
+        out["quiet"] = (first["quiet"], min(first.get("flood", end), end))
+    if "flood" in first:
+        out["flood"] = (first["flood"], end)
+    return out
+
+
+def split(samples: Iterable[tuple[float, float]],
+          bounds: Mapping[str, tuple[float, float]]) -> dict[str, list[float]]:
+    """Latencies by phase (by start time); samples outside every phase are left out."""
+    out: dict[str, list[float]] = {name: [] for name in bounds}
+    for t0, secs in samples:
+        for name, (lo, hi) in bounds.items():
+            if lo <= t0 < hi:
+                out[name].append(secs)
+                break
+    return out
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q`` percentile (0-100) by the nearest-rank method; None if empty."""
+    xs = sorted(values)
+    if not xs:
+        return None
+    rank = max(1, math.ceil(q / 100.0 * len(xs)))
+    return xs[rank - 1]
+
+
+def judge(by_phase: Mapping[str, list[float]], min_commits: int = MIN_COMMITS,
+          max_ratio: float = MAX_RATIO) -> dict[str, Any]:
+    """Per phase commits, p50 and p99 (ms); the flood/quiet p99 ratio and the verdict.
+
+    ``verdict``: ``ok``, ``flood_latency`` (an anomaly) or ``not judged: ...`` (why).
+    """
+    out: dict[str, Any] = {}
+    for name in ("quiet", "flood"):
+        xs = by_phase.get(name, [])
+        out[name] = {"commits": len(xs)}
+        for q in (50, 90, 99):
+            v = percentile(xs, q)
+            out[name][f"p{q}_ms"] = None if v is None else round(v * 1000, 1)
+    q, f = out["quiet"]["p99_ms"], out["flood"]["p99_ms"]
+    out["ratio"] = None if not q or f is None else round(f / q, 2)
+    short = [n for n in ("quiet", "flood") if out[n]["commits"] < min_commits]
+    if short:
+        out["verdict"] = (f"not judged: {' and '.join(short)} phase had fewer than "
+                          f"{min_commits} commits")
+    elif out["ratio"] is None:
+        out["verdict"] = "not judged: no quiet p99"
+    else:
+        out["verdict"] = "flood_latency" if out["ratio"] > max_ratio else "ok"
+    out["rule"] = f"flood p99 <= {max_ratio:g} x quiet p99, each phase >= {min_commits} commits"
+    return out
+
+
+def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, Any]],
+              faults: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """:func:`judge` of the honest commits in the phases the ``phase`` events bound.
+
+    ``faults`` (the nemesis's, ``at`` seconds after the quiet phase's start, for
+    ``duration_s``): ``without_faults`` has the same figures for the commits that
+    overlap none of them nor the :data:`FAULT_SETTLE_S` after each (for reading only:
+    with one fault every few seconds, few commits are left).
+    """
+    ends = list(ends)
+    bounds = phase_bounds(phases)
+    samples = commit_samples(ends)
+    out = judge(split(samples, bounds))
+    start = bounds["quiet"][0] if "quiet" in bounds else 0.0
+    windows = [(start + float(f["at"]), start + float(f["at"]) + float(f["duration_s"])
+                + FAULT_SETTLE_S) for f in faults]
+    clear = [(t0, secs) for t0, secs in samples
+             if not any(lo < t0 + secs and t0 < hi for lo, hi in windows)]
+    out["without_faults"] = {k: v for k, v in judge(split(clear, bounds)).items()
+                             if k in ("quiet", "flood", "ratio")}
+    out["phases"] = {k: [round(lo, 3), None if hi == math.inf else round(hi, 3)]
+                     for k, (lo, hi) in bounds.items()}
+    out["slowest"] = slowest(ends, bounds)
+    return out
+
+
+def slowest(ends: Iterable[Mapping[str, Any]], bounds: Mapping[str, tuple[float, float]],
+            n: int = SLOWEST) -> dict[str, list[dict[str, Any]]]:
+    """Per phase, its ``n`` slowest commits: when (s after the quiet start), how long, how."""
+    start = min((lo for lo, _ in bounds.values()), default=0.0)
+    out: dict[str, list[dict[str, Any]]] = {}
+    timed = [e for e in ends if commit_samples([e])]
+    for name, (lo, hi) in bounds.items():
+        mine = sorted((e for e in timed if lo <= float(e["t0"]) < hi),
+                      key=lambda e: float(e["t0"]) - float(e["t"]))[:n]
+        out[name] = [{"at_s": round(float(e["t0"]) - start, 1),
+                      "secs": round(float(e["t"]) - float(e["t0"]), 2),
+                      "txn": e.get("txn"), "by": e.get("by"), "outcome": e.get("outcome"),
+                      "error": (e.get("error") or "")[:200]} for e in mine]
+    return out

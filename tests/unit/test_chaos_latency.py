@@ -1,0 +1,114 @@
+"""Honest commit latency by phase, and the flood rule (issue 34's Show): pure logic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chaos.latency import (
+    MIN_COMMITS,
+    commit_samples,
+    judge,
+    percentile,
+    phase_bounds,
+    split,
+    summarize,
+)
+
+
+def end(t0: float, secs: float, want: str = "commit", **extra: Any) -> dict[str, Any]:
+    return {"e": "end", "want": want, "t0": t0, "t": t0 + secs, **extra}
+
+
+PHASES = [{"e": "phase", "phase": "quiet", "t": 100.0},
+          {"e": "phase", "phase": "flood", "t": 200.0},
+          {"e": "phase", "phase": "flood", "t": 260.0},  # a second incarnation: the first counts
+          {"e": "phase", "phase": "end", "t": 400.0}]
+
+
+def test_only_honest_openers_commits_are_timed():
+    ends = [end(1, 0.5), end(2, 0.25, "late"), end(3, 9, "slow"), end(4, 1, "abort"),
+            end(5, 1, "foreign"), end(6, 1, "cocommit", co=True),
+            {"e": "end", "want": "commit", "t": 7.0}]  # no t0: an older truth file
+    assert commit_samples(ends) == [(1.0, 0.5), (2.0, 0.25)]
+
+
+def test_phases_are_split_by_the_first_event_of_each():
+    assert phase_bounds(PHASES) == {"quiet": (100.0, 200.0), "flood": (200.0, 400.0)}
+    assert phase_bounds(PHASES[:1] + PHASES[-1:]) == {"quiet": (100.0, 400.0)}
+
+
+def test_a_commit_belongs_to_the_phase_it_started_in():
+    got = split([(99.0, 1.0), (150.0, 2.0), (199.9, 30.0), (200.0, 3.0), (400.0, 4.0)],
+                phase_bounds(PHASES))
+    assert got == {"quiet": [2.0, 30.0], "flood": [3.0]}
+
+
+def test_p99_is_the_nearest_rank():
+    xs = [float(i) for i in range(1, 101)]
+    assert percentile(xs, 99) == 99.0
+    assert percentile(xs, 50) == 50.0
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([], 99) is None
+    assert percentile([float(i) for i in range(1, 51)], 99) == 50.0  # 50 values: the max
+
+
+def quiet_and_flood(quiet_p99: float, flood_p99: float, n: int = 100) -> dict[str, list[float]]:
+    """The two slowest of ``n`` commits set each p99 (nearest rank: the 99th of 100)."""
+    return {"quiet": [0.01] * (n - 2) + [quiet_p99] * 2,
+            "flood": [0.01] * (n - 2) + [flood_p99] * 2}
+
+
+def test_a_flood_p99_over_twice_the_quiet_one_is_an_anomaly():
+    out = judge(quiet_and_flood(0.1, 0.25))
+    assert out["verdict"] == "flood_latency"
+    assert out["ratio"] == 2.5
+    assert out["quiet"] == {"commits": 100, "p50_ms": 10.0, "p90_ms": 10.0, "p99_ms": 100.0}
+    assert judge(quiet_and_flood(0.1, 0.01) | {"flood": [0.01] * 99 + [9.0]})["verdict"] == "ok"
+
+
+def test_within_twice_is_ok():
+    by = {"quiet": [0.1] * 60, "flood": [0.2] * 60}
+    assert judge(by)["verdict"] == "ok"
+    assert judge(by)["ratio"] == 2.0
+
+
+@pytest.mark.parametrize("short", ["quiet", "flood"])
+def test_too_few_commits_in_a_phase_are_not_judged(short: str):
+    by = {"quiet": [0.1] * 80, "flood": [9.0] * 80}
+    by[short] = by[short][:MIN_COMMITS - 1]
+    out = judge(by)
+    assert out["verdict"].startswith("not judged")
+    assert short in out["verdict"]
+    assert out["ratio"] == 90.0  # still reported
+
+
+def test_summarize_end_to_end():
+    ends = [end(100.0 + i, 0.1) for i in range(60)] + [end(200.0 + i, 0.5) for i in range(60)]
+    out = summarize(ends, PHASES)
+    assert out["quiet"]["commits"] == 60 and out["flood"]["commits"] == 60
+    assert out["ratio"] == 5.0
+    assert out["verdict"] == "flood_latency"
+    assert out["phases"] == {"quiet": [100.0, 200.0], "flood": [200.0, 400.0]}
+    assert [e["at_s"] for e in out["slowest"]["flood"]] == [100.0, 101.0, 102.0, 103.0, 104.0]
+    assert out["slowest"]["quiet"][0]["secs"] == 0.1
+
+
+def test_no_flood_phase_reports_quiet_only():
+    out = summarize([end(150.0, 0.1)], PHASES[:1] + PHASES[-1:])
+    assert out["flood"]["commits"] == 0
+    assert out["verdict"].startswith("not judged")
+
+
+def test_commits_overlapping_a_fault_are_left_out_of_without_faults():
+    ends = [end(110.0, 0.1), end(150.0, 8.0), end(210.0, 0.2), end(300.0, 0.3)]
+    faults = [{"at": 45.0, "duration_s": 2.0},  # 145-147 (+10 s): hits the 150 s commit
+              {"at": 190.0, "duration_s": 5.0}]  # 290-305: hits the 300 s commit
+    out = summarize(ends, PHASES, faults)
+    assert out["quiet"]["commits"] == 2 and out["flood"]["commits"] == 2
+    clear = out["without_faults"]
+    assert clear["quiet"]["commits"] == 1 and clear["quiet"]["p99_ms"] == 100.0
+    assert clear["flood"]["commits"] == 1 and clear["flood"]["p99_ms"] == 200.0
+    assert clear["ratio"] == 2.0
+    assert out["quiet"]["p90_ms"] == 8000.0
