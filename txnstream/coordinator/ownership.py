@@ -99,8 +99,9 @@ class TcIncarnation:
     watchers: dict[int, dict[Any, None]] = field(default_factory=dict)
     """Txn sequence -> the connections that sent requests for it (NEW, ACTIVATE, ADD), in
     the order they last did, at most :data:`MAX_TXN_WATCHERS`: told at once when the txn
-    ends, so its writers stop sending (:meth:`watch`). Bounded by the live txns (dropped
-    when a txn ends)."""
+    ends, so its writers stop sending (:meth:`watch`). A connection whose END was
+    answered is not (a txn with one writer sends no notice). Bounded by the live txns
+    (dropped when a txn ends)."""
     late_aborts: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
     """(TxnID, partitions) an owner tried to register after its txn had ended: they get
     an ABORT marker, so records sent there never wait for one

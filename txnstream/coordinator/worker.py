@@ -362,6 +362,8 @@ class CoordinatorWorker:
                 seq = reply.txn_seq if req.op is TcOp.NEW else req.txn_seq
                 if (m := tc.store.txns.get(seq)) is None or not m.status.is_final:
                     tc.watch(seq, conn)
+            elif req.op is TcOp.END and reply is not None and reply.error_kind is None:
+                tc.watchers.get(req.txn_seq, {}).pop(conn, None)  # its reply tells it
             metrics.REQUESTS.labels(req.op.value,
                                     reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:
