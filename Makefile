@@ -41,12 +41,14 @@ demo: $(STAMP)
 # TEST_WORKERS pytest-xdist workers sharing one broker, which the run starts, and one
 # Spark session, on the worker that runs the Spark tests (tests/conftest.py orders the
 # run). Most tests wait on timeouts and processes rather than compute, so 4 fit 2 cores.
-# TEST_WORKERS=0 runs the suite in this one process.
+# TEST_WORKERS=0 runs the suite in this one process. Tests marked `alone` assert a latency
+# bound: they run after, by themselves.
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	tools/fetch-prometheus
-	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos" -n $(TEST_WORKERS) \
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos and not alone" -n $(TEST_WORKERS) \
 		--dist loadgroup --durations=25 tests
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m "alone and not chaos" tests
 
 # The nemesis harness's hostile profile, short length, as a test (asserts 0 anomalies and
 # that every intruder was refused); CI runs it after `make test`.

@@ -51,6 +51,8 @@ def worker(own_config: Config, tmp_path: Path) -> Iterator[tuple[Config, Coordin
         w.stop()
 
 
+@pytest.mark.alone  # its bound is a latency: beside the parallel run's load it measured
+# that (p99 2.29 and 3.83 s of 14-26 commits in two full runs of stop 43), not the worker
 @pytest.mark.parametrize("op", [TcOp.LIST, TcOp.STATS])
 def test_another_principals_flood_of_list_or_stats_does_not_stall_commits(worker, op, proc_reaper):
     cfg, w = worker
