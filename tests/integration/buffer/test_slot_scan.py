@@ -51,9 +51,9 @@ def test_a_slot_scan_over_an_offset_gap_takes_no_fetch_timeout(config):
     assert took < 1.0, f"scan of {store.topic}[{part}] took {took:.2f} s over one offset gap"
 
 
-SCAN_RECORDS = 500_000
+SCAN_RECORDS = 200_000
 """Registrations of a topic no worker serves in one snapshot partition: a slot scan of
-some seconds on this machine (about 2.5 s per 200k records, quiet)."""
+a few seconds on this machine (about 2.5 s, quiet)."""
 
 
 def _fill(config, store, part: int, topic: str) -> None:
