@@ -321,16 +321,19 @@ class TxnFinalizer:
         handle that ended it itself ignores either.
         """
         meta = tc.store.txns[seq]
-        if meta.status is TxnStatus.ABORTED:
-            why = _ended_other_way(meta)
-            notice = TcReply(f"{ENDED_NOTICE}{seq}", "", tc.tc_id, error_kind=type(why).__name__,
-                             error_message=str(why), txn_seq=seq, owner_id=self.worker_id)
-        else:
-            notice = TcReply(f"{COMMITTED_NOTICE}{seq}", "", tc.tc_id, txn_seq=seq,
-                             owner_id=self.worker_id)
-        data = notice.encode()
-        for conn in tc.watchers.pop(seq, {}):
-            conn.send(data)
+        watchers = tc.watchers.pop(seq, None)
+        if watchers:  # none for a txn whose one writer ended it: nothing encoded then
+            if meta.status is TxnStatus.ABORTED:
+                why = _ended_other_way(meta)
+                notice = TcReply(f"{ENDED_NOTICE}{seq}", "", tc.tc_id,
+                                 error_kind=type(why).__name__, error_message=str(why),
+                                 txn_seq=seq, owner_id=self.worker_id)
+            else:
+                notice = TcReply(f"{COMMITTED_NOTICE}{seq}", "", tc.tc_id, txn_seq=seq,
+                                 owner_id=self.worker_id)
+            data = notice.encode()
+            for conn in watchers:
+                conn.send(data)
         for req in tc.end_waiters.pop(seq, []):
             if req.commit == (meta.status is TxnStatus.COMMITTED):
                 self._reply(req, TcReply(req.request_id, req.client_id, tc.tc_id,

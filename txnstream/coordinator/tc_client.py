@@ -203,10 +203,11 @@ class TransactionCoordinatorClient:
         Its handle fails every later send at once (Kafka fences the producer the same way).
         """
         txn = self.live_txns.get(TxnID(notice.tc_id, notice.txn_seq))
+        if txn is None:
+            return
         if notice.request_id.startswith(COMMITTED_NOTICE):
-            if txn is not None:
-                txn.ended_remotely(None)
-        elif txn is not None and (err := error_from_reply(notice)) is not None:
+            txn.ended_remotely(None)
+        elif (err := error_from_reply(notice)) is not None:
             txn.ended_remotely(err)
 
     def _on_owner_change(self, ep: TcEndpoint) -> None:
