@@ -98,8 +98,8 @@ def test_an_opener_whose_txn_another_process_committed_is_told_which_records_are
 
 def test_an_attached_writer_is_told_in_exactly_when_readers_deliver(config, worker, client):
     """The commit is answered at its decision, before its markers: a record the attached
-    handle sends right after may land on either side of them. Its flush() must say which,
-    as readers will."""
+    handle sends right after may land on either side of them, or be refused if the handle
+    was already told of the commit. Its flush() must say which, as readers will."""
     topic = make_topic(config, 1)
     tp = TopicPartition(topic, 0)
     other = Client(config=config)
@@ -111,7 +111,10 @@ def test_an_attached_writer_is_told_in_exactly_when_readers_deliver(config, work
             p2.send(b"in-time", txn=joined, partition=0)
             joined.flush()  # still OPEN: it precedes the markers
             txn.commit()
-            p2.send(b"racing", txn=joined, partition=0)
+            try:
+                p2.send(b"racing", txn=joined, partition=0)
+            except InvalidTxnStatusError as exc:  # told of the commit first: nothing sent
+                assert "committed by another handle" in str(exc)
             try:
                 joined.flush()
                 out: list[int] = []
