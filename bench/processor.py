@@ -1,31 +1,53 @@
-"""Issue 5 and 13 benchmark: consume-transform-produce records/s.
+"""Issues 5, 13 and 36 benchmark: consume-transform-produce records/s.
 
-* txnstream: :class:`ExactlyOnceProcessor`, batches of 500 in one transaction each;
+All three loops take batches of ``BATCH`` inputs and **checkpoint at the same points**:
+every ``COMMIT_INTERVAL_S`` after a checkpoint's first input, or every ``COMMIT_EVERY``
+inputs, whichever comes first (as Kafka Streams and quix-streams commit):
+
+* txnstream: :class:`ExactlyOnceProcessor` with its defaults (one txn per checkpoint,
+  each batch acked in it and its outputs sent with ``send_batch``);
 * at-least-once: the same loop on txnstream's consumer/producer without transactions
-  (plain acks, plain sends);
-* Kafka EOS: confluent-kafka's transactional loop, ``send_offsets_to_transaction`` and
-  ``read_committed``, batches of 500.
+  (``receive_batch``, plain sends; at each checkpoint one ``flush()`` and one
+  cumulative ack per partition, as quix commits its offsets);
+* Kafka EOS: confluent-kafka's transactional loop (``read_committed``, one Kafka txn
+  per checkpoint, ``send_offsets_to_transaction`` at its end).
+
 Each reads its own copy of the same input (plain records, 4 partitions) and is timed the
 same way: from its first input record received (the group join is out of the window) to
-its last commit (at-least-once: its last ``flush()``). Goals (issue 13): exactly-once at
-least 0.8x the at-least-once loop and 1.2x Kafka's EOS loop.
+its last commit (at-least-once: its last flush and ack). Goals: exactly-once at least
+0.8x the at-least-once loop (issue 36) and 1.2x Kafka's EOS loop (issue 13).
+
+``sweep()`` measures the exactly-once and at-least-once loops over batch sizes and
+commit intervals and plots throughput against each (``python -m bench.processor``).
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 
 from bench.common import goal_row, make_topic, ratio, workers
 from txnstream import Client, Config
-from txnstream.processor import ExactlyOnceProcessor
+from txnstream.processor import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_COMMIT_EVERY,
+    DEFAULT_COMMIT_INTERVAL_S,
+    ExactlyOnceProcessor,
+)
 
-BATCH = 500
+BATCH = DEFAULT_BATCH_SIZE
+COMMIT_INTERVAL_S = DEFAULT_COMMIT_INTERVAL_S
+COMMIT_EVERY = DEFAULT_COMMIT_EVERY
 ALO_GOAL = 0.8
 KAFKA_EOS_GOAL = 1.2
+PARTITIONS = 4
 
 
 def _fill(cfg: Config, topic: str, n: int) -> None:
@@ -40,86 +62,128 @@ def _fill(cfg: Config, topic: str, n: int) -> None:
     p.flush(60)
 
 
-def _txnstream_eo(cfg: Config, src: str, dst: str, n: int) -> float:
+def _upper(m):  # the transform every loop applies: key kept, value upper-cased
+    return m.key, (m.value or b"").upper()
+
+
+@contextmanager
+def _checkpoints(interval_s: float, every: int) -> Iterator[Callable[[int], bool]]:
+    """``due(taken)``: whether the open checkpoint (of ``taken`` inputs) must commit now."""
+    opened: list[float] = []
+
+    def due(taken: int) -> bool:
+        if not taken:
+            opened.clear()
+            return False
+        if not opened:
+            opened.append(time.monotonic())
+        if taken >= every or time.monotonic() - opened[0] >= interval_s:
+            opened.clear()
+            return True
+        return False
+
+    yield due
+
+
+def txnstream_eo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
+                 interval_s: float = COMMIT_INTERVAL_S, every: int = COMMIT_EVERY) -> float:
     with Client(config=cfg) as client:
-        proc = ExactlyOnceProcessor(client, src, f"b-{uuid.uuid4().hex[:6]}", dst,
-                                    lambda m: (m.key, (m.value or b"").upper()),
-                                    batch_size=BATCH, batch_interval_s=1.0)
+        proc = ExactlyOnceProcessor(client, src, f"b-{uuid.uuid4().hex[:6]}", dst, _upper,
+                                    batch_size=batch, commit_interval_s=interval_s,
+                                    commit_every=every)
         first: list[float] = []
-        receive = proc.consumer.receive
+        receive = proc.consumer.receive_batch
 
         def timed_receive(*args: object, **kwargs: object) -> object:
-            m = receive(*args, **kwargs)  # type: ignore[arg-type]
-            if m is not None and not first:
+            got = receive(*args, **kwargs)  # type: ignore[arg-type]
+            if got and not first:
                 first.append(time.perf_counter())
-            return m
+            return got
 
-        proc.consumer.receive = timed_receive  # type: ignore[method-assign]
+        proc.consumer.receive_batch = timed_receive  # type: ignore[method-assign]
         deadline = time.perf_counter() + 180
         while proc.stats.inputs < n:
-            if not proc.run_batch() and time.perf_counter() > deadline:
+            if not proc.run_checkpoint() and time.perf_counter() > deadline:
                 break
         secs = time.perf_counter() - (first[0] if first else time.perf_counter())
         proc.close()
     return proc.stats.inputs / secs if secs > 0 else 0.0
 
 
-def _txnstream_alo(cfg: Config, src: str, dst: str, n: int) -> float:
-    with Client(config=cfg) as client:
+def txnstream_alo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
+                  interval_s: float = COMMIT_INTERVAL_S, every: int = COMMIT_EVERY) -> float:
+    with Client(config=cfg) as client, _checkpoints(interval_s, every) as due:
         c = client.subscribe(src, subscription=f"b-{uuid.uuid4().hex[:6]}")
         p = client.create_producer(dst)
         done = 0
         t0 = None
+        pending: dict = {}  # tp -> last input taken since the checkpoint
+        taken = 0
         while done < n:
-            m = c.receive(timeout_s=10 if t0 else 60)  # the first waits for the group join
-            if m is None:
+            msgs = c.receive_batch(batch, timeout_s=10 if t0 else 60)  # the first: the join
+            if not msgs:
                 break
             if t0 is None:
                 t0 = time.perf_counter()
-            p.send((m.value or b"").upper(), key=m.key)
-            c.acknowledge(m)
-            done += 1
-        p.flush()
+            for m in msgs:
+                key, value = _upper(m)
+                p.send(value, key=key)
+                pending[m.tp] = m
+            taken += len(msgs)
+            done += len(msgs)
+            if due(taken) or done >= n:
+                p.flush()
+                for m in pending.values():
+                    c.acknowledge_cumulative(m)
+                pending.clear()
+                taken = 0
         secs = time.perf_counter() - (t0 or time.perf_counter())
         c.close()
     return done / secs if secs > 0 else 0.0
 
 
-def _kafka_eos(cfg: Config, src: str, dst: str, n: int) -> float:
+def kafka_eos(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
+              interval_s: float = COMMIT_INTERVAL_S, every: int = COMMIT_EVERY) -> float:
     group = f"b-{uuid.uuid4().hex[:6]}"
     c = KafkaConsumer(cfg.consumer(group, **{"isolation.level": "read_committed"}))
     c.subscribe([src])
     p = KafkaProducer(cfg.common() | {"transactional.id": f"eos-{group}", "linger.ms": 5})
     p.init_transactions(30)
-    done = 0
+    done = taken = 0
     t0 = None
     deadline = time.monotonic() + 180
-    while done < n and time.monotonic() < deadline:
-        msgs = [m for m in c.consume(BATCH, 1.0) if not m.error()]
-        if not msgs:
-            continue
-        if t0 is None:
-            t0 = time.perf_counter()
-        p.begin_transaction()
-        for m in msgs:
-            p.produce(dst, (m.value() or b"").upper(), m.key())
-        p.send_offsets_to_transaction(c.position(c.assignment()), c.consumer_group_metadata())
-        p.commit_transaction(30)
-        done += len(msgs)
+    with _checkpoints(interval_s, every) as due:
+        while done < n and time.monotonic() < deadline:
+            msgs = [m for m in c.consume(batch, 1.0) if not m.error()]
+            if not msgs:
+                continue
+            if t0 is None:
+                t0 = time.perf_counter()
+            if not taken:
+                p.begin_transaction()
+            for m in msgs:
+                p.produce(dst, (m.value() or b"").upper(), m.key())
+            taken += len(msgs)
+            done += len(msgs)
+            if due(taken) or done >= n:
+                p.send_offsets_to_transaction(c.position(c.assignment()),
+                                              c.consumer_group_metadata())
+                p.commit_transaction(30)
+                taken = 0
     secs = time.perf_counter() - (t0 or time.perf_counter())
     c.close()
     return done / secs if secs else 0.0
 
 
 def run(cfg: Config, records: int = 20_000, progress=None) -> list[dict]:
-    """Three loops over the same volume; rows for the report."""
+    """Three loops over the same volume, same checkpoints; rows for the report."""
     with workers(cfg, 1):
-        srcs = [make_topic(cfg, 4) for _ in range(3)]
+        srcs = [make_topic(cfg, PARTITIONS) for _ in range(3)]
         for s in srcs:
             _fill(cfg, s, records)
-        eo = _txnstream_eo(cfg, srcs[0], make_topic(cfg, 4), records)
-        alo = _txnstream_alo(cfg, srcs[1], make_topic(cfg, 4), records)
-        eos = _kafka_eos(cfg, srcs[2], make_topic(cfg, 4), records)
+        eo = txnstream_eo(cfg, srcs[0], make_topic(cfg, PARTITIONS), records)
+        alo = txnstream_alo(cfg, srcs[1], make_topic(cfg, PARTITIONS), records)
+        eos = kafka_eos(cfg, srcs[2], make_topic(cfg, PARTITIONS), records)
     rows = [
         goal_row("consume-transform-produce, exactly-once processor", f"{eo:.0f} rec/s",
                  "same loop, at-least-once", f"{alo:.0f} rec/s", ratio(eo, alo), ">=",
@@ -129,8 +193,94 @@ def run(cfg: Config, records: int = 20_000, progress=None) -> list[dict]:
                  ratio(eo, eos), ">=", KAFKA_EOS_GOAL),
     ]
     for r in rows:
-        r["measure"] += f", {records} records, batches of {BATCH}"
+        r["measure"] += (f", {records} records, batches of {BATCH}, a checkpoint every "
+                         f"{COMMIT_INTERVAL_S:g} s or {COMMIT_EVERY} inputs")
     if progress:
         for r in rows:
             progress(r)
     return rows
+
+
+def sweep(cfg: Config, records: int, batches: list[int], intervals: list[float],
+          progress=None) -> list[dict]:
+    """Exactly-once and at-least-once over batch sizes (at the default interval) and
+    commit intervals (at the default batch), alternating, each on its own input copy."""
+    points = [("batch", b, b, COMMIT_INTERVAL_S) for b in batches] + \
+             [("interval", i, BATCH, i) for i in intervals]
+    rows = []
+    with workers(cfg, 1):
+        for axis, x, batch, interval in points:
+            rates = {}
+            for name, loop in (("exactly-once", txnstream_eo), ("at-least-once",
+                                                                 txnstream_alo)):
+                src = make_topic(cfg, PARTITIONS)
+                _fill(cfg, src, records)
+                rates[name] = loop(cfg, src, make_topic(cfg, PARTITIONS), records, batch,
+                                   interval, COMMIT_EVERY)
+            row = {"axis": axis, "x": x, "batch": batch, "interval s": interval,
+                   "exactly-once rec/s": round(rates["exactly-once"]),
+                   "at-least-once rec/s": round(rates["at-least-once"]),
+                   "ratio": f"{ratio(rates['exactly-once'], rates['at-least-once']) or 0:.2f}x"}
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> Path | None:
+    """Throughput against batch size and against commit interval; None without matplotlib
+    (``make bench`` installs it: the ``bench`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, axis, label in ((axes[0], "batch", "inputs per batch (interval "
+                             f"{COMMIT_INTERVAL_S:g} s)"),
+                            (axes[1], "interval", f"commit interval, s (batch {BATCH})")):
+        pts = sorted((r["x"], r) for r in rows if r["axis"] == axis)
+        for name in ("exactly-once", "at-least-once"):
+            ax.plot([x for x, _ in pts], [r[f"{name} rec/s"] for _, r in pts], marker="o",
+                    label=name)
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("records/s")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle("consume-transform-produce, 1 worker, 4 partitions")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from bench.common import fresh_config
+    from txnstream.cli import console
+    from txnstream.cli._common import table
+
+    ap = argparse.ArgumentParser(prog="python -m bench.processor")
+    ap.add_argument("--bootstrap", required=True)
+    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--batches", default="50,200,500,2000")
+    ap.add_argument("--intervals", default="0.1,0.3,1,3")
+    ap.add_argument("--plot", type=Path, default=Path("bench/plots/processor.png"))
+    args = ap.parse_args(argv)
+    rows = sweep(fresh_config(args.bootstrap), args.records,
+                 [int(b) for b in args.batches.split(",")],
+                 [float(i) for i in args.intervals.split(",")],
+                 progress=lambda r: console.print(r))
+    cols = list(rows[0])
+    console.print(table("consume-transform-produce sweep", cols,
+                        [[r[c] for c in cols] for r in rows]))
+    out = plot(rows, args.plot)
+    console.print(f"plot: {out}" if out else "no plot: matplotlib is not installed")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,24 +1,35 @@
 """``ExactlyOnceProcessor``: consume-transform-produce, exactly once (Pulsar Functions' case).
 
-One transaction per batch: the outputs of every input in the batch are produced with
-the transaction, then the inputs are acked with it in one pending-ack record per
-partition (cumulative where the batch holds the partition's next records, as Kafka's
-``send_offsets_to_transaction`` commits one offset per partition), then it commits.
+One transaction per **checkpoint**, not per batch (as Kafka Streams commits every
+``commit.interval.ms`` and quix-streams every ``commit_interval``): a checkpoint opens
+with its first input and commits ``commit_interval_s`` later, or once it holds
+``commit_every`` inputs, whichever comes first. Inside it, inputs are taken in batches
+of up to ``batch_size``; per batch:
+
+1. the batch is acked in the checkpoint's txn at once (``Consumer.acknowledge_batch``:
+   one pending-ack record per partition, cumulative where that acks exactly the
+   batch), so the record is on its way while the transform runs;
+2. ``fn`` is called on each input, and its outputs go out with one ``send_batch``.
+
+The commit then waits for the outputs and the ack records to be durable, reads the
+acks back (the fencing check) and ends the txn. What a checkpoint costs (a txn's begin,
+registrations, flush, read-back and END: about 20 ms) is paid once per checkpoint, not
+per batch. An input's output is visible at most ``commit_interval_s`` plus one commit
+after the input was taken.
 
 Crash semantics:
 
 1. a crash before the commit request: the txn stays open, the coordinator aborts it at
-   its timeout, its outputs are never delivered and its acks are undone (ABORT marks),
-   so the inputs are redelivered to whoever owns their partitions then;
+   its timeout (at once, when another member takes the partitions over:
+   ``abort_predecessor_txns``), its outputs are never delivered and its acks are undone
+   (ABORT marks), so the inputs are redelivered to whoever owns their partitions then;
 2. a crash after the commit request: the coordinator finishes the commit (it is logged);
    the outputs become visible and the acks apply, so the inputs are not seen again;
 3. in both cases each input's output is visible exactly once.
 
-A batch that aborts while the process lives (its function's error, a send or an ack
-refused, a conflict, the txn's timeout) gives every input it took back: those its txn
-acked come back by the abort, those not acked yet by ``redeliver_unacknowledged``.
-Without the latter they stayed delivered-and-unacked in the consumer, never delivered
-again while it kept their partitions (their outputs went missing until a rebalance).
+A checkpoint that aborts while the process lives (its function's error, a send or an
+ack refused, a conflict, the txn's timeout) gives every input it took back: those its
+txn acked come back by the abort, those not acked yet by ``redeliver_unacknowledged``.
 """
 
 from __future__ import annotations
@@ -30,9 +41,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from txnstream.client import Client
-from txnstream.errors import TransactionOutcomeUnknownError, TxnStreamError
+from txnstream.errors import ConfigError, TransactionOutcomeUnknownError, TxnStreamError
 from txnstream.message import Message
-from txnstream.types import TopicPartition, TxnStatus
+from txnstream.types import TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.transaction import Transaction
@@ -41,8 +52,17 @@ __all__ = ["ExactlyOnceProcessor", "ProcessorStats"]
 
 log = logging.getLogger(__name__)
 
-Output = bytes | tuple[bytes | None, bytes]
+Output = bytes | tuple[bytes | str | None, bytes]
 Function = Callable[[Message], Iterable[Output] | Output | None]
+
+DEFAULT_BATCH_SIZE = 500
+"""Inputs per transform turn: one ``receive_batch``, one ack record per partition and
+one ``send_batch``."""
+DEFAULT_COMMIT_INTERVAL_S = 1.0
+"""A checkpoint commits at most this long after its first input (BENCHMARKS.md, issue
+36: throughput against the interval)."""
+DEFAULT_COMMIT_EVERY = 10_000
+"""... or once it holds this many inputs."""
 
 
 @dataclass
@@ -50,22 +70,40 @@ class ProcessorStats:
     """What a run did."""
 
     batches: int = 0
+    """Transform turns whose inputs were committed."""
     inputs: int = 0
     outputs: int = 0
-    aborted_batches: int = 0
+    checkpoints: int = 0
+    """Txns committed."""
+    aborted_checkpoints: int = 0
+
+    @property
+    def aborted_batches(self) -> int:
+        """Kept from when every batch was a txn of its own: :attr:`aborted_checkpoints`."""
+        return self.aborted_checkpoints
 
 
 class ExactlyOnceProcessor:
-    """Reads ``inputs`` as ``subscription``, writes ``fn``'s results to ``output``."""
+    """Reads ``inputs`` as ``subscription``, writes ``fn``'s results to ``output``.
+
+    ``fn`` maps one input to ``None``, a value, a ``(key, value)`` pair, or an iterable
+    of those. ``batch_interval_s`` is the interval's old name (each batch was its own
+    txn): it sets ``commit_interval_s`` when that is not given.
+    """
 
     def __init__(self, client: Client, inputs: str | Sequence[str], subscription: str,
-                 output: str, fn: Function, batch_size: int = 100,
-                 batch_interval_s: float = 0.5, txn_timeout_s: float = 30.0,
-                 cumulative: bool = True, **consumer_options: Any) -> None:
+                 output: str, fn: Function, batch_size: int = DEFAULT_BATCH_SIZE,
+                 batch_interval_s: float | None = None, txn_timeout_s: float = 30.0,
+                 cumulative: bool = True, *, commit_interval_s: float | None = None,
+                 commit_every: int = DEFAULT_COMMIT_EVERY, **consumer_options: Any) -> None:
+        interval = commit_interval_s if commit_interval_s is not None else (
+            batch_interval_s if batch_interval_s is not None else DEFAULT_COMMIT_INTERVAL_S)
+        _check_settings(batch_size, interval, commit_every, txn_timeout_s)
         self.client = client
         self.fn = fn
         self.batch_size = batch_size
-        self.batch_interval_s = batch_interval_s
+        self.commit_interval_s = float(interval)
+        self.commit_every = commit_every
         self.txn_timeout_s = txn_timeout_s
         self.cumulative = cumulative
         """Kept for compatibility (``txnstream process --cumulative``): every batch acks
@@ -79,64 +117,90 @@ class ExactlyOnceProcessor:
         self.producer = client.create_producer(output)
         self.stats = ProcessorStats()
 
-    def _emit(self, result: Iterable[Output] | Output | None, txn: object) -> int:
-        if result is None:
-            return 0
-        items = [result] if isinstance(result, (bytes, tuple)) else list(result)
-        for item in items:
-            key, value = item if isinstance(item, tuple) else (None, item)
-            self.producer.send(value, key=key, txn=txn)  # type: ignore[arg-type]
-        return len(items)
+    def _transform(self, batch: list[Message], txn: Transaction) -> int:
+        """``fn`` on each input of ``batch``; its outputs sent with one ``send_batch``."""
+        values: list[bytes | None] = []
+        keys: list[bytes | None] = []
+        fn = self.fn
+        for msg in batch:
+            result = fn(msg)
+            if result is None:
+                continue
+            for item in ((result,) if isinstance(result, (bytes, tuple)) else result):
+                key, value = item if isinstance(item, tuple) else (None, item)
+                if isinstance(key, str):
+                    key = key.encode()
+                if not (value is None or isinstance(value, bytes)) or not (
+                        key is None or isinstance(key, bytes)):
+                    raise TypeError(
+                        f"the function's output for {msg.tp}@{msg.offset} is "
+                        f"{type(item).__name__} {item!r:.80}: expected bytes or a (key, "
+                        "bytes) pair")
+                keys.append(key)
+                values.append(value)
+        if values:
+            self.producer.send_batch(values, self.producer.partitions_for(keys), txn, keys)
+        return len(values)
 
-    def run_batch(self) -> int:
-        """Process one batch in one transaction; returns the inputs it committed."""
+    def run_checkpoint(self) -> int:
+        """Process inputs in one transaction until its checkpoint is due.
+
+        Returns the inputs it committed: 0 if none came within half a second, or it
+        aborted (they come back).
+        """
         txn: Transaction | None = None
         taken: list[Message] = []
-        outs = 0
-        seen: set[TopicPartition] = set()
-        deadline = time.monotonic() + self.batch_interval_s
+        outs = batches = 0
+        due = 0.0
+        receive, ack = self.consumer.receive_batch, self.consumer.acknowledge_batch
         try:
-            while len(taken) < self.batch_size:
-                left = deadline - time.monotonic()
-                msg = self.consumer.receive(timeout_s=max(left, 0.01) if txn else 0.5)
-                if msg is None:
-                    if txn is None or time.monotonic() >= deadline:
+            while len(taken) < self.commit_every:
+                if txn is None:
+                    wait = 0.5
+                else:
+                    wait = due - time.monotonic()
+                    if wait <= 0:
                         break
+                batch = receive(min(self.batch_size, self.commit_every - len(taken)), wait)
+                if not batch:
+                    if txn is None:
+                        return 0
                     continue
-                taken.append(msg)  # from here on it is acked or given back
+                taken.extend(batch)  # from here on they are acked or given back
                 if txn is None:
                     txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
-                    deadline = time.monotonic() + self.batch_interval_s
-                if msg.tp not in seen:  # its ack's registration, sent as the batch fills
-                    seen.add(msg.tp)
-                    self.consumer.prepare_acks([msg], txn)
-                outs += self._emit(self.fn(msg), txn)
-            if txn is None:
-                self._give_back(None, taken)
-                return 0
-            self.consumer.acknowledge_batch(taken, txn=txn)
+                    due = time.monotonic() + self.commit_interval_s
+                ack(batch, txn=txn)
+                outs += self._transform(batch, txn)
+                batches += 1
+            assert txn is not None
             txn.commit()
         except TransactionOutcomeUnknownError as exc:
             # Not aborted: its acks hold the inputs until the coordinator's outcome
             # reaches the consumer (redelivered only if it aborted), so nothing is redone.
-            log.warning("batch of %d: commit outcome unknown (%s)", len(taken), exc)
+            log.warning("checkpoint of %d inputs: commit outcome unknown (%s)", len(taken),
+                        exc)
             self.consumer.redeliver_unacknowledged(taken)  # none, unless not acked yet
             return 0
         except TxnStreamError as exc:
-            log.warning("batch of %d aborted: %s", len(taken), exc)
-            self.stats.aborted_batches += 1
+            log.warning("checkpoint of %d inputs aborted: %s", len(taken), exc)
+            self.stats.aborted_checkpoints += 1
             self._give_back(txn, taken)
             return 0
         except BaseException:
             self._give_back(txn, taken)
             raise
-        self.stats.batches += 1
+        self.stats.checkpoints += 1
+        self.stats.batches += batches
         self.stats.inputs += len(taken)
         self.stats.outputs += outs
         return len(taken)
 
+    run_batch = run_checkpoint
+    """Its old name, from when every batch was a txn of its own."""
+
     def _give_back(self, txn: Transaction | None, taken: list[Message]) -> None:
-        """An aborted batch: end its txn, then every input it took comes back.
+        """An aborted checkpoint: end its txn, then every input it took comes back.
 
         1. abort the txn (if still OPEN): its acks are undone and the inputs it acked
            are redelivered (if the abort gets no answer, or the txn timed out, the
@@ -152,10 +216,10 @@ class ExactlyOnceProcessor:
 
     def run(self, max_idle_s: float | None = None, stop: Callable[[], bool] | None = None
             ) -> ProcessorStats:
-        """Batches until ``stop()`` or ``max_idle_s`` without input."""
+        """Checkpoints until ``stop()`` or ``max_idle_s`` without input."""
         idle_since = time.monotonic()
         while not (stop and stop()):
-            if self.run_batch():
+            if self.run_checkpoint():
                 idle_since = time.monotonic()
             elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                 break
@@ -165,3 +229,20 @@ class ExactlyOnceProcessor:
         """Leave the group and flush."""
         self.consumer.close()
         self.producer.flush()
+
+
+def _check_settings(batch_size: int, commit_interval_s: float, commit_every: int,
+                    txn_timeout_s: float) -> None:
+    """Refuse settings a checkpoint cannot keep, naming the one at fault."""
+    for name, count in (("batch_size", batch_size), ("commit_every", commit_every)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(f"{name} must be a positive int, got {count!r}")
+    for name, secs in (("commit_interval_s", commit_interval_s),
+                       ("txn_timeout_s", txn_timeout_s)):
+        if isinstance(secs, bool) or not isinstance(secs, (int, float)) or not secs > 0:
+            raise ConfigError(f"{name} must be a positive number of seconds, got {secs!r}")
+    if commit_interval_s > txn_timeout_s / 2:
+        raise ConfigError(
+            f"commit_interval_s ({commit_interval_s}) must be at most half of txn_timeout_s "
+            f"({txn_timeout_s}): a checkpoint's txn stays open that long, and its commit "
+            "needs the rest")

@@ -171,6 +171,15 @@ class Producer:
             return murmur2_partition(key, self.num_partitions)
         return next(self._rr) % self.num_partitions
 
+    def partitions_for(self, keys: Sequence[bytes | None]) -> list[int]:
+        """The partition :meth:`send` would pick for each of ``keys``, for :meth:`send_batch`.
+
+        A key's is Java's (``murmur2``), as for a keyed :meth:`send`; ``None``'s the next
+        in turn.
+        """
+        n, rr = self.num_partitions, self._rr
+        return [next(rr) % n if k is None else murmur2_partition(k, n) for k in keys]
+
     def _no_partition(self, partition: int) -> ConfigError:
         return ConfigError(f"partition {partition} does not exist: {self.topic} has "
                            f"{self.num_partitions} (0..{self.num_partitions - 1})")
