@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import Consumer as KafkaConsumer
@@ -42,18 +43,17 @@ from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
-from txnstream.delivery import PartitionDelivery, newer_log, start_on_log
+from txnstream.delivery import PartitionDelivery, StartPlan, newer_log, start_on_log
 from txnstream.errors import (
     KafkaErrorKind,
-    NotAuthorizedError,
-    TransactionNotFoundError,
     TxnStreamError,
     classify_kafka_error,
 )
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import CursorMetadata
 from txnstream.pendingack.store import PendingAckStore
-from txnstream.types import TopicPartition, TxnStatus
+from txnstream.predecessors import end_predecessors
+from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:
     from txnstream.admin import Admin
@@ -163,125 +163,110 @@ class GroupMember:
         # assignment always equals the group's (a partition not taken yet, or fenced,
         # stays assigned but paused), else its automatic unassign on the next revoke
         # fails inside poll().
-        ready, waiting = [], []
         tps = [TopicPartition(p.topic, p.partition) for p in parts]
         with self._lock:  # the whole assignment's served state at once, not one by one
             scanned = self._follower.prefetch(tps)
-        for p, tp in zip(parts, tps, strict=True):
+            self._owned.update(tps)
+        ready, failed = self._take_many(tps, scanned)
+        waiting = [KafkaTP(tp.topic, tp.partition) for tp in failed]
+        for tp, exc in failed.items():
+            log.warning("%s: cannot take %s yet (%s); retrying in %.0fs", self.member_id,
+                        tp, exc, CLAIM_RETRY_S)
             with self._lock:
-                self._owned.add(tp)
-            try:
-                ready.append(self._take(tp, scanned=tp in scanned))
-            except (TxnStreamError, KafkaException) as exc:
-                log.warning("%s: cannot take %s yet (%s); retrying in %.0fs", self.member_id,
-                            tp, exc, CLAIM_RETRY_S)
-                waiting.append(KafkaTP(p.topic, p.partition))
-                with self._lock:
-                    self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
+                self._retake[tp] = time.monotonic() + CLAIM_RETRY_S
         consumer.incremental_assign([*ready, *waiting])
         if ready:  # a partition paused (not taken, fenced) before a revoke stays paused
             consumer.resume(ready)
         if waiting:
             consumer.pause(waiting)
 
-    def _take(self, tp: TopicPartition, scanned: bool = False) -> KafkaTP:
-        """Become the owner of ``tp``: replay its pending acks, claim it.
+    def _take(self, tp: TopicPartition) -> KafkaTP:
+        """:meth:`_take_many` of one partition; raises what its take met."""
+        ready, failed = self._take_many([tp], set())
+        if failed:
+            raise failed[tp]
+        return ready[0]
 
-        Returns where to start fetching (the caller assigns it). Nothing is delivered
-        before the claim's OWNER record is in the log and every record before it is
-        folded (a zombie's late ack included). ``scanned``: its served state was just read.
+    def _take_many(self, tps: list[TopicPartition], scanned: set[TopicPartition]
+                   ) -> tuple[list[KafkaTP], dict[TopicPartition, Exception]]:
+        """Become the owner of ``tps``: replay their pending acks, claim them.
+
+        Returns where to start fetching each one taken (the caller assigns them), and
+        the error of each one not taken. Nothing is delivered before the claim's OWNER
+        record is in the log and every record before it is folded (a zombie's late ack
+        included). The whole assignment at once (issue 37): one committed-offsets
+        request, one replay reading each log partition once, every OWNER written before
+        one fold to them. ``scanned``: partitions whose served state was just read.
         """
         timeout = self._config.admin_timeout_s
-        ktp = KafkaTP(tp.topic, tp.partition)
-        found = self.kafka.committed([ktp], timeout=timeout)[0]
-        meta = CursorMetadata.from_metadata(found.metadata)
+        failed: dict[TopicPartition, Exception] = {}
+        try:
+            found_all = self.kafka.committed([KafkaTP(tp.topic, tp.partition) for tp in tps],
+                                             timeout=timeout)
+        except KafkaException as exc:
+            return [], dict.fromkeys(tps, exc)
+        found = {TopicPartition(f.topic, f.partition): f for f in found_all}
+        plans = {}
+        for tp in tps:
+            try:
+                plans[tp] = self._position(tp, found[tp], tp in scanned, timeout)
+            except (TxnStreamError, KafkaException) as exc:
+                failed[tp] = exc
+        try:
+            handles = self._acks.replay_many({tp: p.meta.checkpoint
+                                              for tp, p in plans.items()})
+        except (TxnStreamError, KafkaException) as exc:
+            return [], {**failed, **dict.fromkeys(plans, exc)}
+        starts = {}
+        for tp, p in plans.items():
+            try:
+                starts[tp] = p.start_on(handles[tp], self._follower, self._lock, timeout)
+            except (TxnStreamError, KafkaException) as exc:
+                failed[tp] = exc
+        for tp, plan in starts.items():
+            if plan.new_log or plan.committed != plans[tp].found.offset:
+                log.warning("%s: %s is a new log (log epoch %d; the topic was recreated): "
+                            "the cursor %d and pending acks of the old log (epoch %s) are "
+                            "not applied to it; delivering it from %d", self.member_id, tp,
+                            plan.log_epoch, plans[tp].found.offset, handles[tp].log_epoch,
+                            plan.start)
+        claimed = self._acks.claim_many([(handles[tp], plan.start, plan.log_epoch)
+                                         for tp, plan in starts.items()])
+        ready = []
+        for tp, plan in starts.items():
+            owner_at = claimed[tp]
+            if isinstance(owner_at, Exception):
+                failed[tp] = owner_at
+                continue
+            handle, found_at = handles[tp], plans[tp].found
+            end_predecessors(self._admin, self.member_id, self._abort_predecessors, tp,
+                             handle)
+            reader = PartitionDelivery(tp, self._follower.status.get(tp, plans[tp].status),
+                                      deliver_pos=plan.start, committed=plan.committed,
+                                      handle=handle, checkpoint=plans[tp].meta.checkpoint)
+            reader.pointer_dirty = reader.metadata() != found_at.metadata  # a new epoch
+            with self._lock:
+                self.readers[tp] = reader
+                self._retake.pop(tp, None)
+                # The tail passes what follows the OWNER to this reader from now on:
+                # under the consumer lock, as every reader of the tail runs.
+                self._acks.resume_tail(tp, owner_at + 1)
+            ready.append(KafkaTP(tp.topic, tp.partition, plan.start))
+        return ready, failed
+
+    def _position(self, tp: TopicPartition, found: KafkaTP, scanned: bool,
+                  timeout: float) -> _TakePlan:
+        """What a take of ``tp`` starts from: its cursor, served state and log bounds."""
+        if found.error is not None:
+            raise KafkaException(found.error)
         with self._lock:
             status = self._follower.status[tp] if scanned else self._follower.follow(tp)
             view = self._follower.views.get(tp)
-        low, high = self.kafka.get_watermark_offsets(ktp, timeout=timeout)
-
-        def initial() -> int:  # latest: the committed end (Kafka's LSO) as of now
-            if self._initial == "earliest" or status is ServeStatus.PLAIN:
-                return int(low if self._initial == "earliest" else high)
-            return self._follower.committed_end(tp, high, low, timeout, self._lock)
-
-        # Rebuild the pending acks before delivering anything, then claim the partition
-        # on the log the view serves (a state of an older log starts over in the claim).
-        handle = self._acks.replay(tp, meta.checkpoint)
-        plan = start_on_log(found.offset, meta.log_epoch, handle.log_epoch, handle.cursor,
-                            None if view is None else view.log_epoch, low, initial)
-        if plan.new_log or plan.committed != found.offset:
-            log.warning("%s: %s is a new log (log epoch %d; the topic was recreated): the "
-                        "cursor %d and pending acks of the old log (epoch %s) are not applied "
-                        "to it; delivering it from %d", self.member_id, tp, plan.log_epoch,
-                        found.offset, handle.log_epoch, plan.start)
-        owner_at = self._acks.claim(handle, cursor=plan.start, log_epoch=plan.log_epoch)
-        self._end_predecessors(tp, handle)
-        start = plan.start
-        reader = PartitionDelivery(tp, self._follower.status.get(tp, status), deliver_pos=start,
-                                  committed=plan.committed, handle=handle,
-                                  checkpoint=meta.checkpoint)
-        reader.pointer_dirty = reader.metadata() != found.metadata  # a new epoch to commit
-        with self._lock:
-            self.readers[tp] = reader
-            self._retake.pop(tp, None)
-            # The tail passes what follows the OWNER to this reader from now on: under
-            # the consumer lock, as every reader of the tail runs.
-            self._acks.resume_tail(tp, owner_at + 1)
-        return KafkaTP(tp.topic, tp.partition, start)
-
-    def _end_predecessors(self, tp: TopicPartition, handle: PendingAckHandle) -> None:
-        """After a claim, end at once the txns of fenced owners that hold acks on ``tp``.
-
-        (Step 1, the abort of an OPEN txn, only with ``abort_predecessor_txns``: the
-        exactly-once processor's setting.)
-
-        Every txn pending in ``handle`` now acked under an older generation than this
-        claim's OWNER: its member is fenced (it can only abort: its read-back meets this
-        OWNER) or dead. Waiting for its timeout would hold those inputs back while later
-        ones are processed (input order broken, a stall of the txn timeout); Kafka's
-        ``initTransactions`` aborts a predecessor's txn at once, and so does this. Per
-        txn, before anything of ``tp`` is delivered:
-
-        1. an OPEN txn is aborted through its coordinator (``admin.abort_transaction``;
-           the reply comes once its ABORT marks are written) and its acks are dropped
-           here, so its inputs are delivered first, in offset order;
-        2. an ended txn (a late ack of it outlived ``CHECKPOINT_ENDED_MAX``, or its mark
-           is still on the way) gets its outcome applied; one the coordinator no longer
-           knows ended long ago: its acks here are late ones and are dropped;
-        3. a COMMITTING/ABORTING txn is left to its mark (the coordinator is ending it).
-
-        The abort is authorized like any other: the principal that opened the txn or an
-        admin. A member whose principal differs (and is no admin) gets
-        ``NotAuthorizedError``: it logs a warning and the txn ends at its timeout, as
-        before. Any other failure (a coordinator not answering) falls back the same way;
-        nothing here raises.
-        """
-        admin = self._admin
-        for txn_id in sorted(handle.pending_txns()):
-            try:
-                info = admin.get_transaction(txn_id)
-                if info.status is TxnStatus.OPEN and not self._abort_predecessors:
-                    continue  # its client may still commit it: its acks stay pending
-                if info.status is TxnStatus.OPEN:
-                    log.warning("%s: %s is held by %s of a fenced or dead owner; aborting it",
-                                self.member_id, tp, txn_id)
-                    info = admin.abort_transaction(txn_id)
-            except TransactionNotFoundError:
-                handle.abort(txn_id)
-                continue
-            except NotAuthorizedError as exc:
-                log.warning("%s: %s holds acks on %s but this member may not abort it (%s); "
-                            "its inputs wait for its timeout", self.member_id, txn_id, tp, exc)
-                continue
-            except TxnStreamError as exc:
-                log.warning("%s: could not end %s, which holds acks on %s (%s); its inputs "
-                            "wait for its end", self.member_id, txn_id, tp, exc)
-                continue
-            if info.status is TxnStatus.ABORTED:
-                handle.abort(txn_id)
-            elif info.status is TxnStatus.COMMITTED:
-                handle.commit(txn_id)
+        low, high = self.kafka.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
+                                                     timeout=timeout)
+        return _TakePlan(tp, found, CursorMetadata.from_metadata(found.metadata), status,
+                         None if view is None else view.log_epoch, int(low), int(high),
+                         self._initial)
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         """A clean revoke: our acks are made durable and the cursor committed first."""
@@ -477,3 +462,31 @@ class GroupMember:
             r.checkpoint = done
             r.pointer_dirty = True
 
+
+@dataclass
+class _TakePlan:
+    """One partition's take, before its replay: what its start is computed from."""
+
+    tp: TopicPartition
+    found: KafkaTP
+    meta: CursorMetadata
+    status: ServeStatus
+    view_epoch: int | None
+    low: int
+    high: int
+    initial: str
+
+    def start_on(self, handle: PendingAckHandle, follower: BufferStateFollower,
+                 lock: threading.RLock, timeout: float) -> StartPlan:
+        """Where delivery starts: on the log the view serves.
+
+        A state of an older log starts over in the claim.
+        """
+
+        def initial() -> int:  # latest: the committed end (Kafka's LSO) as of now
+            if self.initial == "earliest" or self.status is ServeStatus.PLAIN:
+                return self.low if self.initial == "earliest" else self.high
+            return follower.committed_end(self.tp, self.high, self.low, timeout, lock)
+
+        return start_on_log(self.found.offset, self.meta.log_epoch, handle.log_epoch,
+                            handle.cursor, self.view_epoch, self.low, initial)

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     # 3. storage on Kafka
     "txnstream.coordinator.txn_log": 3, "txnstream.buffer.snapshot_store": 3,
     "txnstream.buffer.follower": 3, "txnstream.pendingack.store": 3,
+    "txnstream.pendingack.replay": 3,
     "txnstream.admin_topics": 3,
     # 4. the line
     "txnstream.coordinator.line_security": 4, "txnstream.coordinator.transport": 4,
@@ -44,7 +45,7 @@ LAYERS: dict[str, int] = {
     # 6. client API
     "txnstream.pipeline": 6, "txnstream.fate": 6, "txnstream.transaction": 6,
     "txnstream.producer": 6,
-    "txnstream.consumer_group": 6, "txnstream.consumer_txns": 6, "txnstream.consumer": 6,
+    "txnstream.consumer_group": 6, "txnstream.predecessors": 6, "txnstream.consumer_txns": 6, "txnstream.consumer": 6,
     "txnstream.admin": 6, "txnstream.arrow": 6,
     # 7. composition; 8-9. tools
     "txnstream": 7, "txnstream.client": 7,

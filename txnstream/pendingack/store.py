@@ -27,26 +27,26 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
-from txnstream.fencing import write_owner_record
 from txnstream.kafka.clients import close_producer
-from txnstream.kafka.fetch import KafkaRecord, consume, delivered_at, delivered_offset, read_to
+from txnstream.kafka.fetch import KafkaRecord, consume, delivered_at, delivered_offset
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
     CHECKPOINT_HEADER,
     Checkpointed,
-    PendingAckCheckpoint,
     PendingAckEntry,
     PendingAckKind,
     is_checkpoint,
     key_of,
 )
+from txnstream.pendingack.replay import Fold, fold_log
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["PendingAckStore"]
@@ -105,87 +105,30 @@ class PendingAckStore:
         is gone (the log's retention passed it), it folds from the log start. The end
         read up to is remembered: :meth:`claim` folds what lands after it.
         """
-        part = self.log_partition(tp)
-        handle = PendingAckHandle(self.subscription, tp)
-        end = None
-        if pointer is not None:
-            try:
-                end = self._fold_range(handle, part, pointer.position, None, pointer.at)
-            except _CheckpointGone as exc:
-                log.warning("%s: %s; replaying the pending-ack log from its start", tp, exc)
-                handle = PendingAckHandle(self.subscription, tp)
-        if end is None:
-            end = self._fold_range(handle, part, None, None)
+        return self.replay_many({tp: pointer})[tp]
+
+    def replay_many(self, pointers: Mapping[TopicPartition, Checkpointed | None]
+                    ) -> dict[TopicPartition, PendingAckHandle]:
+        """:meth:`replay` of many partitions with one reader, each log partition read once."""
+        folds = {tp: Fold(PendingAckHandle(self.subscription, tp), self.log_partition(tp),
+                          start=None if p is None else p.position,
+                          checkpoint_at=None if p is None else p.at)
+                 for tp, p in pointers.items()}
+        self.replayed_records = fold_log(self.config, self.topic, folds.values(),
+                                         REPLAY_TIMEOUT_S)
+        again = {}
+        for tp, f in folds.items():
+            if f.gone is not None:
+                log.warning("%s: %s; replaying the pending-ack log from its start", tp, f.gone)
+                again[tp] = Fold(PendingAckHandle(self.subscription, tp), f.part)
+        if again:
+            self.replayed_records += fold_log(self.config, self.topic, again.values(),
+                                              REPLAY_TIMEOUT_S)
+            folds.update(again)
         with self._lock:
-            self._replayed_to[tp] = end
-        return handle
-
-    def _fold_range(self, handle: PendingAckHandle, part: int, start: int | None,
-                    through: int | None, checkpoint_at: int | None = None) -> int:
-        """Fold ``handle``'s records of log partition ``part``; the next offset to read.
-
-        From ``start`` (default: the log start) through offset ``through`` (default: the
-        end found now). With ``checkpoint_at``, the checkpoint there holds the state as
-        of ``start``: records of the key before it are folded after restoring it.
-        """
-        key = key_of(self.subscription, handle.tp)
-        c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-pr-{uuid.uuid4().hex}"))
-        early: list[KafkaRecord] = []
-        try:
-            ktp = KafkaTP(self.topic, part)
-            low, high = c.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
-            if checkpoint_at is not None and (start is None or start < low
-                                              or checkpoint_at >= high):
-                raise _CheckpointGone(f"checkpoint at {self.topic}[{part}]@{checkpoint_at} "
-                                      f"is outside the log ({low}..{high})")
-            pos = low if start is None else max(start, low)
-            end = high if through is None else through + 1
-            if end > pos:
-                ktp.offset = pos
-                c.assign([ktp])
-                try:
-                    for batch in read_to(c, self.topic, part, end, REPLAY_TIMEOUT_S, 5000):
-                        for m in batch:
-                            if message_error(m, f"pending-ack replay of {handle.tp}", log):
-                                continue
-                            if m.offset() >= end:
-                                break
-                            pos = m.offset() + 1
-                            if m.key() != key:
-                                continue
-                            if checkpoint_at is None:
-                                if not is_checkpoint(m.headers()):
-                                    self._apply(handle, m)
-                            elif m.offset() < checkpoint_at:
-                                early.append(m)
-                            elif m.offset() == checkpoint_at:
-                                self._restore(handle, m)
-                                for e in early:
-                                    if not is_checkpoint(e.headers()):
-                                        self._apply(handle, e)
-                                early.clear()
-                                checkpoint_at = None
-                            else:
-                                raise _CheckpointGone(f"no checkpoint of {handle.tp} at "
-                                                      f"{self.topic}[{part}]@{checkpoint_at}")
-                except TimeoutError as exc:
-                    raise TxnStreamError(
-                        f"could not replay the pending-ack log of {handle.tp} "
-                        f"({self.topic}[{part}] from {start} up to {end}): {exc}") from exc
-            if checkpoint_at is not None:
-                raise _CheckpointGone(f"no checkpoint of {handle.tp} at "
-                                      f"{self.topic}[{part}]@{checkpoint_at}")
-            self.replayed_records = pos - (low if start is None else max(start, low))
-            return max(pos, end)
-        finally:
-            c.close()
-
-    def _restore(self, handle: PendingAckHandle, m: KafkaRecord) -> None:
-        try:
-            handle.restore(PendingAckCheckpoint.decode(m.value()))
-        except CorruptRecordError as exc:
-            raise _CheckpointGone(f"unreadable checkpoint at {m.topic()}[{m.partition()}]"
-                                  f"@{m.offset()}: {exc}") from exc
+            for tp, f in folds.items():
+                self._replayed_to[tp] = f.end
+        return {tp: f.handle for tp, f in folds.items()}
 
     def checkpoint(self, handle: PendingAckHandle, position: int) -> Checkpointed | None:
         """Write ``handle``'s state as of log ``position``; where to replay from then.
@@ -245,33 +188,77 @@ class PendingAckStore:
         message back instead of delivering it a second time. Returns the OWNER's
         offset: the caller tails from the next one on (:meth:`resume_tail`).
         """
-        part = self.log_partition(handle.tp)
-        with self._lock:
-            start = self._replayed_to.pop(handle.tp, None)
-        # not replayed by this store: fold from the log start, the log's end is the floor
-        floor = self._log_end(part) if start is None else start
-        entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, handle.tp.topic,
-                                handle.tp.partition,
-                                generation=max(handle.generation + 1, floor),
-                                member_id=self.member_id, cursor=cursor,
-                                log_epoch=log_epoch)
-        w = write_owner_record(self._producer, self.topic, part, entry.key(), entry.encode(),
-                               FLUSH_TIMEOUT_S)
-        if w.undelivered or w.error is not None or w.offset is None:
-            why = w.error if w.error is not None else "not acknowledged in time"
-            raise TxnStreamError(f"could not claim {handle.tp} in {self.topic}: {why}")
-        owner_at = w.offset
-        self._fold_range(handle, part, start, owner_at)
-        if handle.generation != entry.generation or handle.owner != self.member_id:
-            raise TxnStreamError(f"claim of {handle.tp} lost to a concurrent owner "
-                                 f"(generation {handle.generation})")
-        return owner_at
+        result = self.claim_many([(handle, cursor, log_epoch)])[handle.tp]
+        if isinstance(result, TxnStreamError):
+            raise result
+        return result
 
-    def _log_end(self, part: int) -> int:
+    def claim_many(self, claims: Sequence[tuple[PendingAckHandle, int, int]]
+                   ) -> dict[TopicPartition, int | TxnStreamError]:
+        """:meth:`claim` of many partitions: every OWNER written, then one fold to them.
+
+        ``claims``: (handle, cursor, log epoch) each. Per partition, its OWNER's offset
+        or the error that claim met (the others are not held back by it).
+        """
+        with self._lock:
+            starts = {h.tp: self._replayed_to.pop(h.tp, None) for h, _, _ in claims}
+        # not replayed by this store: fold from the log start, the log's end is the floor
+        ends = self._log_ends({self.log_partition(tp) for tp, s in starts.items() if s is None})
+        written: dict[TopicPartition, int] = {}
+        generations: dict[TopicPartition, int] = {}
+        out: dict[TopicPartition, int | TxnStreamError] = {}
+        for handle, cursor, log_epoch in claims:
+            tp = handle.tp
+            part = self.log_partition(tp)
+            start = starts[tp]
+            entry = PendingAckEntry(PendingAckKind.OWNER, self.subscription, tp.topic,
+                                    tp.partition,
+                                    generation=max(handle.generation + 1,
+                                                   ends[part] if start is None else start),
+                                    member_id=self.member_id, cursor=cursor,
+                                    log_epoch=log_epoch)
+            generations[tp] = entry.generation
+
+            def delivered(err: KafkaError | None, m: Message, tp: TopicPartition = tp) -> None:
+                if err is None:
+                    written[tp] = delivered_offset(m)
+                else:
+                    out[tp] = TxnStreamError(f"could not claim {tp} in {self.topic}: {err}")
+
+            self._producer.produce(self.topic, entry.encode(), key=entry.key(),
+                                   partition=part, on_delivery=delivered)
+        self._producer.flush(FLUSH_TIMEOUT_S)
+        folds = []
+        for handle, _, _ in claims:
+            tp = handle.tp
+            if tp in written:
+                folds.append(Fold(handle, self.log_partition(tp), start=starts[tp],
+                                  through=written[tp]))
+            elif tp not in out:
+                out[tp] = TxnStreamError(f"could not claim {tp} in {self.topic}: not "
+                                         "acknowledged in time")
+        try:
+            fold_log(self.config, self.topic, folds, REPLAY_TIMEOUT_S)
+        except TxnStreamError as exc:
+            return {**out, **{f.handle.tp: exc for f in folds}}
+        for f in folds:
+            h, at = f.handle, written[f.handle.tp]
+            if h.generation != generations[h.tp] or h.owner != self.member_id:
+                out[h.tp] = TxnStreamError(f"claim of {h.tp} lost to a concurrent owner "
+                                           f"(generation {h.generation})")
+            else:
+                out[h.tp] = at
+        return out
+
+    def _log_ends(self, parts: set[int]) -> dict[int, int]:
+        """The end offset of each of ``parts`` of the log, with one reader."""
+        if not parts:
+            return {}
         c = Consumer(self.config.consumer(f"{self.config.topics.prefix}-pr-{uuid.uuid4().hex}"))
         try:
-            return int(c.get_watermark_offsets(KafkaTP(self.topic, part),
-                                               timeout=self.config.admin_timeout_s)[1])
+            return {p: int(c.get_watermark_offsets(KafkaTP(self.topic, p),
+                                                   timeout=self.config.admin_timeout_s)[1])
+                    for p in parts}
         finally:
             c.close()
 

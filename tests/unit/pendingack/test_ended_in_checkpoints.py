@@ -61,7 +61,7 @@ def test_checkpoint_keeps_the_newest_ended_txns_up_to_its_bound():
         fresh.apply(ack(txns[i], total + i))
         assert fresh.pending_txn(total + i) is None
     # past the bound: the oldest are forgotten; the owner asks the coordinator about a
-    # pending txn it took over (Consumer._end_predecessors), so this is not pinned either
+    # pending txn it took over (predecessors.end_predecessors), so this is not pinned either
     oldest = txns[0]
     assert oldest not in fresh.ended
     fresh.apply(ack(oldest, 10 * total))
