@@ -62,7 +62,13 @@ chaos-test: $(STAMP)
 compose-test:
 	tools/compose-test
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	@$(PY) -m pip install -e '.[spark,test,dev,bench]' >> $(VENV)/install.log 2>&1 || \
+		{ cat $(VENV)/install.log; exit 1; }
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench
 
 # The nemesis harness (3-4 min): its own 3-broker cluster, faults at random, intruders on

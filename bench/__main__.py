@@ -64,6 +64,7 @@ def _show(title: str, rows: list[dict]) -> None:
 GROUPS = {"coordinator": ("txn-rate", "produce", "failover")}
 """``--only coordinator`` runs all of issue 13's coordinator-side measurements."""
 PARTS = ("txn-rate", "produce", "failover", "buffer", "processor", "spark")
+PLOTS = Path("bench/plots")
 ISSUE22 = "Issue 22 goals"
 """Every goal of issue 22 beside its anchor (bench.issue22); rewritten by every run, its
 rows of the parts not run saying so."""
@@ -186,6 +187,14 @@ def main(argv: list[str]) -> int:
         results["processor"] = rows
         goals.extend(rows)
         section("Exactly-once consume-transform-produce (issue 5)", rows)
+        curve = proc.sweep(fresh_config(bootstrap), args.processor_records // 2,
+                           proc.SWEEP_BATCHES, proc.SWEEP_INTERVALS,
+                           progress=lambda r: console.print(r))
+        plotted = proc.plot(curve, PLOTS / "processor.png")
+        for r in curve:
+            r["plot"] = "bench/plots/processor.png" if plotted else "matplotlib missing"
+        section("Exactly-once vs at-least-once against batch size and commit interval "
+                "(issue 36)", curve)
 
     def spark() -> None:
         try:

@@ -48,6 +48,8 @@ COMMIT_EVERY = DEFAULT_COMMIT_EVERY
 ALO_GOAL = 0.8
 KAFKA_EOS_GOAL = 1.2
 PARTITIONS = 4
+SWEEP_BATCHES = [50, 200, 500, 2000]
+SWEEP_INTERVALS = [0.1, 0.3, 1.0, 3.0]
 
 
 def _fill(cfg: Config, topic: str, n: int) -> None:
@@ -266,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.processor")
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--records", type=int, default=20_000)
-    ap.add_argument("--batches", default="50,200,500,2000")
-    ap.add_argument("--intervals", default="0.1,0.3,1,3")
+    ap.add_argument("--batches", default=",".join(map(str, SWEEP_BATCHES)))
+    ap.add_argument("--intervals", default=",".join(f"{i:g}" for i in SWEEP_INTERVALS))
     ap.add_argument("--plot", type=Path, default=Path("bench/plots/processor.png"))
     args = ap.parse_args(argv)
     rows = sweep(fresh_config(args.bootstrap), args.records,

@@ -6,10 +6,12 @@ with its first input and commits ``commit_interval_s`` later, or once it holds
 ``commit_every`` inputs, whichever comes first. Inside it, inputs are taken in batches
 of up to ``batch_size``; per batch:
 
-1. the batch is acked in the checkpoint's txn at once (``Consumer.acknowledge_batch``:
-   one pending-ack record per partition, cumulative where that acks exactly the
-   batch), so the record is on its way while the transform runs;
-2. ``fn`` is called on each input, and its outputs go out with one ``send_batch``.
+1. partitions new to the checkpoint are registered with its txn in the background
+   (``Consumer.prepare_acks``), while:
+2. ``fn`` is called on each input, and its outputs go out with one ``send_batch``;
+3. the batch is acked in the txn (``Consumer.acknowledge_batch``: one pending-ack
+   record per partition, cumulative where that acks exactly the batch), written while
+   the next batch is transformed.
 
 The commit then waits for the outputs and the ack records to be durable, reads the
 acks back (the fencing check) and ends the txn. What a checkpoint costs (a txn's begin,
@@ -43,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 from txnstream.client import Client
 from txnstream.errors import ConfigError, TransactionOutcomeUnknownError, TxnStreamError
 from txnstream.message import Message
-from txnstream.types import TxnStatus
+from txnstream.types import TopicPartition, TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.transaction import Transaction
@@ -152,6 +154,7 @@ class ExactlyOnceProcessor:
         taken: list[Message] = []
         outs = batches = 0
         due = 0.0
+        seen: set[TopicPartition] = set()
         receive, ack = self.consumer.receive_batch, self.consumer.acknowledge_batch
         try:
             while len(taken) < self.commit_every:
@@ -170,8 +173,11 @@ class ExactlyOnceProcessor:
                 if txn is None:
                     txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
                     due = time.monotonic() + self.commit_interval_s
-                ack(batch, txn=txn)
+                if new := {m.tp for m in batch} - seen:  # registered while fn runs
+                    seen.update(new)
+                    self.consumer.prepare_acks([m for m in batch if m.tp in new], txn)
                 outs += self._transform(batch, txn)
+                ack(batch, txn=txn)
                 batches += 1
             assert txn is not None
             txn.commit()

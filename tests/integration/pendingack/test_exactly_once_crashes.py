@@ -56,7 +56,13 @@ def test_three_processors_killed_at_random_output_exactly_once(config, worker, c
     written_at_kill: list[int] = []
     t_end = time.monotonic() + 60
     while kills < 6 and time.monotonic() < t_end:
-        time.sleep(rng.uniform(2.0, 5.0))
+        if kills:
+            time.sleep(rng.uniform(2.0, 5.0))
+        else:  # the first kill as soon as outputs are being written: mid-work, however
+            # fast the processors are (a checkpointing one does 20,000 in a few seconds)
+            while records_in(config, dst) == 0 and time.monotonic() < t_end:
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.3))
         name = rng.choice(list(procs))
         if procs[name].poll() is None:
             written_at_kill.append(records_in(config, dst))
