@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--session-timeout-ms", type=int, default=None,
                     help="workers' session timeout in the failover bench (default: "
                          "bench.failover.SESSION_TIMEOUT_MS, 6000)")
-    ap.add_argument("--processor-records", type=int, default=20_000,
+    ap.add_argument("--processor-records", type=int, default=100_000,
                     help="input records per consume-transform-produce loop")
     ap.add_argument("--records", type=int, default=100_000, help="records for buffer benches")
     ap.add_argument("--latency-txns", type=int, default=300,

@@ -12,6 +12,9 @@ inputs, whichever comes first (as Kafka Streams and quix-streams commit):
 * Kafka EOS: confluent-kafka's transactional loop (``read_committed``, one Kafka txn
   per checkpoint, ``send_offsets_to_transaction`` at its end).
 
+All three also commit once their input pauses for ``IDLE_COMMIT_S`` (the processor's
+rule), so the last checkpoint does not wait out the interval.
+
 Each reads its own copy of the same input (plain records, 4 partitions) and is timed the
 same way: from its first input record received (the group join is out of the window) to
 its last commit (at-least-once: its last flush and ack). Goals: exactly-once at least
@@ -39,6 +42,7 @@ from txnstream.processor import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_COMMIT_EVERY,
     DEFAULT_COMMIT_INTERVAL_S,
+    IDLE_COMMIT_S,
     ExactlyOnceProcessor,
 )
 
@@ -121,10 +125,24 @@ def txnstream_alo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
         t0 = None
         pending: dict = {}  # tp -> last input taken since the checkpoint
         taken = 0
-        while done < n:
-            msgs = c.receive_batch(batch, timeout_s=10 if t0 else 60)  # the first: the join
+
+        def checkpoint() -> None:
+            p.flush()
+            for m in pending.values():
+                c.acknowledge_cumulative(m)
+            pending.clear()
+
+        while done < n or taken:
+            # the first waits for the group join; then, as the processor, an open
+            # checkpoint is committed once the input pauses for IDLE_COMMIT_S
+            wait = IDLE_COMMIT_S if taken else (10 if t0 else 60)
+            msgs = c.receive_batch(min(batch, every - taken), timeout_s=wait)
             if not msgs:
-                break
+                if not taken:
+                    break
+                checkpoint()
+                taken = 0
+                continue
             if t0 is None:
                 t0 = time.perf_counter()
             for m in msgs:
@@ -133,11 +151,8 @@ def txnstream_alo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
                 pending[m.tp] = m
             taken += len(msgs)
             done += len(msgs)
-            if due(taken) or done >= n:
-                p.flush()
-                for m in pending.values():
-                    c.acknowledge_cumulative(m)
-                pending.clear()
+            if due(taken):
+                checkpoint()
                 taken = 0
         secs = time.perf_counter() - (t0 or time.perf_counter())
         c.close()
@@ -154,10 +169,20 @@ def kafka_eos(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
     done = taken = 0
     t0 = None
     deadline = time.monotonic() + 180
+
+    def checkpoint() -> None:
+        p.send_offsets_to_transaction(c.position(c.assignment()),
+                                      c.consumer_group_metadata())
+        p.commit_transaction(30)
+
     with _checkpoints(interval_s, every) as due:
-        while done < n and time.monotonic() < deadline:
-            msgs = [m for m in c.consume(batch, 1.0) if not m.error()]
+        while (done < n or taken) and time.monotonic() < deadline:
+            msgs = [m for m in c.consume(min(batch, every - taken),
+                                         IDLE_COMMIT_S if taken else 1.0) if not m.error()]
             if not msgs:
+                if taken:  # the input paused: commit, as the processor does
+                    checkpoint()
+                    taken = 0
                 continue
             if t0 is None:
                 t0 = time.perf_counter()
@@ -167,17 +192,15 @@ def kafka_eos(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
                 p.produce(dst, (m.value() or b"").upper(), m.key())
             taken += len(msgs)
             done += len(msgs)
-            if due(taken) or done >= n:
-                p.send_offsets_to_transaction(c.position(c.assignment()),
-                                              c.consumer_group_metadata())
-                p.commit_transaction(30)
+            if due(taken):
+                checkpoint()
                 taken = 0
     secs = time.perf_counter() - (t0 or time.perf_counter())
     c.close()
     return done / secs if secs else 0.0
 
 
-def run(cfg: Config, records: int = 20_000, progress=None) -> list[dict]:
+def run(cfg: Config, records: int = 100_000, progress=None) -> list[dict]:
     """Three loops over the same volume, same checkpoints; rows for the report."""
     with workers(cfg, 1):
         srcs = [make_topic(cfg, PARTITIONS) for _ in range(3)]
@@ -267,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m bench.processor")
     ap.add_argument("--bootstrap", required=True)
-    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--batches", default=",".join(map(str, SWEEP_BATCHES)))
     ap.add_argument("--intervals", default=",".join(f"{i:g}" for i in SWEEP_INTERVALS))
     ap.add_argument("--plot", type=Path, default=Path("bench/plots/processor.png"))

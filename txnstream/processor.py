@@ -2,8 +2,9 @@
 
 One transaction per **checkpoint**, not per batch (as Kafka Streams commits every
 ``commit.interval.ms`` and quix-streams every ``commit_interval``): a checkpoint opens
-with its first input and commits ``commit_interval_s`` later, or once it holds
-``commit_every`` inputs, whichever comes first. Inside it, inputs are taken in batches
+with its first input and commits ``commit_interval_s`` later, once it holds
+``commit_every`` inputs, or once the input pauses (``IDLE_COMMIT_S``), whichever comes
+first. Inside it, inputs are taken in batches
 of up to ``batch_size``; per batch:
 
 1. partitions new to the checkpoint are registered with its txn in the background
@@ -40,12 +41,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from txnstream.client import Client
 from txnstream.errors import ConfigError, TransactionOutcomeUnknownError, TxnStreamError
 from txnstream.message import Message
-from txnstream.types import TopicPartition, TxnStatus
+from txnstream.types import TxnStatus
 
 if TYPE_CHECKING:
     from txnstream.transaction import Transaction
@@ -57,6 +59,9 @@ log = logging.getLogger(__name__)
 Output = bytes | tuple[bytes | str | None, bytes]
 Function = Callable[[Message], Iterable[Output] | Output | None]
 
+_PARTITION = attrgetter("topic", "partition")
+"""A message's (topic, partition), in C: ``Message.tp`` builds an object per call."""
+
 DEFAULT_BATCH_SIZE = 500
 """Inputs per transform turn: one ``receive_batch``, one ack record per partition and
 one ``send_batch``."""
@@ -65,6 +70,10 @@ DEFAULT_COMMIT_INTERVAL_S = 1.0
 36: throughput against the interval)."""
 DEFAULT_COMMIT_EVERY = 10_000
 """... or once it holds this many inputs."""
+IDLE_COMMIT_S = 0.05
+"""... or once no input came for this long: a pause in the input commits what the
+checkpoint holds at once, rather than at the interval (a fast stream never pauses this
+long; a slow one pays a txn per pause, at its slow rate)."""
 
 
 @dataclass
@@ -154,28 +163,29 @@ class ExactlyOnceProcessor:
         taken: list[Message] = []
         outs = batches = 0
         due = 0.0
-        seen: set[TopicPartition] = set()
+        seen: set[tuple[str, int]] = set()
         receive, ack = self.consumer.receive_batch, self.consumer.acknowledge_batch
         try:
             while len(taken) < self.commit_every:
                 if txn is None:
                     wait = 0.5
                 else:
-                    wait = due - time.monotonic()
+                    wait = min(due - time.monotonic(), IDLE_COMMIT_S)
                     if wait <= 0:
                         break
                 batch = receive(min(self.batch_size, self.commit_every - len(taken)), wait)
                 if not batch:
                     if txn is None:
                         return 0
-                    continue
+                    break  # the input paused: what it holds is committed now
                 taken.extend(batch)  # from here on they are acked or given back
                 if txn is None:
                     txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
                     due = time.monotonic() + self.commit_interval_s
-                if new := {m.tp for m in batch} - seen:  # registered while fn runs
+                if new := set(map(_PARTITION, batch)) - seen:  # registered while fn runs
                     seen.update(new)
-                    self.consumer.prepare_acks([m for m in batch if m.tp in new], txn)
+                    self.consumer.prepare_acks(
+                        [next(m for m in batch if _PARTITION(m) == p) for p in new], txn)
                 outs += self._transform(batch, txn)
                 ack(batch, txn=txn)
                 batches += 1
