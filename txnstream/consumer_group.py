@@ -49,6 +49,7 @@ from txnstream.errors import (
     TxnStreamError,
     classify_kafka_error,
 )
+from txnstream.kafka.fetch import watermarks
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import CursorMetadata
 from txnstream.pendingack.store import PendingAckStore
@@ -262,11 +263,9 @@ class GroupMember:
         with self._lock:
             status = self._follower.status[tp] if scanned else self._follower.follow(tp)
             view = self._follower.views.get(tp)
-        low, high = self.kafka.get_watermark_offsets(KafkaTP(tp.topic, tp.partition),
-                                                     timeout=timeout)
+        low, high = watermarks(self.kafka, KafkaTP(tp.topic, tp.partition), timeout)
         return _TakePlan(tp, found, CursorMetadata.from_metadata(found.metadata), status,
-                         None if view is None else view.log_epoch, int(low), int(high),
-                         self._initial)
+                         None if view is None else view.log_epoch, low, high, self._initial)
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         """A clean revoke: our acks are made durable and the cursor committed first."""

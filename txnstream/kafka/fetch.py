@@ -6,10 +6,14 @@ import time
 from collections.abc import Iterator
 from typing import Protocol, cast
 
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTP
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
-__all__ = ["KafkaRecord", "consume", "delivered_at", "delivered_offset", "drain", "read_to"]
+from txnstream.errors import KafkaErrorKind, classify_kafka_error
+
+__all__ = ["KafkaRecord", "consume", "delivered_at", "delivered_offset", "drain", "read_to",
+           "watermarks"]
 
 
 class KafkaRecord(Protocol):
@@ -103,3 +107,17 @@ def read_to(consumer: Consumer, topic: str, partition: int, end: int, timeout_s:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{topic}[{partition}]: no record between {at.offset} and "
                                f"{end} within {timeout_s:g} s")
+
+
+def watermarks(consumer: Consumer, ktp: KafkaTP, timeout_s: float) -> tuple[int, int]:
+    """``ktp``'s log start and end, retrying what Kafka calls retriable until ``timeout_s``.
+
+    A partition whose leader is moving (a new topic, a broker restart) answers
+    ``NOT_LEADER_FOR_PARTITION`` for a moment: asked again, not reported as a failure.
+    """
+    retrying = Retrying(retry=retry_if_exception(
+        lambda e: isinstance(e, KafkaException)
+        and classify_kafka_error(e) is KafkaErrorKind.RETRIABLE),
+        stop=stop_after_delay(timeout_s), wait=wait_exponential(0.05, max=1.0), reraise=True)
+    low, high = retrying(consumer.get_watermark_offsets, ktp, timeout=timeout_s)
+    return int(low), int(high)
