@@ -1,9 +1,11 @@
 """The processor role: consume-transform-produce exactly once, with its own loop.
 
-Per batch, one txn: one output per input (value names the input's id), written with the
-txn, and the inputs acked with the same txn (``acknowledge`` each, or
-``acknowledge_cumulative`` on the last of each partition, by ``ack_mode``), then
-``flush`` and ``commit``. A batch that fails is aborted (its acked inputs come back
+Per checkpoint, one txn (as ``ExactlyOnceProcessor`` commits: its interval by default,
+``checkpoint_s``, or when the input pauses): for each batch in it, one output per input
+(value names the input's id), written with the txn, and the inputs acked with the same
+txn (``acknowledge`` each, or ``acknowledge_cumulative`` on the last of each partition,
+by ``ack_mode``); then ``flush`` and ``commit``. The ``open`` record lists the first
+batch's inputs. A batch that fails is aborted (its acked inputs come back
 through the abort); with individual acks its inputs not yet acked are negatively
 acknowledged, with cumulative acks the processor rewinds (leaves the group and joins
 again, so delivery restarts at the committed cursor). Every input is processed again:
@@ -30,6 +32,7 @@ from txnstream import Client
 from txnstream.consumer import Consumer
 from txnstream.errors import TxnStreamError
 from txnstream.message import Message
+from txnstream.processor import DEFAULT_COMMIT_INTERVAL_S
 
 log = logging.getLogger("chaos.processor")
 
@@ -45,6 +48,9 @@ class ProcessorRole:
         self.mode: str = sp["ack_mode"]
         self.batch_max: int = sp.get("batch_max", 20)
         self.batch_interval_s: float = sp.get("batch_interval_s", 0.3)
+        self.checkpoint_s: float = sp.get("checkpoint_s", DEFAULT_COMMIT_INTERVAL_S)
+        """A txn takes batches until this long after it opened, or the input pauses (the
+        exactly-once processor's checkpoints); 0: one batch per txn, as before."""
         self.txn_timeout_s: float = sp["txn_timeout_s"]
         self.output: str = sp["output"]
         self.consumer = self._subscribe()
@@ -87,21 +93,31 @@ class ProcessorRole:
             if batch:
                 self._process(batch)
 
-    def _collect(self) -> list[Message]:
+    def _collect(self, seen: list[Message] | None = None,
+                 until: float | None = None) -> list[Message]:
+        """The next batch.
+
+        Inside an open checkpoint (``until``: when it is due): what comes before it is
+        due or the input pauses, none of ``seen`` again.
+        """
         batch: list[Message] = []
         deadline = time.monotonic() + self.batch_interval_s
+        if until is not None:
+            deadline = min(deadline, until)
         while len(batch) < self.batch_max and not self.stop.is_set():
             left = deadline - time.monotonic()
-            if batch and left <= 0:
+            waiting = bool(batch) or until is not None
+            if waiting and left <= 0:
                 break
-            msg = self.consumer.receive(timeout_s=max(left, 0.05) if batch else 0.5)
+            msg = self.consumer.receive(timeout_s=max(left, 0.05) if waiting else 0.5)
             if msg is None:
-                if batch:
+                if waiting:
                     break
                 deadline = time.monotonic() + self.batch_interval_s
                 continue
             key = (msg.topic, msg.partition)
-            if any(m.offset == msg.offset and m.tp == msg.tp for m in batch):
+            if any(m.offset == msg.offset and m.tp == msg.tp
+                   for m in itertools.chain(batch, seen or ())):
                 # Delivered twice before it was acked: process it once (noted).
                 self.truth.write({"e": "dup_in_batch", "at": f"{msg.topic}-{msg.partition}@"
                                   f"{msg.offset}"}, sync=False)
@@ -129,35 +145,18 @@ class ProcessorRole:
         acked: set[int] = set()
         recs: list[list[Any]] = []
         pairs: list[list[str]] = []
+        taken: list[Message] = []
         committing = False
         exc: BaseException | None = None
+        due = time.monotonic() + self.checkpoint_s
         try:
-            for m in batch:
-                v = decode_value(m.value)
-                in_id = v["id"] if v else f"{m.topic}-{m.partition}@{m.offset}"
-                p = m.partition % self.out_partitions
-                s = self.seq[p]
-                self.seq[p] += 1
-                oid = f"{self.writer}-{next(self.ids)}"
-                self.producer.send(encode_value({
-                    "id": oid, "txn": tid, "w": self.writer, "p": p, "s": s, "in": in_id,
-                    "in_pos": f"{m.topic}-{m.partition}@{m.offset}"}), txn=txn, partition=p)
-                recs.append([oid, self.output, p, self.writer, s])
-                pairs.append([oid, in_id])
-            if self.mode == "cumulative":
-                last: dict[object, Message] = {}
-                for m in batch:
-                    cur = last.get(m.tp)
-                    if cur is None or m.offset > cur.offset:
-                        last[m.tp] = m
-                for m in last.values():
-                    self.consumer.acknowledge_cumulative(m, txn=txn)
-                    acked.update(id(x) for x in batch if x.tp == m.tp and x.offset <= m.offset)
-            else:
-                for m in batch:
-                    self.consumer.acknowledge(m, txn=txn)
-                    acked.add(id(m))
-            self.stop.wait(self.rng.uniform(*self.process_s))  # the work of the batch
+            while batch:  # one checkpoint: batches until it is due or the input pauses
+                taken.extend(batch)
+                self._into_txn(batch, txn, tid, acked, recs, pairs)
+                self.stop.wait(self.rng.uniform(*self.process_s))  # the work of the batch
+                if self.stop.is_set() or time.monotonic() >= due:
+                    break
+                batch = self._collect(seen=taken, until=due)
             txn.flush()
             self.truth.write({"e": "sent", "txn": tid, "recs": recs, "pairs": pairs})
             committing = True
@@ -177,9 +176,38 @@ class ProcessorRole:
                           "status": txn.status.value, "t": time.time(),
                           "error": None if exc is None else f"{type(exc).__name__}: {exc}"})
         if outcome == "aborted":
-            self._failed(batch, acked)
+            self._failed(taken or batch, acked)
         if exc is not None and not isinstance(exc, TxnStreamError):
             raise exc  # a Kafka error out of the client: let the process die, reported
+
+    def _into_txn(self, batch: list[Message], txn: Any, tid: str, acked: set[int],
+                  recs: list[list[Any]], pairs: list[list[str]]) -> None:
+        """One output per input of ``batch``, written with ``txn``; the inputs acked in it."""
+        for m in batch:
+            v = decode_value(m.value)
+            in_id = v["id"] if v else f"{m.topic}-{m.partition}@{m.offset}"
+            p = m.partition % self.out_partitions
+            s = self.seq[p]
+            self.seq[p] += 1
+            oid = f"{self.writer}-{next(self.ids)}"
+            self.producer.send(encode_value({
+                "id": oid, "txn": tid, "w": self.writer, "p": p, "s": s, "in": in_id,
+                "in_pos": f"{m.topic}-{m.partition}@{m.offset}"}), txn=txn, partition=p)
+            recs.append([oid, self.output, p, self.writer, s])
+            pairs.append([oid, in_id])
+        if self.mode == "cumulative":
+            last: dict[object, Message] = {}
+            for m in batch:
+                cur = last.get(m.tp)
+                if cur is None or m.offset > cur.offset:
+                    last[m.tp] = m
+            for m in last.values():
+                self.consumer.acknowledge_cumulative(m, txn=txn)
+                acked.update(id(x) for x in batch if x.tp == m.tp and x.offset <= m.offset)
+        else:
+            for m in batch:
+                self.consumer.acknowledge(m, txn=txn)
+                acked.add(id(m))
 
     def _failed(self, batch: list[Message], acked: set[int]) -> None:
         """After an aborted batch: every input of it must come back.
