@@ -231,8 +231,11 @@ class GroupMember:
                             "not applied to it; delivering it from %d", self.member_id, tp,
                             plan.log_epoch, plans[tp].found.offset, handles[tp].log_epoch,
                             plan.start)
-        claimed = self._acks.claim_many([(handles[tp], plan.start, plan.log_epoch)
-                                         for tp, plan in starts.items()])
+        try:
+            claimed = self._acks.claim_many([(handles[tp], plan.start, plan.log_epoch)
+                                             for tp, plan in starts.items()])
+        except (TxnStreamError, KafkaException) as exc:
+            return [], {**failed, **dict.fromkeys(starts, exc)}
         ready = []
         for tp, plan in starts.items():
             owner_at = claimed[tp]
@@ -240,8 +243,12 @@ class GroupMember:
                 failed[tp] = owner_at
                 continue
             handle, found_at = handles[tp], plans[tp].found
-            end_predecessors(self._admin, self.member_id, self._abort_predecessors, tp,
-                             handle)
+            try:
+                end_predecessors(self._admin, self.member_id, self._abort_predecessors, tp,
+                                 handle)
+            except (TxnStreamError, KafkaException) as exc:
+                failed[tp] = exc
+                continue
             reader = PartitionDelivery(tp, self._follower.status.get(tp, plans[tp].status),
                                       deliver_pos=plan.start, committed=plan.committed,
                                       handle=handle, checkpoint=plans[tp].meta.checkpoint)
