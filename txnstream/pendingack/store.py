@@ -29,7 +29,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
@@ -239,8 +239,10 @@ class PendingAckStore:
                                          "acknowledged in time")
         try:
             fold_log(self.config, self.topic, folds, REPLAY_TIMEOUT_S)
-        except TxnStreamError as exc:
-            return {**out, **{f.handle.tp: exc for f in folds}}
+        except (TxnStreamError, KafkaException) as exc:  # a broker down: retaken later
+            err = exc if isinstance(exc, TxnStreamError) else TxnStreamError(
+                f"could not fold the pending-ack log up to the claims: {exc}")
+            return {**out, **{f.handle.tp: err for f in folds}}
         for f in folds:
             h, at = f.handle, written[f.handle.tp]
             if h.generation != generations[h.tp] or h.owner != self.member_id:
