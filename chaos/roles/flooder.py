@@ -88,6 +88,9 @@ GARBAGE_CLOSE_S = 60.0
 """A garbage frame waits behind its principal's own flood in the worker's inbox (and a
 paused worker closes nothing): a connection not closed within this is kept open."""
 REQUEST_S = 5.0
+RELEASE_S = 8.0
+"""The stop's release is retried this long; with a request's 5 s and the threads' 5 s
+it stays within the harness's stop grace (20 s)."""
 RESERVE_MAX = 256
 
 
@@ -141,8 +144,6 @@ class Flood:
         self.own: dict[int, list[int]] = {}
         self.evict_pool: dict[int, deque[int]] = {tc: deque() for tc in range(self.ntc)}
 
-    # ------------------------------------------------------------------ bookkeeping
-
     def _count(self, who: str, op: str, outcome: str) -> None:
         with self._lock:
             self.counts[f"{who} {op} {outcome}"] += 1
@@ -177,14 +178,11 @@ class Flood:
                       timeout_ms=int(lease_s * 1000))
         return [] if r is None else list(r.group_seqs)
 
-    def _release(self, who: str, client: Client, tc: int, seqs: list[int]) -> None:
-        """Abort ``seqs`` (txns of ``client``'s principal) in one group end."""
-        if seqs:
-            self._ask(who, client, "release", TcOp.END_GROUP, tc,
-                      group_key=f"release-{uuid.uuid4().hex}", group_seqs=tuple(seqs),
-                      commit=False)
-
-    # ------------------------------------------------------------------ live workers
+    def _release(self, who: str, client: Client, tc: int, seqs: list[int]) -> bool:
+        """Abort ``seqs`` (txns of ``client``'s principal) in one group end; whether it did."""
+        return not seqs or self._ask(who, client, "release", TcOp.END_GROUP, tc,
+                                     group_key=f"release-{uuid.uuid4().hex}",
+                                     group_seqs=tuple(seqs), commit=False) is not None
 
     def _discover(self) -> None:
         """Tail the endpoint records; prove each address by a handshake, now and then."""
@@ -233,8 +231,6 @@ class Flood:
                     owner[tc] = recs[epoch]
                     break
         self.live, self.owner = sorted(live, key=str), owner
-
-    # ------------------------------------------------------------------ LIST and STATS
 
     def _lister(self, index: int) -> None:
         while not self.stop.is_set():
@@ -303,8 +299,6 @@ class Flood:
         self._ask("lister", self.client, "activate", TcOp.ACTIVATE, tc, txn_seq=seq,
                   timeout_ms=int(OWN_TIMEOUT_S * 1000), open_time_ms=now_ms)
 
-    # ------------------------------------------------------------------ group outcomes
-
     def _sentinel_commit(self) -> None:
         """The honest principal's groups, committed before the flood."""
         for tc in range(self.ntc):
@@ -357,8 +351,6 @@ class Flood:
             self._ask("evictor", self.client, "end_group", TcOp.END_GROUP, tc,
                       group_key=_key(rng, 4_000, 15_000), group_seqs=(seq,), commit=True)
 
-    # ------------------------------------------------------------------ anonymous
-
     def _anonymous(self) -> None:
         while not self.stop.wait(self.rng.expovariate(self.rate)):
             if not self.sentinel_keys:
@@ -390,8 +382,6 @@ class Flood:
             self._intrusion(who, "end_group", f"accepted on TC {tc} from "
                             f"{client.config.tc_principal!r} (key {gkey[:80]!r}): "
                             f"{str(reply)[:300]}")
-
-    # ------------------------------------------------------------------ garbage frames
 
     def _garbage(self) -> None:
         """A frame with a valid tag and no request in it, then a STATS that must go unanswered.
@@ -430,8 +420,6 @@ class Flood:
                                    else f"open {GARBAGE_CLOSE_S:g} s later"))
             conn.close()
 
-    # ------------------------------------------------------------------ forged endpoints
-
     def _forger(self) -> None:
         producer = Producer(self.client.config.producer(**{"linger.ms": 5}))
         try:
@@ -446,8 +434,6 @@ class Flood:
                 self.stop.wait(FORGE_EVERY_S)
         finally:
             producer.flush(10)
-
-    # ------------------------------------------------------------------ the process
 
     def loop(self) -> None:
         """Quiet, then flood until stopped; counts every few seconds."""
@@ -475,9 +461,18 @@ class Flood:
             self._write_stats()
         self.truth.write({"e": "phase", "phase": "flood_end", "t": time.time(),
                           "by": self.args.writer})
-        for tc in range(self.ntc):  # end what it holds: the drain waits for no open txn
-            self._release("lister", self.client, tc, self.own.pop(tc, []))
-            self._release("evictor", self.client, tc, list(self.evict_pool[tc]))
+        # End what it holds (the drain waits for no open txn): every TC at once, retried
+        # while a broker or worker is down (seed 24: one timed-out release left 591 open).
+        deadline = time.monotonic() + RELEASE_S
+
+        def release(tc: int) -> None:
+            for who, seqs in (("lister", self.own.pop(tc, [])),
+                              ("evictor", list(self.evict_pool[tc]))):
+                while not self._release(who, self.client, tc, seqs) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.2)  # stop is set: wait() would not
+        with ThreadPoolExecutor(max(1, self.ntc), thread_name_prefix="release") as pool:
+            list(pool.map(release, range(self.ntc)))
         deadline = time.monotonic() + 5.0  # within the harness's stop grace (20 s)
         for th in threads + early:
             th.join(max(0.0, deadline - time.monotonic()))
