@@ -41,8 +41,8 @@ demo: $(STAMP)
 # TEST_WORKERS pytest-xdist workers sharing one broker, which the run starts, and one
 # Spark session, on the worker that runs the Spark tests (tests/conftest.py orders the
 # run). Most tests wait on timeouts and processes rather than compute, so 4 fit 2 cores.
-# TEST_WORKERS=0 runs the suite in this one process. Tests marked `alone` assert a latency
-# bound: they run after, by themselves.
+# TEST_WORKERS=0 runs the suite in this one process. Tests marked `alone` need the machine
+# to themselves (a latency bound, killed Spark drivers): they run after, by themselves.
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	tools/fetch-prometheus
