@@ -101,8 +101,8 @@ def test_a_send_from_another_process_after_the_commit_is_reported_by_its_flush(c
         p2.send(b"in-time", txn=joined, partition=0)
         joined.flush()                       # still OPEN: its record precedes the markers
         txn.commit()
-        p2.send(b"too-late", txn=joined, partition=0)
-        try:
+        try:  # refused if the handle was already told of the commit: nothing is sent
+            p2.send(b"too-late", txn=joined, partition=0)
             joined.flush()
             told_out = False
         except InvalidTxnStatusError as exc:
