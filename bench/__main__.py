@@ -63,7 +63,7 @@ def _show(title: str, rows: list[dict]) -> None:
 
 GROUPS = {"coordinator": ("txn-rate", "produce", "failover")}
 """``--only coordinator`` runs all of issue 13's coordinator-side measurements."""
-PARTS = ("txn-rate", "produce", "failover", "buffer", "processor", "spark")
+PARTS = ("txn-rate", "produce", "failover", "buffer", "owner-scan", "processor", "spark")
 PLOTS = Path("bench/plots")
 ISSUE22 = "Issue 22 goals"
 """Every goal of issue 22 beside its anchor (bench.issue22); rewritten by every run, its
@@ -179,6 +179,14 @@ def main(argv: list[str]) -> int:
                                progress=lambda r: console.print(r))
         section("Transactional produce and committed-only consume (issue 4)", rows)
 
+    def owner_scan() -> None:
+        from bench import owner_scan as scan
+
+        rows = scan.run(fresh_config(bootstrap), records=2 * args.records,
+                        progress=lambda r: console.print(r))
+        results["owner-scan"] = rows
+        section("The buffer owner's read and fold: native scan vs Python (issue 35)", rows)
+
     def processor() -> None:
         from bench import processor as proc
 
@@ -211,6 +219,7 @@ def main(argv: list[str]) -> int:
         part("produce", "produce: transactional vs plain ...", produce)
         part("failover", "failover: kill -9 of a TC owner ...", failover)
         part("buffer", "buffer: produce / consume / visibility / worker CPU ...", buffer)
+        part("owner-scan", "owner scan: native vs Python read and fold ...", owner_scan)
         part("processor", "processor: exactly-once vs at-least-once vs Kafka EOS ...",
              processor)
         part("spark", "spark: source and sink ...", spark)

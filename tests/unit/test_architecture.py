@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "txnstream.coordinator.request_checks": 2,
     "txnstream.buffer.offset_runs": 2, "txnstream.buffer.transaction_buffer": 2,
     "txnstream.buffer.snapshot": 2, "txnstream.buffer.served": 2, "txnstream.buffer.vouch": 2,
-    "txnstream.buffer.unregistered": 2,
+    "txnstream.buffer.unregistered": 2, "txnstream.buffer.runs": 2,
     "txnstream.pendingack": 2, "txnstream.delivery": 2, "txnstream.fencing": 2,
     # 3. storage on Kafka
     "txnstream.coordinator.txn_log": 3, "txnstream.buffer.snapshot_store": 3,

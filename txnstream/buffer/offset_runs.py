@@ -55,6 +55,14 @@ class OffsetRuns(Sequence[int]):
             ends.append(offset)
         self._count += 1
 
+    def append_range(self, start: int, end: int) -> None:
+        """Add ``start..end``, above every offset held (O(1)): :meth:`append` of each."""
+        if end < start:
+            raise ValueError(f"offset range [{start}, {end}] is empty")
+        self.append(start)
+        self._ends[-1] = end
+        self._count += end - start
+
     def runs(self) -> list[tuple[int, int]]:
         """The ``(start, end)`` runs, in order."""
         return list(zip(self._starts, self._ends, strict=True))

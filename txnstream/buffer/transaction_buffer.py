@@ -55,9 +55,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from txnstream.buffer.offset_runs import OffsetRuns
+from txnstream.buffer.runs import Entry, runs_of
 from txnstream.errors import CorruptRecordError
 from txnstream.markers import (
-    TXN_ID_HEADER,
     TXN_TAG_HEADER,
     MarkerKind,
     MarkerSigner,
@@ -420,38 +420,43 @@ class TransactionBuffer:
     def fold_messages(self, records: Iterable[Record]) -> int:
         """Fold many records in offset order: the state :meth:`fold` reaches one by one.
 
-        The fast path of the owner: a run of records of one ongoing transaction (the
-        same ``txn.id`` and ``txn.tag`` headers as the run's first, which :meth:`fold`
-        judged a member) costs a comparison and a list append each, and values are read
-        for markers only. Records at or below :attr:`last_offset` (a re-delivered
-        prefix) are skipped. Returns how many were folded.
+        Records at or below :attr:`last_offset` (a re-delivered prefix) are skipped.
+        Returns how many were folded.
         """
-        run_headers: Headers = None  # the headers of the run's first record
-        run: OngoingTxn | None = None
-        legacy_until = self.legacy_until
+        return self.fold_entries(runs_of(records, self.tp.topic, self.tp.partition))
+
+    def fold_entries(self, entries: Iterable[Entry]) -> int:
+        """Fold runs of this partition's records (:mod:`txnstream.buffer.runs`), in order.
+
+        The owner's fast path: a run's first record is folded by :meth:`fold`; the rest
+        of a plain run or of one ongoing txn's (whose membership its first record
+        proved: same ``txn.id`` and ``txn.tag``) cost nothing each, and anything else is
+        folded one by one. Offsets at or below :attr:`last_offset` are skipped. Returns
+        how many records were folded.
+        """
         n = 0
-        for m in records:
-            offset = m.offset()
-            if offset <= self.last_offset:
+        for _topic, _partition, first, last, headers, value, ts in entries:
+            if last <= self.last_offset:
                 continue
-            n += 1
-            headers = m.headers()
-            if run is not None and headers is not None and headers == run_headers \
-                    and (len(headers) > 1 or offset < legacy_until
-                         or self.signer is None or self.signer.membership is None):
-                run.offsets.append(offset)  # nothing ended since its previous record
-                self.last_offset = offset
+            first = max(first, self.last_offset + 1)
+            n += last - first + 1
+            verdict = self.fold(first, headers, value, ts if ts > 0 else None)
+            if last == first:
                 continue
-            is_marker = split_headers(headers)[1]  # the value is read for markers only
-            ts = m.timestamp()[1]
-            verdict = self.fold(offset, headers, m.value() if is_marker else None,
-                                ts if ts > 0 else None)
-            run_headers, run = None, None
-            if verdict is Verdict.TXN_PENDING and headers is not None and len(headers) <= 2 \
-                    and headers[0][0] == TXN_ID_HEADER:
-                raw = headers[0][1]
-                if raw is not None:
-                    run_headers, run = headers, self.ongoing[TxnID.from_bytes(raw)]
+            if headers is None:  # a plain run: nothing in it to judge
+                self.last_offset = last
+                self._advance()
+                continue
+            if verdict is Verdict.TXN_PENDING:
+                same = last if len(headers) > 1 or not self.checks_membership \
+                    else min(last, self.legacy_until - 1)  # a lone txn.id: legacy only
+                if same > first:
+                    raw = split_headers(headers)[0]
+                    assert raw is not None
+                    self.ongoing[TxnID.from_bytes(raw)].offsets.append_range(first + 1, same)
+                    self.last_offset = first = same
+            for offset in range(first + 1, last + 1):
+                self.fold(offset, headers, None, None)
         return n
 
     def fold_all(self, records: Iterable[tuple[int, Headers, bytes | None]]) -> None:

@@ -21,26 +21,23 @@ snapshots and deltas valid, and the next claim starts over):
    fold from the log start (:meth:`_serve`, the one place a fold starts);
 4. tail snapshot partition ``s`` from where the scan ended, for new registrations.
 
-Serving a partition, every turn: fold the new records; publish a DELTA (what was hidden
-or aborted since the last one, and the new max read position) at once, so readers see
-a commit within a fetch round trip; every ``snapshot_interval_s`` trim below the log
-start and publish a snapshot that names the state offset of its last delta (readers
-start from it). Every second, a partition whose topic was recreated restarts from the
-new log's start one log epoch up (:meth:`_restart`, :mod:`txnstream.buffer.recreation`).
-Every ``lwm_check_interval_s``: the ongoing-txn check
-(:mod:`txnstream.buffer.ongoing`) asks the coordinator of each txn still ongoing here
-about it and writes the marker its answer calls for, so a txn that ended without a
-marker here, or that no coordinator issued or registered here, stops holding the
-partition back. Its markers are signed with the workers' key, and only signed markers
-count in its folds (:mod:`txnstream.buffer.marker_writer`, :mod:`txnstream.workers_key`).
+Serving a partition, every turn: fold the new records (read as runs, cut in C where it
+can: :mod:`txnstream.buffer.scan`); publish a DELTA (what was hidden or aborted since the
+last one, and the new max read position) at once, so readers see a commit within a
+fetch round trip; every ``snapshot_interval_s`` trim below the log start and publish a
+snapshot that names the state offset of its last delta (readers start from it). Every
+second, a recreated topic's partition restarts from the new log's start one log epoch
+up (:meth:`_restart`, :mod:`txnstream.buffer.recreation`). Every
+``lwm_check_interval_s`` the ongoing-txn check (:mod:`txnstream.buffer.ongoing`) asks
+the coordinator of each txn still ongoing here about it and writes the marker its
+answer calls for, signed with the workers' key (only signed markers count in folds).
 
 The worker thread outlives every Kafka error: each step fails alone, is logged, and
 runs again at its next turn. A delta that is not delivered leaves readers a gap: they
 reload from a snapshot, and the owner publishes one at once.
 
-Bounds: per partition, the fold's state above the log start (see
-:mod:`txnstream.buffer.transaction_buffer`); per snapshot record,
-``MAX_SNAPSHOT_RECORD_BYTES``; per delta, what one turn folded.
+Bounds: per partition, the fold's state above the log start (:mod:`.transaction_buffer`);
+per snapshot record, ``MAX_SNAPSHOT_RECORD_BYTES``; per delta, what one turn folded.
 """
 
 from __future__ import annotations
@@ -70,6 +67,8 @@ from txnstream.buffer.recreation import (
     TopicIds,
     fresh_state,
 )
+from txnstream.buffer.runs import Entry
+from txnstream.buffer.scan import DataScan
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord
 from txnstream.buffer.snapshot_store import (
     ScanStopped,
@@ -81,7 +80,7 @@ from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.fencing import supersedes, write_owner_record
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
-from txnstream.kafka.fetch import KafkaRecord, consume, drain
+from txnstream.kafka.fetch import consume
 from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
     NO_AUTO_CREATE,
@@ -138,6 +137,7 @@ class BufferWorker:
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 5, "client.id": f"tb-data-{self.member}"}))
+        self._scan = DataScan(self._data, f"tb-data-{self.member}")
         self._registry = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))
@@ -254,6 +254,7 @@ class BufferWorker:
             self._step("final snapshots", lambda: self._publish_snapshots(force=True))
             for what, close in (("snapshot store close", lambda: self._store.close()),
                                 ("group close", self._group.close),
+                                ("data scan close", self._scan.close),
                                 ("data close", self._data.close),
                                 ("registry close", self._registry.close),
                                 ("coordinator client close", self._ongoing.close),
@@ -411,6 +412,7 @@ class BufferWorker:
         self.served[tp] = ServedPartition(buf, slot, next_from=buf.last_offset + 1,
                                           snapshot_due=snapshot_due)
         self.slots[slot].served.add(tp)
+        self._scan.attach(tp)
         self._data.incremental_assign([KafkaTP(tp.topic, tp.partition, buf.last_offset + 1)])
 
     def _check_logs(self) -> None:
@@ -476,14 +478,12 @@ class BufferWorker:
         if not self.served:
             self._stop.wait(FOLD_WAIT_S)
             return
-        runs: dict[tuple[str, int], list[KafkaRecord]] = {}
-        for m in drain(self._data, 5000, FOLD_WAIT_S):
-            if message_error(m, "buffer worker", log):
-                continue
-            runs.setdefault((m.topic(), m.partition()), []).append(m)
-        for (topic, partition), msgs in runs.items():
+        runs: dict[tuple[str, int], list[Entry]] = {}
+        for e in self._scan.read(5000, FOLD_WAIT_S):
+            runs.setdefault((e[0], e[1]), []).append(e)
+        for (topic, partition), entries in runs.items():
             s = self.served.get(TopicPartition(topic, partition))
-            if s is not None and (n := s.buf.fold_messages(msgs)):
+            if s is not None and (n := s.buf.fold_entries(entries)):
                 s.dirty = True
                 metrics.BUFFER_RECORDS_FOLDED.inc(n)
                 if s.buf.journal is not None and s.buf.journal.unmarked:

@@ -153,14 +153,14 @@ def _tcs_served(client: Client, n: int) -> bool:
 def test_earliest_reads_through_snapshot_without_refold(config, tc_worker, client,
                                                         monkeypatch):
     folded: dict[TopicPartition, int] = {}
-    fold_messages = TransactionBuffer.fold_messages
+    fold_entries = TransactionBuffer.fold_entries
 
-    def counting(self, records):  # type: ignore[no-untyped-def]
-        n = fold_messages(self, records)
+    def counting(self, entries):  # type: ignore[no-untyped-def]
+        n = fold_entries(self, entries)
         folded[self.tp] = folded.get(self.tp, 0) + n
         return n
 
-    monkeypatch.setattr(TransactionBuffer, "fold_messages", counting)
+    monkeypatch.setattr(TransactionBuffer, "fold_entries", counting)
     topic = make_topic(config, 1, "snap")
     tp = TopicPartition(topic, 0)
     p = client.create_producer(topic)

@@ -1,0 +1,124 @@
+"""The owner's native scan reads a real broker's records as the Python path does.
+
+The same log, written to a real broker (members of txns in long runs, forged claims,
+copied tags, null header values, user headers, genuine and forged markers, a Kafka
+transaction's records whose commit leaves an offset gap, two partitions), is read by two
+consumers: one through ``txnstream._native`` (librdkafka's messages cut into runs in C),
+one through confluent-kafka's messages (the pure-Python path). Folding either gives the
+state folding every record one by one gives. The unit test
+(``tests/unit/buffer/test_native_scan.py``) checks the rules on generated logs; this one
+checks what C reads of librdkafka's messages: offsets, headers, values, timestamps.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka import TopicPartition as KafkaTP
+
+from tests.integration.buffer.conftest import make_topic
+from txnstream.buffer import TransactionBuffer, take_snapshot
+from txnstream.buffer.scan import DataScan, native_scan
+from txnstream.config import Config
+from txnstream.markers import TXN_ID_HEADER, TXN_TAG_HEADER, MarkerKind, MarkerSigner, TxnMarker
+from txnstream.membership import txn_headers
+from txnstream.types import TopicPartition, TxnID
+
+pytestmark = pytest.mark.integration
+
+SIGNER = MarkerSigner.from_secret("native scan test", "cluster-N")
+FORGER = MarkerSigner.from_secret("someone else", "cluster-N")
+KEYS = SIGNER.membership
+assert KEYS is not None
+
+
+def _write_log(config: Config, topic: str) -> dict[int, int]:
+    """The mixed log on partitions 0 and 1; returns each partition's log end."""
+    raw = KafkaProducer({**config.producer(), "linger.ms": 5})
+    a, b, c = TxnID(0, 11), TxnID(1, 12), TxnID(0, 13)
+    for p in (0, 1):
+        def send(headers, value=b"v" * 100, p=p):  # type: ignore[no-untyped-def]
+            raw.produce(topic, value, partition=p, headers=headers)
+
+        member = {t: txn_headers(t, KEYS.txn_key(t), topic, p) for t in (a, b, c)}
+        for i in range(700):  # a long run of one txn, plain records inside it
+            send(member[a] if i % 100 != 50 else None)
+        send([(TXN_ID_HEADER, b.to_bytes())])  # a claim: junk
+        send(txn_headers(b, KEYS.txn_key(b), topic, p + 1))  # a copied tag: junk
+        send([(TXN_ID_HEADER, b.to_bytes()), (TXN_TAG_HEADER, None)])  # a null value
+        for i in range(300):  # two txns interleaved, and user headers
+            send([*member[b], ("user", b"u")] if i % 2 else member[c])
+        m = TxnMarker(a, MarkerKind.COMMIT, 0)
+        send(list(FORGER.headers(m, topic, p, m.encode())), m.encode())  # forged
+        send(list(SIGNER.headers(m, topic, p, m.encode())), m.encode())
+        m = TxnMarker(b, MarkerKind.ABORT, 0)
+        send(list(SIGNER.headers(m, topic, p, m.encode())), m.encode())
+        for i in range(50):  # stragglers of an ended txn, then plain records
+            send(member[a] if i < 20 else [("k", b"")])
+    assert raw.flush(30) == 0
+    kafka_txn = KafkaProducer({**config.producer(),
+                               "transactional.id": f"native-scan-{uuid.uuid4().hex[:6]}"})
+    kafka_txn.init_transactions(30)
+    kafka_txn.begin_transaction()
+    for p in (0, 1):
+        for _ in range(10):
+            kafka_txn.produce(topic, b"k", partition=p)
+    kafka_txn.commit_transaction(30)  # its commit marker: an offset no consumer gets
+    assert raw.flush(30) == 0
+    for p in (0, 1):
+        for _ in range(30):
+            raw.produce(topic, b"after", partition=p, headers=[("txn.idx", b"not ours")])
+    assert raw.flush(30) == 0
+    c0 = Consumer({**config.consumer(f"ends-{uuid.uuid4().hex[:6]}")})
+    try:
+        return {p: c0.get_watermark_offsets(KafkaTP(topic, p), timeout=10)[1] for p in (0, 1)}
+    finally:
+        c0.close()
+
+
+def _fold(config: Config, topic: str, ends: dict[int, int], native: bool
+          ) -> tuple[dict[int, TransactionBuffer], bool]:
+    cid = f"tb-data-test-{uuid.uuid4().hex[:6]}"
+    consumer = Consumer({**config.consumer(f"native-{uuid.uuid4().hex[:6]}"),
+                         "client.id": cid})
+    scan = DataScan(consumer, cid, native=native)
+    bufs = {p: TransactionBuffer(TopicPartition(topic, p), signer=SIGNER) for p in (0, 1)}
+    try:
+        for p in (0, 1):
+            scan.attach(TopicPartition(topic, p))
+        consumer.incremental_assign([KafkaTP(topic, p, 0) for p in (0, 1)])
+        for _ in range(600):
+            for e in scan.read(1000, 0.1):
+                bufs[e[1]].fold_entries([e])
+            if all(bufs[p].last_offset >= ends[p] - 1 for p in (0, 1)):
+                break
+        return bufs, scan.native
+    finally:
+        scan.close()
+        consumer.close()
+
+
+def test_native_and_python_reads_of_a_real_log_fold_the_same(config):
+    if os.environ.get("TXNSTREAM_NATIVE") != "0":
+        assert native_scan() is not None, "txnstream._native did not build or load"
+    topic = make_topic(config, 2, "native")
+    ends = _write_log(config, topic)
+    native, was_native = _fold(config, topic, ends, native=True)
+    python, was_python = _fold(config, topic, ends, native=False)
+    assert was_native == (os.environ.get("TXNSTREAM_NATIVE") != "0") and not was_python
+    for p in (0, 1):
+        n, py = native[p], python[p]
+        assert n.last_offset == py.last_offset == ends[p] - 1, (p, n.last_offset, ends[p])
+        assert take_snapshot(n) == take_snapshot(py)
+        assert n.invisible == py.invisible and n.max_read_position == py.max_read_position
+        assert (n.junk, n.forged) == (py.junk, py.forged) == (3, 1)
+        assert n.ongoing_txns() == py.ongoing_txns()
+        assert n.is_visible(0) and n.is_visible(50)  # txn a, committed; a plain record
+        c_first = min(n.ongoing_txns().values())  # txn c never ends: it holds reads back
+        assert n.max_read_position == c_first - 1
+        seen = [o for o in range(ends[p]) if n.is_visible(o)]
+        assert seen == [o for o in range(ends[p]) if py.is_visible(o)]

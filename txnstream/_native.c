@@ -1,0 +1,585 @@
+/*
+ * txnstream._native: the buffer owner's scan of its data partitions, in C.
+ *
+ * The owner folds every record of the partitions it serves. Read through confluent-kafka,
+ * each record costs a Python Message object (topic, key and value copies, a header list)
+ * before the fold looks at two of its headers. This scan reads the same records from
+ * librdkafka's queue and hands Python one entry per *run*: consecutive offsets of one
+ * partition that are all plain, or all carry byte-equal headers with a txn.id and no
+ * txn.marker (one txn's records). Markers and every other record come one by one, with
+ * their headers (and, for markers, their value), so Python folds them by its own rules.
+ *
+ * An entry is the tuple (topic, partition, first, last, headers, value, timestamp):
+ * headers is None for a plain run, else the list of (name, value) of the run's first
+ * record; value is the record's value for a record with a txn.marker header, else None;
+ * timestamp is the first record's (-1 if none). txnstream/buffer/scan.py builds the same
+ * entries in pure Python (the fallback), and `coalesce()` here runs this file's rules
+ * on records given from Python: tests/unit/buffer/test_native_scan.py checks both agree.
+ *
+ * librdkafka is the one confluent-kafka loaded (load() opens it by path and checks its
+ * version against confluent-kafka's), so the consumer handle is shared: the scan takes
+ * the rd_kafka_t of a confluent_kafka.Consumer (the first field after PyObject_HEAD of
+ * confluent-kafka's Handle, checked by the handle's type and name) and reads its own
+ * queue, to which attach() forwards a partition's fetch queue. Logs, errors and
+ * rebalances stay on the consumer's queue, served by confluent-kafka's own poll.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- the part of librdkafka's public ABI used here (rdkafka.h, stable since 0.11) ---- */
+typedef struct rd_kafka_s rd_kafka_t;
+typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+typedef struct rd_kafka_queue_s rd_kafka_queue_t;
+typedef struct rd_kafka_headers_s rd_kafka_headers_t;
+typedef int rd_kafka_resp_err_t;
+typedef struct {
+    rd_kafka_resp_err_t err;
+    rd_kafka_topic_t *rkt;
+    int32_t partition;
+    void *payload;
+    size_t len;
+    void *key;
+    size_t key_len;
+    int64_t offset;
+    void *_private;
+} rd_kafka_message_t;
+#define RD_KAFKA_CONSUMER 1
+
+static struct {
+    int (*version)(void);
+    int (*type)(const rd_kafka_t *);
+    const char *(*name)(const rd_kafka_t *);
+    rd_kafka_queue_t *(*queue_new)(rd_kafka_t *);
+    void (*queue_destroy)(rd_kafka_queue_t *);
+    rd_kafka_queue_t *(*queue_get_partition)(rd_kafka_t *, const char *, int32_t);
+    void (*queue_forward)(rd_kafka_queue_t *, rd_kafka_queue_t *);
+    Py_ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
+    void (*message_destroy)(rd_kafka_message_t *);
+    const char *(*topic_name)(const rd_kafka_topic_t *);
+    int64_t (*message_timestamp)(const rd_kafka_message_t *, int *);
+    rd_kafka_resp_err_t (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
+    rd_kafka_resp_err_t (*header_get_all)(const rd_kafka_headers_t *, size_t, const char **,
+                                          const void **, size_t *);
+    const char *(*err2str)(rd_kafka_resp_err_t);
+} rk;
+static void *rk_lib = NULL;
+static PyTypeObject *consumer_type = NULL; /* confluent_kafka.Consumer */
+
+/* ---- a record as the rules see it ---- */
+typedef struct {
+    const char *name;
+    Py_ssize_t name_len;
+    const void *value; /* NULL: a null header value */
+    size_t size;
+} hdr_t;
+
+typedef struct {
+    hdr_t *h;
+    size_t n, cap;
+} hdrs_t;
+
+static int hdrs_push(hdrs_t *hs, const char *name, Py_ssize_t name_len, const void *value,
+                     size_t size) {
+    if (hs->n == hs->cap) {
+        size_t cap = hs->cap ? hs->cap * 2 : 8;
+        hdr_t *h = PyMem_Realloc(hs->h, cap * sizeof(hdr_t));
+        if (h == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        hs->h = h;
+        hs->cap = cap;
+    }
+    hs->h[hs->n++] = (hdr_t){name, name_len, value, size};
+    return 0;
+}
+
+static int hdrs_equal(const hdrs_t *a, const hdrs_t *b) {
+    if (a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const hdr_t *x = &a->h[i], *y = &b->h[i];
+        if (x->name_len != y->name_len || memcmp(x->name, y->name, x->name_len) != 0)
+            return 0;
+        if ((x->value == NULL) != (y->value == NULL) || x->size != y->size)
+            return 0;
+        if (x->value != NULL && x->size && memcmp(x->value, y->value, x->size) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+enum kind { PLAIN, TXN, SINGLE };
+
+static int is_name(const hdr_t *h, const char *name) {
+    size_t n = strlen(name);
+    return (size_t)h->name_len == n && memcmp(h->name, name, n) == 0;
+}
+
+/* Plain: no txn.id and no txn.marker header. A txn record: a txn.id and no txn.marker.
+ * Anything with a txn.marker comes alone (with its value). */
+static enum kind classify(const hdrs_t *hs, int *marker) {
+    int id = 0;
+    *marker = 0;
+    for (size_t i = 0; i < hs->n; i++) {
+        if (is_name(&hs->h[i], "txn.id"))
+            id = 1;
+        else if (is_name(&hs->h[i], "txn.marker"))
+            *marker = 1;
+    }
+    if (*marker)
+        return SINGLE;
+    return id ? TXN : PLAIN;
+}
+
+/* ---- runs ---- */
+typedef struct {
+    PyObject *out; /* the entries */
+    int open;
+    enum kind kind;
+    PyObject *topic; /* borrowed: alive for the whole call */
+    int32_t partition;
+    int64_t first, last, ts;
+    hdrs_t hdrs; /* the run's first record's headers (pointing into its record) */
+    PyObject *value;  /* new reference or NULL */
+} runs_t;
+
+static PyObject *headers_list(const hdrs_t *hs) {
+    PyObject *list = PyList_New((Py_ssize_t)hs->n);
+    if (list == NULL)
+        return NULL;
+    for (size_t i = 0; i < hs->n; i++) {
+        const hdr_t *h = &hs->h[i];
+        PyObject *v;
+        if (h->value == NULL) {
+            v = Py_NewRef(Py_None);
+        } else {
+            v = PyBytes_FromStringAndSize(h->value, (Py_ssize_t)h->size);
+        }
+        PyObject *item = v ? Py_BuildValue("(s#N)", h->name, h->name_len, v) : NULL;
+        if (item == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+}
+
+static int runs_flush(runs_t *r) {
+    if (!r->open)
+        return 0;
+    r->open = 0;
+    PyObject *headers = r->kind == PLAIN ? Py_NewRef(Py_None) : headers_list(&r->hdrs);
+    PyObject *value = r->value ? r->value : Py_NewRef(Py_None);
+    r->value = NULL;
+    if (headers == NULL) {
+        Py_DECREF(value);
+        return -1;
+    }
+    PyObject *entry = Py_BuildValue("(OiLLNNL)", r->topic, (int)r->partition,
+                                    (long long)r->first, (long long)r->last, headers, value,
+                                    (long long)r->ts);
+    if (entry == NULL)
+        return -1;
+    int rc = PyList_Append(r->out, entry);
+    Py_DECREF(entry);
+    return rc;
+}
+
+static int same_topic(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (eq < 0)
+        PyErr_Clear();
+    return eq == 1;
+}
+
+/* Add one record. `hs` is swapped into the run when the record starts one, so the caller
+ * passes the spare buffer next time: headers point into records alive for the call. */
+static int runs_add(runs_t *r, PyObject *topic, int32_t partition, int64_t offset, int64_t ts,
+                    hdrs_t *hs, const void *payload, size_t len) {
+    int marker;
+    enum kind kind = classify(hs, &marker);
+    if (r->open && kind != SINGLE && kind == r->kind && partition == r->partition &&
+        offset == r->last + 1 && same_topic(topic, r->topic) &&
+        (kind == PLAIN || hdrs_equal(hs, &r->hdrs))) {
+        r->last = offset;
+        return 0;
+    }
+    if (runs_flush(r) < 0)
+        return -1;
+    r->open = 1;
+    r->kind = kind;
+    r->topic = topic;
+    r->partition = partition;
+    r->first = r->last = offset;
+    r->ts = ts;
+    hdrs_t spare = r->hdrs;
+    r->hdrs = *hs;
+    *hs = spare;
+    hs->n = 0;
+    if (marker && payload != NULL) {
+        r->value = PyBytes_FromStringAndSize(payload, (Py_ssize_t)len);
+        if (r->value == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+static void runs_free(runs_t *r, hdrs_t *spare) {
+    Py_CLEAR(r->value);
+    PyMem_Free(r->hdrs.h);
+    PyMem_Free(spare->h);
+}
+
+/* ---- coalesce(records): the rules on records given from Python ---- */
+static PyObject *coalesce(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "coalesce() takes a sequence of records");
+    if (seq == NULL)
+        return NULL;
+    runs_t r = {0};
+    hdrs_t hs = {0};
+    r.out = PyList_New(0);
+    if (r.out == NULL)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *topic, *headers, *value;
+        int partition;
+        long long offset, ts;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "UiLOOL;a record is "
+                              "(topic, partition, offset, headers, value, timestamp)",
+                              &topic, &partition, &offset, &headers, &value, &ts))
+            goto fail;
+        hs.n = 0;
+        if (headers != Py_None) {
+            if (!PyList_Check(headers)) {
+                PyErr_SetString(PyExc_TypeError, "a record's headers are a list or None");
+                goto fail;
+            }
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(headers); j++) {
+                PyObject *name, *hv;
+                if (!PyArg_ParseTuple(PyList_GET_ITEM(headers, j), "UO;a header is (name, "
+                                      "value)", &name, &hv))
+                    goto fail;
+                Py_ssize_t nlen;
+                const char *cname = PyUnicode_AsUTF8AndSize(name, &nlen);
+                if (cname == NULL)
+                    goto fail;
+                const void *v = NULL;
+                size_t size = 0;
+                if (hv != Py_None) {
+                    if (!PyBytes_Check(hv)) {
+                        PyErr_SetString(PyExc_TypeError, "a header's value is bytes or None");
+                        goto fail;
+                    }
+                    v = PyBytes_AS_STRING(hv);
+                    size = (size_t)PyBytes_GET_SIZE(hv);
+                }
+                if (hdrs_push(&hs, cname, nlen, v, size) < 0)
+                    goto fail;
+            }
+        }
+        const void *payload = NULL;
+        size_t len = 0;
+        if (value != Py_None) {
+            if (!PyBytes_Check(value)) {
+                PyErr_SetString(PyExc_TypeError, "a record's value is bytes or None");
+                goto fail;
+            }
+            payload = PyBytes_AS_STRING(value);
+            len = (size_t)PyBytes_GET_SIZE(value);
+        }
+        if (runs_add(&r, topic, partition, offset, ts, &hs, payload, len) < 0)
+            goto fail;
+    }
+    if (runs_flush(&r) < 0)
+        goto fail;
+    runs_free(&r, &hs);
+    Py_DECREF(seq);
+    return r.out;
+fail:
+    runs_free(&r, &hs);
+    Py_XDECREF(r.out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* ---- load(path, consumer_type): librdkafka's symbols ---- */
+static PyObject *load(PyObject *self, PyObject *args) {
+    const char *path;
+    PyObject *ctype;
+    if (!PyArg_ParseTuple(args, "sO!", &path, &PyType_Type, &ctype))
+        return NULL;
+    if (rk_lib != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka is loaded already");
+        return NULL;
+    }
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        PyErr_Format(PyExc_ImportError, "cannot open librdkafka at %s: %s", path, dlerror());
+        return NULL;
+    }
+#define SYM(field, symbol)                                                                 \
+    do {                                                                                   \
+        *(void **)(&rk.field) = dlsym(lib, symbol);                                        \
+        if (rk.field == NULL) {                                                            \
+            PyErr_Format(PyExc_ImportError, "librdkafka at %s has no %s", path, symbol);  \
+            dlclose(lib);                                                                  \
+            memset(&rk, 0, sizeof rk);                                                     \
+            return NULL;                                                                   \
+        }                                                                                  \
+    } while (0)
+    SYM(version, "rd_kafka_version");
+    SYM(type, "rd_kafka_type");
+    SYM(name, "rd_kafka_name");
+    SYM(queue_new, "rd_kafka_queue_new");
+    SYM(queue_destroy, "rd_kafka_queue_destroy");
+    SYM(queue_get_partition, "rd_kafka_queue_get_partition");
+    SYM(queue_forward, "rd_kafka_queue_forward");
+    SYM(consume_batch_queue, "rd_kafka_consume_batch_queue");
+    SYM(message_destroy, "rd_kafka_message_destroy");
+    SYM(topic_name, "rd_kafka_topic_name");
+    SYM(message_timestamp, "rd_kafka_message_timestamp");
+    SYM(message_headers, "rd_kafka_message_headers");
+    SYM(header_get_all, "rd_kafka_header_get_all");
+    SYM(err2str, "rd_kafka_err2str");
+#undef SYM
+    rk_lib = lib;
+    consumer_type = (PyTypeObject *)Py_NewRef(ctype);
+    return PyLong_FromLong(rk.version());
+}
+
+/* ---- Scan ---- */
+typedef struct {
+    PyObject_HEAD
+    void *rk;
+} HandleHead; /* confluent-kafka's Handle begins so */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *consumer;
+    rd_kafka_queue_t *q;
+} Scan;
+
+static rd_kafka_t *scan_rk(Scan *s) {
+    rd_kafka_t *h = s->consumer ? ((HandleHead *)s->consumer)->rk : NULL;
+    if (h == NULL || s->q == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the scan or its consumer is closed");
+        return NULL;
+    }
+    return h;
+}
+
+static int Scan_init(Scan *s, PyObject *args, PyObject *kw) {
+    PyObject *consumer;
+    const char *prefix;
+    if (!PyArg_ParseTuple(args, "Os", &consumer, &prefix))
+        return -1;
+    if (rk_lib == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "load() librdkafka first");
+        return -1;
+    }
+    if (!PyObject_TypeCheck(consumer, consumer_type)) {
+        PyErr_Format(PyExc_TypeError, "a scan reads a %s, not a %s", consumer_type->tp_name,
+                     Py_TYPE(consumer)->tp_name);
+        return -1;
+    }
+    rd_kafka_t *h = ((HandleHead *)consumer)->rk;
+    if (h == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the consumer is closed");
+        return -1;
+    }
+    const char *name = rk.name(h);
+    if (rk.type(h) != RD_KAFKA_CONSUMER || name == NULL ||
+        strncmp(name, prefix, strlen(prefix)) != 0) {
+        PyErr_Format(PyExc_TypeError, "not the handle of consumer %s: its layout is not the "
+                     "one this scan knows", prefix);
+        return -1;
+    }
+    s->q = rk.queue_new(h);
+    if (s->q == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka made no queue");
+        return -1;
+    }
+    Py_XSETREF(s->consumer, Py_NewRef(consumer));
+    return 0;
+}
+
+static PyObject *Scan_attach(Scan *s, PyObject *args) {
+    const char *topic;
+    int partition;
+    if (!PyArg_ParseTuple(args, "si", &topic, &partition))
+        return NULL;
+    rd_kafka_t *h = scan_rk(s);
+    if (h == NULL)
+        return NULL;
+    rd_kafka_queue_t *pq = rk.queue_get_partition(h, topic, partition);
+    if (pq == NULL) {
+        PyErr_Format(PyExc_ValueError, "librdkafka has no queue for %s-%d", topic, partition);
+        return NULL;
+    }
+    rk.queue_forward(pq, s->q);
+    rk.queue_destroy(pq);
+    Py_RETURN_NONE;
+}
+
+static PyObject *topic_of(rd_kafka_message_t *m, PyObject *cache) {
+    PyObject *key = PyLong_FromVoidPtr(m->rkt);
+    if (key == NULL)
+        return NULL;
+    PyObject *topic = PyDict_GetItemWithError(cache, key); /* borrowed */
+    if (topic == NULL && !PyErr_Occurred()) {
+        topic = PyUnicode_FromString(rk.topic_name(m->rkt));
+        if (topic != NULL) {
+            int rc = PyDict_SetItem(cache, key, topic);
+            Py_DECREF(topic); /* the cache holds it */
+            if (rc < 0)
+                topic = NULL;
+        }
+    }
+    Py_DECREF(key);
+    return topic;
+}
+
+static PyObject *Scan_scan(Scan *s, PyObject *args) {
+    Py_ssize_t max;
+    int timeout_ms;
+    if (!PyArg_ParseTuple(args, "ni", &max, &timeout_ms))
+        return NULL;
+    if (max < 1) {
+        PyErr_SetString(PyExc_ValueError, "max must be at least 1");
+        return NULL;
+    }
+    if (scan_rk(s) == NULL)
+        return NULL;
+    rd_kafka_message_t **msgs = PyMem_Malloc((size_t)max * sizeof *msgs);
+    if (msgs == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n;
+    rd_kafka_queue_t *q = s->q;
+    Py_BEGIN_ALLOW_THREADS
+    n = rk.consume_batch_queue(q, timeout_ms, msgs, (size_t)max);
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+        PyMem_Free(msgs);
+        PyErr_SetString(PyExc_RuntimeError, "rd_kafka_consume_batch_queue failed");
+        return NULL;
+    }
+    PyObject *result = NULL, *errors = PyList_New(0), *topics = PyDict_New();
+    runs_t r = {0};
+    hdrs_t hs = {0};
+    r.out = PyList_New(0);
+    if (errors == NULL || topics == NULL || r.out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        rd_kafka_message_t *m = msgs[i];
+        PyObject *topic = m->rkt ? topic_of(m, topics) : Py_None;
+        if (topic == NULL)
+            goto done;
+        if (m->err) {
+            const char *why = m->payload ? (const char *)m->payload : rk.err2str(m->err);
+            Py_ssize_t wlen = m->payload ? (Py_ssize_t)m->len : (Py_ssize_t)strlen(why);
+            PyObject *e = Py_BuildValue("(Ois#)", topic, (int)m->partition, (int)m->err, why,
+                                        wlen);
+            if (e == NULL || PyList_Append(errors, e) < 0) {
+                Py_XDECREF(e);
+                goto done;
+            }
+            Py_DECREF(e);
+            continue;
+        }
+        hs.n = 0;
+        rd_kafka_headers_t *rh = NULL;
+        if (rk.message_headers(m, &rh) == 0 && rh != NULL) {
+            const char *name;
+            const void *v;
+            size_t size;
+            for (size_t j = 0; rk.header_get_all(rh, j, &name, &v, &size) == 0; j++)
+                if (hdrs_push(&hs, name, (Py_ssize_t)strlen(name), v, size) < 0)
+                    goto done;
+        }
+        int tstype;
+        int64_t ts = rk.message_timestamp(m, &tstype);
+        if (runs_add(&r, topic, m->partition, m->offset, ts, &hs, m->payload, m->len) < 0)
+            goto done;
+    }
+    if (runs_flush(&r) < 0)
+        goto done;
+    result = PyTuple_Pack(2, r.out, errors);
+done:
+    runs_free(&r, &hs);
+    Py_XDECREF(r.out);
+    Py_XDECREF(errors);
+    Py_XDECREF(topics); /* entries hold their topics */
+    for (Py_ssize_t i = 0; i < n; i++)
+        rk.message_destroy(msgs[i]);
+    PyMem_Free(msgs);
+    return result;
+}
+
+static PyObject *Scan_close(Scan *s, PyObject *ignored) {
+    if (s->q != NULL) {
+        /* After the consumer's close its handle is gone, and the queue with it. */
+        if (s->consumer != NULL && ((HandleHead *)s->consumer)->rk != NULL)
+            rk.queue_destroy(s->q);
+        s->q = NULL;
+    }
+    Py_CLEAR(s->consumer);
+    Py_RETURN_NONE;
+}
+
+static void Scan_dealloc(Scan *s) {
+    Py_XDECREF(Scan_close(s, NULL));
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyMethodDef Scan_methods[] = {
+    {"attach", (PyCFunction)Scan_attach, METH_VARARGS,
+     "attach(topic, partition): forward the partition's fetch queue to this scan's"},
+    {"scan", (PyCFunction)Scan_scan, METH_VARARGS,
+     "scan(max, timeout_ms) -> (entries, errors): up to max records, as entries"},
+    {"close", (PyCFunction)Scan_close, METH_NOARGS,
+     "close(): destroy the queue (before the consumer's close)"},
+    {NULL}};
+
+static PyTypeObject ScanType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "txnstream._native.Scan",
+    .tp_basicsize = sizeof(Scan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The records of a confluent_kafka.Consumer's attached partitions, as entries.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Scan_init,
+    .tp_dealloc = (destructor)Scan_dealloc,
+    .tp_methods = Scan_methods,
+};
+
+static PyMethodDef methods[] = {
+    {"load", load, METH_VARARGS,
+     "load(path, consumer_type) -> version: open librdkafka at path, for consumers of the type"},
+    {"coalesce", coalesce, METH_O,
+     "coalesce(records) -> entries: the scan's rules on (topic, partition, offset, headers, "
+     "value, timestamp) records"},
+    {NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "txnstream._native",
+                                    "The buffer owner's scan, in C (txnstream.buffer.scan).",
+                                    -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&ScanType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Scan", (PyObject *)&ScanType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
