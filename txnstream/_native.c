@@ -34,6 +34,7 @@ typedef struct rd_kafka_s rd_kafka_t;
 typedef struct rd_kafka_topic_s rd_kafka_topic_t;
 typedef struct rd_kafka_queue_s rd_kafka_queue_t;
 typedef struct rd_kafka_headers_s rd_kafka_headers_t;
+typedef struct rd_kafka_op_s rd_kafka_event_t;
 typedef int rd_kafka_resp_err_t;
 typedef struct {
     rd_kafka_resp_err_t err;
@@ -47,6 +48,8 @@ typedef struct {
     void *_private;
 } rd_kafka_message_t;
 #define RD_KAFKA_CONSUMER 1
+#define RD_KAFKA_EVENT_FETCH 0x2
+#define RD_KAFKA_EVENT_ERROR 0x8
 
 static struct {
     int (*version)(void);
@@ -55,9 +58,14 @@ static struct {
     rd_kafka_queue_t *(*queue_new)(rd_kafka_t *);
     void (*queue_destroy)(rd_kafka_queue_t *);
     rd_kafka_queue_t *(*queue_get_partition)(rd_kafka_t *, const char *, int32_t);
+    rd_kafka_queue_t *(*queue_get_consumer)(rd_kafka_t *);
     void (*queue_forward)(rd_kafka_queue_t *, rd_kafka_queue_t *);
-    Py_ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
-    void (*message_destroy)(rd_kafka_message_t *);
+    rd_kafka_event_t *(*queue_poll)(rd_kafka_queue_t *, int);
+    int (*event_type)(const rd_kafka_event_t *);
+    const rd_kafka_message_t *(*event_message_next)(rd_kafka_event_t *);
+    rd_kafka_resp_err_t (*event_error)(rd_kafka_event_t *);
+    const char *(*event_error_string)(rd_kafka_event_t *);
+    void (*event_destroy)(rd_kafka_event_t *);
     const char *(*topic_name)(const rd_kafka_topic_t *);
     int64_t (*message_timestamp)(const rd_kafka_message_t *, int *);
     rd_kafka_resp_err_t (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
@@ -342,8 +350,13 @@ static PyObject *load(PyObject *self, PyObject *args) {
     SYM(queue_destroy, "rd_kafka_queue_destroy");
     SYM(queue_get_partition, "rd_kafka_queue_get_partition");
     SYM(queue_forward, "rd_kafka_queue_forward");
-    SYM(consume_batch_queue, "rd_kafka_consume_batch_queue");
-    SYM(message_destroy, "rd_kafka_message_destroy");
+    SYM(queue_get_consumer, "rd_kafka_queue_get_consumer");
+    SYM(queue_poll, "rd_kafka_queue_poll");
+    SYM(event_type, "rd_kafka_event_type");
+    SYM(event_message_next, "rd_kafka_event_message_next");
+    SYM(event_error, "rd_kafka_event_error");
+    SYM(event_error_string, "rd_kafka_event_error_string");
+    SYM(event_destroy, "rd_kafka_event_destroy");
     SYM(topic_name, "rd_kafka_topic_name");
     SYM(message_timestamp, "rd_kafka_message_timestamp");
     SYM(message_headers, "rd_kafka_message_headers");
@@ -429,7 +442,28 @@ static PyObject *Scan_attach(Scan *s, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *topic_of(rd_kafka_message_t *m, PyObject *cache) {
+/* detach(topic, partition): the partition's records go to the consumer's own queue again
+ * (where confluent-kafka's poll reads them), as before attach(). */
+static PyObject *Scan_detach(Scan *s, PyObject *args) {
+    const char *topic;
+    int partition;
+    if (!PyArg_ParseTuple(args, "si", &topic, &partition))
+        return NULL;
+    rd_kafka_t *h = scan_rk(s);
+    if (h == NULL)
+        return NULL;
+    rd_kafka_queue_t *pq = rk.queue_get_partition(h, topic, partition);
+    rd_kafka_queue_t *cq = rk.queue_get_consumer(h);
+    if (pq != NULL && cq != NULL)
+        rk.queue_forward(pq, cq);
+    if (pq != NULL)
+        rk.queue_destroy(pq);
+    if (cq != NULL)
+        rk.queue_destroy(cq);
+    Py_RETURN_NONE;
+}
+
+static PyObject *topic_of(const rd_kafka_message_t *m, PyObject *cache) {
     PyObject *key = PyLong_FromVoidPtr(m->rkt);
     if (key == NULL)
         return NULL;
@@ -447,6 +481,23 @@ static PyObject *topic_of(rd_kafka_message_t *m, PyObject *cache) {
     return topic;
 }
 
+static int add_error(PyObject *errors, PyObject *topic, int32_t partition, int code,
+                     const char *why, Py_ssize_t wlen) {
+    PyObject *text = PyUnicode_DecodeUTF8(why, wlen, "replace");
+    if (text == NULL)
+        return -1;
+    PyObject *e = Py_BuildValue("(OiiN)", topic, (int)partition, code, text);
+    if (e == NULL)
+        return -1;
+    int rc = PyList_Append(errors, e);
+    Py_DECREF(e);
+    return rc;
+}
+
+/* Events, not rd_kafka_consume_batch_queue(): serving a queue that way runs the
+ * callbacks confluent-kafka set on the handle (its log and error callbacks expect the
+ * GIL state of its own calls, and abort the process without it). rd_kafka_queue_poll()
+ * returns every op that has an event type as an event and runs no callback. */
 static PyObject *Scan_scan(Scan *s, PyObject *args) {
     Py_ssize_t max;
     int timeout_ms;
@@ -458,19 +509,20 @@ static PyObject *Scan_scan(Scan *s, PyObject *args) {
     }
     if (scan_rk(s) == NULL)
         return NULL;
-    rd_kafka_message_t **msgs = PyMem_Malloc((size_t)max * sizeof *msgs);
-    if (msgs == NULL)
+    rd_kafka_event_t **evs = PyMem_Malloc((size_t)max * sizeof *evs);
+    if (evs == NULL)
         return PyErr_NoMemory();
-    Py_ssize_t n;
+    Py_ssize_t n = 0;
     rd_kafka_queue_t *q = s->q;
     Py_BEGIN_ALLOW_THREADS
-    n = rk.consume_batch_queue(q, timeout_ms, msgs, (size_t)max);
-    Py_END_ALLOW_THREADS
-    if (n < 0) {
-        PyMem_Free(msgs);
-        PyErr_SetString(PyExc_RuntimeError, "rd_kafka_consume_batch_queue failed");
-        return NULL;
+    rd_kafka_event_t *ev = rk.queue_poll(q, timeout_ms);
+    while (ev != NULL) {
+        evs[n++] = ev;
+        if (n == max)
+            break;
+        ev = rk.queue_poll(q, 0);
     }
+    Py_END_ALLOW_THREADS
     PyObject *result = NULL, *errors = PyList_New(0), *topics = PyDict_New();
     runs_t r = {0};
     hdrs_t hs = {0};
@@ -478,36 +530,43 @@ static PyObject *Scan_scan(Scan *s, PyObject *args) {
     if (errors == NULL || topics == NULL || r.out == NULL)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
-        rd_kafka_message_t *m = msgs[i];
-        PyObject *topic = m->rkt ? topic_of(m, topics) : Py_None;
-        if (topic == NULL)
-            goto done;
-        if (m->err) {
-            const char *why = m->payload ? (const char *)m->payload : rk.err2str(m->err);
-            Py_ssize_t wlen = m->payload ? (Py_ssize_t)m->len : (Py_ssize_t)strlen(why);
-            PyObject *e = Py_BuildValue("(Ois#)", topic, (int)m->partition, (int)m->err, why,
-                                        wlen);
-            if (e == NULL || PyList_Append(errors, e) < 0) {
-                Py_XDECREF(e);
+        int type = rk.event_type(evs[i]);
+        if (type == RD_KAFKA_EVENT_ERROR) {
+            const char *why = rk.event_error_string(evs[i]);
+            if (add_error(errors, Py_None, -1, rk.event_error(evs[i]), why ? why : "",
+                          why ? (Py_ssize_t)strlen(why) : 0) < 0)
                 goto done;
-            }
-            Py_DECREF(e);
             continue;
         }
-        hs.n = 0;
-        rd_kafka_headers_t *rh = NULL;
-        if (rk.message_headers(m, &rh) == 0 && rh != NULL) {
-            const char *name;
-            const void *v;
-            size_t size;
-            for (size_t j = 0; rk.header_get_all(rh, j, &name, &v, &size) == 0; j++)
-                if (hdrs_push(&hs, name, (Py_ssize_t)strlen(name), v, size) < 0)
+        if (type != RD_KAFKA_EVENT_FETCH)
+            continue;
+        const rd_kafka_message_t *m;
+        while ((m = rk.event_message_next(evs[i])) != NULL) {
+            PyObject *topic = m->rkt ? topic_of(m, topics) : Py_None;
+            if (topic == NULL)
+                goto done;
+            if (m->err) {
+                const char *why = m->payload ? (const char *)m->payload : rk.err2str(m->err);
+                if (add_error(errors, topic, m->partition, m->err, why,
+                              m->payload ? (Py_ssize_t)m->len : (Py_ssize_t)strlen(why)) < 0)
                     goto done;
+                continue;
+            }
+            hs.n = 0;
+            rd_kafka_headers_t *rh = NULL;
+            if (rk.message_headers(m, &rh) == 0 && rh != NULL) {
+                const char *name;
+                const void *v;
+                size_t size;
+                for (size_t j = 0; rk.header_get_all(rh, j, &name, &v, &size) == 0; j++)
+                    if (hdrs_push(&hs, name, (Py_ssize_t)strlen(name), v, size) < 0)
+                        goto done;
+            }
+            int tstype;
+            int64_t ts = rk.message_timestamp(m, &tstype);
+            if (runs_add(&r, topic, m->partition, m->offset, ts, &hs, m->payload, m->len) < 0)
+                goto done;
         }
-        int tstype;
-        int64_t ts = rk.message_timestamp(m, &tstype);
-        if (runs_add(&r, topic, m->partition, m->offset, ts, &hs, m->payload, m->len) < 0)
-            goto done;
     }
     if (runs_flush(&r) < 0)
         goto done;
@@ -518,8 +577,8 @@ done:
     Py_XDECREF(errors);
     Py_XDECREF(topics); /* entries hold their topics */
     for (Py_ssize_t i = 0; i < n; i++)
-        rk.message_destroy(msgs[i]);
-    PyMem_Free(msgs);
+        rk.event_destroy(evs[i]); /* and their messages: after the last header is read */
+    PyMem_Free(evs);
     return result;
 }
 
@@ -542,6 +601,8 @@ static void Scan_dealloc(Scan *s) {
 static PyMethodDef Scan_methods[] = {
     {"attach", (PyCFunction)Scan_attach, METH_VARARGS,
      "attach(topic, partition): forward the partition's fetch queue to this scan's"},
+    {"detach", (PyCFunction)Scan_detach, METH_VARARGS,
+     "detach(topic, partition): forward the partition's fetch queue to the consumer's again"},
     {"scan", (PyCFunction)Scan_scan, METH_VARARGS,
      "scan(max, timeout_ms) -> (entries, errors): up to max records, as entries"},
     {"close", (PyCFunction)Scan_close, METH_NOARGS,

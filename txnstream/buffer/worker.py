@@ -137,7 +137,8 @@ class BufferWorker:
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 5, "client.id": f"tb-data-{self.member}"}))
-        self._scan = DataScan(self._data, f"tb-data-{self.member}")
+        self._scan = DataScan(self._data, f"tb-data-{self.member}", resume_at=lambda tp: (
+            s.buf.last_offset + 1 if (s := self.served.get(tp)) is not None else None))
         self._registry = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))
@@ -169,8 +170,7 @@ class BufferWorker:
                                                          **extra))
 
     @property
-    def markers_written(self) -> int:
-        """Markers this worker has produced."""
+    def markers_written(self) -> int:  # noqa: D102
         return self._markers.written
 
     @property

@@ -97,7 +97,8 @@ def _fold(config: Config, topic: str, ends: dict[int, int], native: bool
                 bufs[e[1]].fold_entries([e])
             # the end is where the position is: Kafka writes its txn's commit marker
             # (an offset no consumer gets) after commit returns, maybe after later records
-            if all(tp.offset >= ends[tp.partition]
+            # (the position need not pass a marker at the very end)
+            if all(tp.offset >= ends[tp.partition] - 1
                    for tp in consumer.position([KafkaTP(topic, p) for p in (0, 1)])):
                 break
         return bufs, scan.native
