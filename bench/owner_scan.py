@@ -51,10 +51,13 @@ def fill(cfg: Config, topic: str, records: int, per_txn: int) -> int:
         seq += 1
         headers = txn_headers(t, keys.txn_key(t), topic, 0)
         for _ in range(min(per_txn, records - n)):
-            p.produce(topic, VALUE, partition=0, headers=headers)
+            while True:
+                try:
+                    p.produce(topic, VALUE, partition=0, headers=headers)
+                    break
+                except BufferError:  # the local queue is full: let it drain
+                    p.poll(0.1)
             n += 1
-            if n % 50_000 == 0:
-                p.poll(0)
         m = TxnMarker(t, MarkerKind.COMMIT, 0)
         v = m.encode()
         p.produce(topic, v, partition=0, headers=list(SIGNER.headers(m, topic, 0, v)))
