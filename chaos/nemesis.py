@@ -96,7 +96,10 @@ class Nemesis(threading.Thread):
             return Counter(f.kind for f in self.faults if f.error is None)
 
     def run(self) -> None:
-        """Inject, heal, repeat; heal everything on halt."""
+        """Inject, heal, repeat; heal everything on halt (a profile without faults: wait)."""
+        if not self.profile.faults:
+            self._halt.wait()
+            return
         deck = list(FAULTS)
         self.rng.shuffle(deck)
         next_at = time.monotonic() + self.rng.uniform(*self.profile.fault_gap_s)

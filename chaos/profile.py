@@ -95,6 +95,10 @@ class Profile:
     bounds: Bounds = Bounds()
     hostile: bool = False
     """Add the hostile actors (issues 19/20): an intruder process on the line."""
+    faults: bool = True
+    """Run the nemesis. Off (``hostile-flood``): the flood's cost to honest commits
+    measured alone, its p99 set by the flood and not by broker kills (a soak's broker is
+    down for most of its run, and each phase's p99 is its worst commit or two)."""
     doomed_ratio: float = 0.1
     """(hostile) Txns that also write to the topic the harness deletes halfway through."""
     intruder_rate: float = 4.0
@@ -135,6 +139,8 @@ PROFILES = {
     "soak": _SOAK,
     "hostile": replace(_SHORT, name="hostile", hostile=True),
     "hostile-soak": replace(_SOAK, name="hostile-soak", hostile=True),
+    "hostile-flood": replace(_SOAK, name="hostile-flood", hostile=True, faults=False,
+                             workload_s=10 * 60.0),
 }
 
 
