@@ -246,6 +246,20 @@ static void runs_free(runs_t *r, hdrs_t *spare) {
 }
 
 /* ---- coalesce(records): the rules on records given from Python ---- */
+static int bytes_or_none(PyObject *o, const char *what, const void **p, size_t *n) {
+    *p = NULL;
+    *n = 0;
+    if (o == Py_None)
+        return 0;
+    if (!PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s is bytes or None, not %s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    *p = PyBytes_AS_STRING(o);
+    *n = (size_t)PyBytes_GET_SIZE(o);
+    return 0;
+}
+
 static PyObject *coalesce(PyObject *self, PyObject *arg) {
     PyObject *seq = PySequence_Fast(arg, "coalesce() takes a sequence of records");
     if (seq == NULL)
@@ -279,30 +293,17 @@ static PyObject *coalesce(PyObject *self, PyObject *arg) {
                 const char *cname = PyUnicode_AsUTF8AndSize(name, &nlen);
                 if (cname == NULL)
                     goto fail;
-                const void *v = NULL;
-                size_t size = 0;
-                if (hv != Py_None) {
-                    if (!PyBytes_Check(hv)) {
-                        PyErr_SetString(PyExc_TypeError, "a header's value is bytes or None");
-                        goto fail;
-                    }
-                    v = PyBytes_AS_STRING(hv);
-                    size = (size_t)PyBytes_GET_SIZE(hv);
-                }
-                if (hdrs_push(&hs, cname, nlen, v, size) < 0)
+                const void *v;
+                size_t size;
+                if (bytes_or_none(hv, "a header's value", &v, &size) < 0 ||
+                    hdrs_push(&hs, cname, nlen, v, size) < 0)
                     goto fail;
             }
         }
-        const void *payload = NULL;
-        size_t len = 0;
-        if (value != Py_None) {
-            if (!PyBytes_Check(value)) {
-                PyErr_SetString(PyExc_TypeError, "a record's value is bytes or None");
-                goto fail;
-            }
-            payload = PyBytes_AS_STRING(value);
-            len = (size_t)PyBytes_GET_SIZE(value);
-        }
+        const void *payload;
+        size_t len;
+        if (bytes_or_none(value, "a record's value", &payload, &len) < 0)
+            goto fail;
         if (runs_add(&r, topic, partition, offset, ts, &hs, payload, len) < 0)
             goto fail;
     }
@@ -424,7 +425,9 @@ static int Scan_init(Scan *s, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static PyObject *Scan_attach(Scan *s, PyObject *args) {
+/* Forward a partition's fetch queue to this scan's queue (attach), or back to the
+ * consumer's own queue, where confluent-kafka's poll reads it (detach). */
+static PyObject *forward_partition(Scan *s, PyObject *args, int to_scan) {
     const char *topic;
     int partition;
     if (!PyArg_ParseTuple(args, "si", &topic, &partition))
@@ -433,35 +436,23 @@ static PyObject *Scan_attach(Scan *s, PyObject *args) {
     if (h == NULL)
         return NULL;
     rd_kafka_queue_t *pq = rk.queue_get_partition(h, topic, partition);
-    if (pq == NULL) {
+    rd_kafka_queue_t *to = to_scan ? s->q : rk.queue_get_consumer(h);
+    if (pq != NULL && to != NULL)
+        rk.queue_forward(pq, to);
+    if (pq != NULL)
+        rk.queue_destroy(pq);
+    if (!to_scan && to != NULL)
+        rk.queue_destroy(to);
+    if (pq == NULL || to == NULL) {
         PyErr_Format(PyExc_ValueError, "librdkafka has no queue for %s-%d", topic, partition);
         return NULL;
     }
-    rk.queue_forward(pq, s->q);
-    rk.queue_destroy(pq);
     Py_RETURN_NONE;
 }
 
-/* detach(topic, partition): the partition's records go to the consumer's own queue again
- * (where confluent-kafka's poll reads them), as before attach(). */
-static PyObject *Scan_detach(Scan *s, PyObject *args) {
-    const char *topic;
-    int partition;
-    if (!PyArg_ParseTuple(args, "si", &topic, &partition))
-        return NULL;
-    rd_kafka_t *h = scan_rk(s);
-    if (h == NULL)
-        return NULL;
-    rd_kafka_queue_t *pq = rk.queue_get_partition(h, topic, partition);
-    rd_kafka_queue_t *cq = rk.queue_get_consumer(h);
-    if (pq != NULL && cq != NULL)
-        rk.queue_forward(pq, cq);
-    if (pq != NULL)
-        rk.queue_destroy(pq);
-    if (cq != NULL)
-        rk.queue_destroy(cq);
-    Py_RETURN_NONE;
-}
+static PyObject *Scan_attach(Scan *s, PyObject *args) { return forward_partition(s, args, 1); }
+
+static PyObject *Scan_detach(Scan *s, PyObject *args) { return forward_partition(s, args, 0); }
 
 static PyObject *topic_of(const rd_kafka_message_t *m, PyObject *cache) {
     PyObject *key = PyLong_FromVoidPtr(m->rkt);
