@@ -33,11 +33,13 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.buffer.runs import Entry, runs_of
 from txnstream.errors import message_error
 from txnstream.kafka.fetch import KafkaRecord, drain
+from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 
 __all__ = ["DataScan", "native_scan"]
 
 log = logging.getLogger(__name__)
+_rate_limited = RateLimitedLog(log)
 
 NATIVE_ENV = "TXNSTREAM_NATIVE"
 """``1``: the buffer owner reads natively (opt-in for now: see below); ``0``: the native
@@ -154,9 +156,9 @@ class DataScan:
             except Exception as exc:  # a defect of the scan: records must not be lost
                 self._fall_back(exc)
                 return entries
-            for topic, partition, code, why in errors:
-                log.warning("buffer worker: Kafka error on %s-%s (%d): %s", topic, partition,
-                            code, why)
+            for topic, partition, code, why in errors:  # a line per partition per 10 s
+                _rate_limited.warning(f"scan {topic}-{partition}", "buffer worker: Kafka "
+                                      "error on %s-%s (%d): %s", topic, partition, code, why)
             entries.extend(got)
         return entries
 
