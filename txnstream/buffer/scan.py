@@ -45,9 +45,11 @@ NATIVE_ENV = "TXNSTREAM_NATIVE"
 """``1``: the buffer owner reads natively (opt-in for now: see below); ``0``: the native
 scan is never loaded, not even for a :class:`DataScan` that asks for it.
 
-Not on by default yet: in 2 of 5 parallel runs of the buffer's integration suite with it
-on, a recreation test (``test_recreated_topic.py``, the log found by its offsets) saw no
-record of the new log within 45 s; the cause is not found. Its differential tests (unit
+Not on by default yet: in 3 of 6 parallel runs of the buffer's integration suite with it
+on, a recreation test (``test_recreated_topic.py``, the new log found by its offsets,
+after librdkafka reset the old position to the new log's start) saw no record of the new
+log within 45 s after the owner restarted the partition; the cause is not found (reading
+a partition assigned again through Python did not help). Its differential tests (unit
 and against a broker) pass, and the bench measures it (``bench/owner_scan.py``)."""
 
 
@@ -111,7 +113,6 @@ class DataScan:
         self._consumer = consumer
         self._resume_at = resume_at
         self._attached: set[TopicPartition] = set()
-        self._python: set[TopicPartition] = set()
         self._native: Any = None
         if native is None:
             native = os.environ.get(NATIVE_ENV) == "1"
@@ -129,19 +130,8 @@ class DataScan:
         return self._native is not None
 
     def attach(self, tp: TopicPartition) -> None:
-        """Read ``tp`` natively: call before the consumer is assigned it.
-
-        Once: a partition assigned again (its topic recreated, its log truncated: a rare
-        restart) is read through Python from then on, the path whose handling of
-        librdkafka's offset resets and re-created partitions the recreation tests pinned.
-        """
-        if self._native is None:
-            return
-        if tp in self._attached:
-            self._native.detach(tp.topic, tp.partition)
-            self._attached.discard(tp)
-            self._python.add(tp)
-        elif tp not in self._python:
+        """Read ``tp`` natively: call before the consumer is assigned it (again)."""
+        if self._native is not None:
             self._native.attach(tp.topic, tp.partition)
             self._attached.add(tp)
 
