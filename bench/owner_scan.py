@@ -92,7 +92,8 @@ def read(cfg: Config, topic: str, end: int, way: str) -> tuple[float, float]:
     else:
         def step() -> int:
             assert scan is not None
-            buf.fold_entries(scan.read(5000, 0.1))
+            for entries in scan.read(5000, 0.1).values():
+                buf.fold_entries(entries)
             return buf.last_offset
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:

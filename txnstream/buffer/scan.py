@@ -135,8 +135,11 @@ class DataScan:
             self._native.attach(tp.topic, tp.partition)
             self._attached.add(tp)
 
-    def read(self, max_records: int, timeout_s: float) -> list[Entry]:
-        """Up to about ``max_records`` records as entries; waits up to ``timeout_s``."""
+    def read(self, max_records: int, timeout_s: float) -> dict[tuple[str, int], list[Entry]]:
+        """Up to about ``max_records`` records as entries, by partition, in offset order.
+
+        Waits up to ``timeout_s`` for the first.
+        """
         plain = drain(self._consumer, max_records, 0.0 if self._native else timeout_s)
         entries = _runs(plain, "buffer worker")
         if self._native is not None:
@@ -149,7 +152,8 @@ class DataScan:
             for topic, partition, code, why in errors:  # a line per partition per 10 s
                 _rate_limited.warning(f"scan {topic}-{partition}", "buffer worker: Kafka "
                                       "error on %s-%s (%d): %s", topic, partition, code, why)
-            entries.extend(got)
+            for e in got:
+                entries.setdefault((e[0], e[1]), []).append(e)
         return entries
 
     def _fall_back(self, exc: Exception) -> None:
@@ -174,10 +178,10 @@ class DataScan:
             self._native = None
 
 
-def _runs(msgs: list[KafkaRecord], where: str) -> list[Entry]:
-    """The runs of confluent-kafka messages, partition by partition."""
+def _runs(msgs: list[KafkaRecord], where: str) -> dict[tuple[str, int], list[Entry]]:
+    """The runs of confluent-kafka messages, by (topic, partition)."""
     by_tp: dict[tuple[str, int], list[KafkaRecord]] = defaultdict(list)
     for m in msgs:
         if not message_error(m, where, log):
             by_tp[(m.topic(), m.partition())].append(m)
-    return [e for (topic, part), got in by_tp.items() for e in runs_of(got, topic, part)]
+    return {(topic, part): runs_of(got, topic, part) for (topic, part), got in by_tp.items()}

@@ -67,7 +67,6 @@ from txnstream.buffer.recreation import (
     TopicIds,
     fresh_state,
 )
-from txnstream.buffer.runs import Entry
 from txnstream.buffer.scan import DataScan
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord
 from txnstream.buffer.snapshot_store import (
@@ -170,7 +169,8 @@ class BufferWorker:
                                                          **extra))
 
     @property
-    def markers_written(self) -> int:  # noqa: D102
+    def markers_written(self) -> int:
+        """Markers this worker has produced."""
         return self._markers.written
 
     @property
@@ -478,10 +478,7 @@ class BufferWorker:
         if not self.served:
             self._stop.wait(FOLD_WAIT_S)
             return
-        runs: dict[tuple[str, int], list[Entry]] = {}
-        for e in self._scan.read(5000, FOLD_WAIT_S):
-            runs.setdefault((e[0], e[1]), []).append(e)
-        for (topic, partition), entries in runs.items():
+        for (topic, partition), entries in self._scan.read(5000, FOLD_WAIT_S).items():
             s = self.served.get(TopicPartition(topic, partition))
             if s is not None and (n := s.buf.fold_entries(entries)):
                 s.dirty = True

@@ -93,8 +93,8 @@ def _fold(config: Config, topic: str, ends: dict[int, int], native: bool
             scan.attach(TopicPartition(topic, p))
         consumer.incremental_assign([KafkaTP(topic, p, 0) for p in (0, 1)])
         for _ in range(600):
-            for e in scan.read(1000, 0.1):
-                bufs[e[1]].fold_entries([e])
+            for (_, p), entries in scan.read(1000, 0.1).items():
+                bufs[p].fold_entries(entries)
             # the end is where the position is: Kafka writes its txn's commit marker
             # (an offset no consumer gets) after commit returns, maybe after later records
             # (the position need not pass a marker at the very end)
