@@ -35,7 +35,7 @@ from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
-from chaos.credentials import HARNESS, Credentials
+from chaos.credentials import FLOODER, HARNESS, Credentials
 from chaos.hostile import hostile_roles
 from chaos.latency import summarize
 from chaos.monitor import Monitor
@@ -272,6 +272,9 @@ class ChaosRun:
         stable = 0
         while time.monotonic() < deadline:
             state = self._drain_state()
+            aborted = self.monitor.abort_left_by(FLOODER)  # its stop could not end them
+            self.summary["flooder_txns_aborted_at_drain"] = \
+                self.summary.get("flooder_txns_aborted_at_drain", 0) + aborted
             if state["eo_lag"] == 0 and state["read_lag"] == 0 and state["open_txns"] == 0:
                 stable += 1
                 if stable >= 2:

@@ -190,9 +190,11 @@ class IdleHolder:
         self.count, self.intrusion = count, intrusion
         self.per_worker = per_worker
         self.sources = [f"127.0.0.{2 + i}" for i in range(max(1, hosts))]
-        self.limit_s = HANDSHAKE_TIMEOUT_S + pause_s + 5.0
-        """Past this a connection kept open is an intrusion (a paused worker closes
-        nothing until it resumes)."""
+        self.limit_s = HANDSHAKE_TIMEOUT_S + 2 * pause_s + 5.0
+        """Past this a connection kept open is an intrusion. A paused worker closes
+        nothing until it resumes, and the nemesis may pause one worker twice with seconds
+        between (seed 28: paused 04:11:06-16 and 04:11:19-29, a connection of 04:11:06
+        flagged at 20 s while the worker had run 3 s of them)."""
         self.sel = selectors.DefaultSelector()
         self.socks: dict[socket.socket, dict[str, Any]] = {}
         self.wait_until: dict[tuple[Any, str], float] = {}
