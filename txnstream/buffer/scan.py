@@ -3,10 +3,9 @@
 :class:`DataScan` reads the owner's data consumer. With the native scan
 (``txnstream._native``, built from ``txnstream/_native.c`` when the package installs) the
 records of attached partitions never become Python objects one by one: librdkafka's
-messages are cut into runs in C. Without it (not asked for: the worker reads natively
-only with ``TXNSTREAM_NATIVE=1`` for now; no C compiler at install; a confluent-kafka
-whose librdkafka or handle it does not recognise) the same runs are built from
-confluent-kafka's messages in Python. Both give the same entries;
+messages are cut into runs in C. Without it (``TXNSTREAM_NATIVE=0``; no C compiler at
+install; a confluent-kafka whose librdkafka or handle it does not recognise) the same
+runs are built from confluent-kafka's messages in Python. Both give the same entries;
 ``tests/unit/buffer/test_native_scan.py`` checks it.
 
 The native scan reads a queue of its own, to which :meth:`DataScan.attach` forwards a
@@ -14,6 +13,13 @@ partition's fetch queue before the partition is assigned. Anything that still re
 consumer's own queue (records fetched before the forward, after librdkafka made the
 partition anew) is read there first, every turn, and cut into runs in Python; that poll
 also serves the consumer's logs and errors.
+
+The forward is made again every ``REFORWARD_S``: librdkafka stops a partition's fetch on
+its own thread after ``incremental_unassign`` returns, and that stop clears the forward.
+Once an application has forwarded a fetch queue, librdkafka never forwards it to the
+consumer's queue again, so a forward made before the stop ran (the owner's restart of a
+partition: unassign, attach, assign at once) left the new assignment's records in a queue
+nobody read. Forwarding again moves what that queue holds, in order, to the scan's.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -42,15 +49,17 @@ log = logging.getLogger(__name__)
 _rate_limited = RateLimitedLog(log)
 
 NATIVE_ENV = "TXNSTREAM_NATIVE"
-"""``1``: the buffer owner reads natively (opt-in for now: see below); ``0``: the native
-scan is never loaded, not even for a :class:`DataScan` that asks for it.
+"""``0``: the native scan is never loaded, and the buffer owner folds through Python;
+anything else (or unset): it reads natively where the scan loads.
 
-Not on by default yet: in 3 of 6 parallel runs of the buffer's integration suite with it
-on, a recreation test (``test_recreated_topic.py``, the new log found by its offsets,
-after librdkafka reset the old position to the new log's start) saw no record of the new
-log within 45 s after the owner restarted the partition; the cause is not found (reading
-a partition assigned again through Python did not help). Its differential tests (unit
-and against a broker) pass, and the bench measures it (``bench/owner_scan.py``)."""
+It was opt-in until the forward was made again every ``REFORWARD_S``: with it on, a
+recreation test (``test_recreated_topic.py``) saw no record of the new log within 45 s
+after the owner restarted the partition, in 3 of 6 parallel runs of the buffer's
+integration suite (a forward undone by the old assignment's stop, above)."""
+
+REFORWARD_S = 0.2
+"""How often every partition read natively has its fetch queue forwarded again (at most
+this long a partition restarted at once goes unread; a forward costs about a µs)."""
 
 
 def _librdkafka_path() -> str | None:
@@ -100,7 +109,7 @@ def native_scan() -> ModuleType | None:
 class DataScan:
     """Runs of records of the partitions a consumer reads, natively where it can.
 
-    ``native``: read natively if the scan loads (None: if ``TXNSTREAM_NATIVE=1``).
+    ``native``: read natively if the scan loads (None: unless ``TXNSTREAM_NATIVE=0``).
 
     ``resume_at(tp)``: the next offset the caller has not folded of ``tp`` (None: not
     read any more). If the native scan fails after taking records from librdkafka, those
@@ -113,9 +122,12 @@ class DataScan:
         self._consumer = consumer
         self._resume_at = resume_at
         self._attached: set[TopicPartition] = set()
+        self._forwarded_at = 0.0
         self._native: Any = None
+        self._detached: Any = None
+        """After a fall-back: the scan whose forwards back to the consumer are renewed."""
         if native is None:
-            native = os.environ.get(NATIVE_ENV) == "1"
+            native = os.environ.get(NATIVE_ENV) != "0"
         mod = native_scan() if native else None
         if mod is not None:
             try:
@@ -134,12 +146,21 @@ class DataScan:
         if self._native is not None:
             self._native.attach(tp.topic, tp.partition)
             self._attached.add(tp)
+        elif self._detached is not None:  # forwarded once: librdkafka no longer does it
+            self._detached.detach(tp.topic, tp.partition)
+            self._attached.add(tp)
+
+    def forget(self, tp: TopicPartition) -> None:
+        """``tp`` is not read any more (unassigned): a later :meth:`attach` reads it again."""
+        self._attached.discard(tp)
 
     def read(self, max_records: int, timeout_s: float) -> dict[tuple[str, int], list[Entry]]:
         """Up to about ``max_records`` records as entries, by partition, in offset order.
 
         Waits up to ``timeout_s`` for the first.
         """
+        if self._attached and time.monotonic() - self._forwarded_at >= REFORWARD_S:
+            self._forward_again()
         plain = drain(self._consumer, max_records, 0.0 if self._native else timeout_s)
         entries = _runs(plain, "buffer worker")
         if self._native is not None:
@@ -156,6 +177,18 @@ class DataScan:
                 entries.setdefault((e[0], e[1]), []).append(e)
         return entries
 
+    def _forward_again(self) -> None:
+        """Forward each read partition's fetch queue again (an unassign's stop undoes it)."""
+        self._forwarded_at = time.monotonic()
+        scan = self._native or self._detached
+        forward = scan.attach if self._native is not None else scan.detach
+        for tp in self._attached:
+            try:
+                forward(tp.topic, tp.partition)
+            except (ValueError, RuntimeError) as exc:  # a partition librdkafka dropped
+                _rate_limited.warning(f"forward {tp}", "buffer worker: %s not forwarded "
+                                      "again: %s", tp, exc)
+
     def _fall_back(self, exc: Exception) -> None:
         log.error("buffer worker: the native scan failed (%r): reading through Python from "
                   "now on, each partition again from the first offset not folded", exc)
@@ -169,13 +202,14 @@ class DataScan:
             except Exception as err:  # the others are resumed all the same
                 log.error("buffer worker: %s not resumed after the native scan failed: %r",
                           tp, err)
-        native.close()
+        self._detached = native  # its queue stays, unread, until close()
 
     def close(self) -> None:
         """Stop reading natively: before the consumer's ``close()``."""
-        if self._native is not None:
-            self._native.close()
-            self._native = None
+        for scan in (self._native, self._detached):
+            if scan is not None:
+                scan.close()
+        self._native = self._detached = None
 
 
 def _runs(msgs: list[KafkaRecord], where: str) -> dict[tuple[str, int], list[Entry]]:

@@ -372,6 +372,7 @@ class BufferWorker:
         for tp in s.served:
             self.served.pop(tp, None)
             self._logs.identity.forget(tp)
+            self._scan.forget(tp)
         for c, parts in ((self._data, gone), (self._registry, [KafkaTP(self._store.topic, slot)])):
             try:
                 if parts:
