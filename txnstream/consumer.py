@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
@@ -34,7 +35,7 @@ from txnstream.buffer.unregistered import Judgement, UnregisteredRecords
 from txnstream.consumer_group import CHECKPOINT_INTERVAL_S, GroupMember
 from txnstream.consumer_txns import TxnAcks
 from txnstream.coordinator.log_entry import SubscriptionRef
-from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, verdict
+from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, check_delivered, verdict
 from txnstream.errors import (
     ConfigError,
     TransactionConflictError,
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 __all__ = ["Consumer", "Message"]
 
 log = logging.getLogger(__name__)
+
+_OFFSET = attrgetter("offset")
 
 WAIT, SKIP = Verdict.WAIT, Verdict.SKIP
 
@@ -328,13 +331,14 @@ class Consumer:
         of order, with gaps). Each partition's ack is all or nothing; a failure raises
         (a txn becomes abort-only) and leaves the later partitions unacked.
         """
-        by_tp: dict[TopicPartition, list[Message]] = {}
+        by_tp: dict[tuple[str, int], list[Message]] = {}
         for m in msgs:
-            by_tp.setdefault(m.tp, []).append(m)
+            by_tp.setdefault((m.topic, m.partition), []).append(m)
         if txn is not None:  # one registration for every partition, not one each
-            txn.register_subscriptions(self._subscription_refs(by_tp))
+            txn.register_subscriptions(self._subscription_refs(
+                TopicPartition(*tp) for tp in by_tp))
         for tp_msgs in by_tp.values():
-            tp_msgs.sort(key=lambda m: m.offset)
+            tp_msgs.sort(key=_OFFSET)
             self._ack(tp_msgs, txn, cumulative=None)
 
     def prepare_acks(self, msgs: Iterable[Message], txn: Transaction) -> None:
@@ -378,27 +382,26 @@ class Consumer:
         ``cumulative``: everything up to the last one; False: exactly these; None:
         cumulative where that acks exactly these (:meth:`acknowledge_batch`).
         """
-        msg = msgs[-1]
+        msg, offsets = msgs[-1], [m.offset for m in msgs]
         with self._lock:
             r = self._reader_for(msg)
-            # Never delivered: beyond what was released, or not a visible record there.
             # (An already acked one is the handle's call: a conflict in a txn, else a no-op.)
-            for m in msgs:
-                if m.offset >= r.deliver_pos or not self._was_visible(r, m):
-                    raise TxnStreamError(
-                        f"cannot ack {m.tp}@{m.offset}: not a message delivered to this "
-                        f"consumer of {self.subscription!r}")
+            ours = check_delivered(r, self._follower.views.get(r.tp), msgs, offsets,
+                                   self.subscription)
         if txn is not None:
             txn.register_subscriptions([SubscriptionRef(msg.topic, msg.partition,
                                                         self.subscription)])
         with self._lock:
-            r = self._reader_for(msg)  # may have been revoked while registering
+            ours = ours and self._reader_for(msg) is r  # not revoked while registering
+            r = self._reader_for(msg)
             assert r.handle is not None
             txn_id = txn.id if txn else None
-            offsets = sorted({m.offset for m in msgs})
-            if cumulative is None:
-                cumulative = r.cumulative_is_exact(offsets, txn_id)
-            covered = r.covered_by(msg.offset) if cumulative else offsets
+            offsets = sorted(set(offsets))
+            exact = cumulative is None and r.cumulative_is_exact(offsets, txn_id)
+            cumulative = exact or bool(cumulative)
+            # exact, of records all unacked here: it covers exactly them
+            covered = r.covered_by(msg.offset) if cumulative and not (exact and ours) \
+                else offsets
             try:
                 if cumulative and txn_id is not None and (
                         back := self._queue.given_back(msg.tp, covered)):
@@ -435,14 +438,6 @@ class Consumer:
                         self.member_id))
                 r.acked(covered, in_txn=False)
             self._group.commit()
-
-    def _was_visible(self, r: PartitionDelivery, msg: Message) -> bool:
-        view = self._follower.views.get(r.tp)
-        if (there := r.unacked.get(msg.offset, msg)) is not msg and there != msg:
-            return False  # another record there: msg is of a log gone since (recreated)
-        if view is None or msg.offset < view.trimmed_below:
-            return True  # plain, or below the cursor (the handle decides)
-        return view.visible(msg.offset, msg.txn_id.to_bytes() if msg.txn_id else None)
 
     def negative_acknowledge(self, msg: Message) -> None:
         """Redeliver ``msg`` after the nack delay, once, if it is still unacked then.

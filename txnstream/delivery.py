@@ -29,10 +29,12 @@ from __future__ import annotations
 import enum
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import is_
 from typing import TYPE_CHECKING
 
+from txnstream.errors import TxnStreamError
 from txnstream.message import Message
 from txnstream.pendingack.records import CursorMetadata
 from txnstream.types import TopicPartition, TxnID
@@ -195,6 +197,14 @@ class PartitionDelivery:
             return True
         return False
 
+    def holds(self, msgs: Sequence[Message], offsets: Sequence[int]) -> bool:
+        """Whether ``msgs`` (ascending, at ``offsets``) are the records delivered here, unacked.
+
+        One dict read each, in C: a batch's ack tests them at once.
+        """
+        return offsets[-1] < self.deliver_pos and all(map(is_, map(self.unacked.get, offsets),
+                                                          msgs))
+
     def covered_by(self, last: int) -> list[int]:
         """The unacked offsets a cumulative ack of ``last`` takes (redeliveries too)."""
         return sorted(o for o in self.unacked if o <= last)
@@ -212,8 +222,8 @@ class PartitionDelivery:
         last = offsets[-1]
         if last < h.cursor or (h.cumulative is not None and h.cumulative[0] != txn_id):
             return False
-        mine = set(offsets)
-        return (all(o in mine for o in self.unacked if o <= last)
+        mine, unacked = set(offsets), self.unacked
+        return ((unacked.keys() <= mine or all(o in mine for o in unacked if o <= last))
                 and not any(o <= last for o in self.held_back)
                 and not any(o <= last and t != txn_id for o, t in h.pending.items()))
 
@@ -362,3 +372,29 @@ class ReadyQueue:
         for key in [k for k in self._nacked_seq if k[0] == tp]:
             del self._nacked_seq[key]
         self._given_back.pop(tp, None)
+
+
+def check_delivered(r: PartitionDelivery, view: BufferView | None, msgs: Sequence[Message],
+                    offsets: Sequence[int], subscription: str) -> bool:
+    """Refuse an ack of ``msgs`` (one partition, ascending, at ``offsets``) not delivered.
+
+    Not delivered here: beyond what was released, or not a visible record there. True if
+    they are the very records delivered here, unacked and visible, which is tested for
+    the batch at once; False if each had to be tested.
+    """
+    if r.holds(msgs, offsets) and (view is None or offsets[-1] < view.trimmed_below
+                                   or view.all_visible(offsets)):
+        return True
+    for m in msgs:
+        if m.offset >= r.deliver_pos or not _was_visible(r, view, m):
+            raise TxnStreamError(f"cannot ack {m.tp}@{m.offset}: not a message delivered to "
+                                 f"this consumer of {subscription!r}")
+    return False
+
+
+def _was_visible(r: PartitionDelivery, view: BufferView | None, msg: Message) -> bool:
+    if (there := r.unacked.get(msg.offset, msg)) is not msg and there != msg:
+        return False  # another record there: msg is of a log gone since (recreated)
+    if view is None or msg.offset < view.trimmed_below:
+        return True  # plain, or below the cursor (the handle decides)
+    return view.visible(msg.offset, msg.txn_id.to_bytes() if msg.txn_id else None)

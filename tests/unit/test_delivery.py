@@ -8,8 +8,11 @@ abort, and what a new owner delivers after a rebalance.
 
 from __future__ import annotations
 
+import pytest
+
 from txnstream.buffer.served import BufferView, ServeStatus
-from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, verdict
+from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, check_delivered, verdict
+from txnstream.errors import TxnStreamError
 from txnstream.message import Message
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
@@ -108,6 +111,41 @@ def test_a_cumulative_ack_is_exact_only_when_it_covers_exactly_the_batch():
     assert r.cumulative_is_exact([0, 1, 2], T1)
     assert not r.cumulative_is_exact([1, 2], T1)  # offset 0 is unacked below it
     assert r.covered_by(2) == [0, 1, 2]
+
+
+def test_a_batch_of_the_records_delivered_here_is_checked_at_once_and_anything_else_each():
+    r, q = reader(), ReadyQueue()
+    deliver(r, q, range(10))
+    taken = q.take(10, 0.0)
+    view = BufferView(TP, position=20, max_read_position=20)
+    assert check_delivered(r, view, taken[2:6], [2, 3, 4, 5], SUB)  # at once
+    assert check_delivered(r, None, taken, offsets(taken), SUB)  # a plain partition
+    copies = [msg(o) for o in (2, 3)]  # equal records, not the ones delivered: each
+    assert not check_delivered(r, view, copies, [2, 3], SUB)
+    view.hidden.add(4)  # one of them no longer visible: each, and refused
+    with pytest.raises(TxnStreamError, match=r"orders-0@4: not a message delivered"):
+        check_delivered(r, view, taken[3:5], [3, 4], SUB)
+    view.hidden.clear()
+    view.aborted[T2.to_bytes()] = (5, 5)  # an aborted span among them, of another txn
+    assert not check_delivered(r, view, taken[4:7], [4, 5, 6], SUB)  # each: still fine
+    beyond = msg(12)  # never released
+    with pytest.raises(TxnStreamError, match="@12"):
+        check_delivered(r, view, [beyond], [12], SUB)
+    r.acked([2], in_txn=True)  # acked already: the handle decides, each is tested
+    assert not check_delivered(r, view, taken[2:4], [2, 3], SUB)
+
+
+def test_a_views_batch_test_never_passes_what_visible_refuses():
+    raw = T2.to_bytes()
+    view = BufferView(TP, position=30, max_read_position=20, hidden={7},
+                      aborted={raw: (10, 12)})
+    for first in range(0, 25):
+        for last in range(first, 25):
+            batch = list(range(first, last + 1))
+            if view.all_visible(batch):
+                assert all(view.visible(o, t) for o in batch for t in (None, raw))
+    assert view.all_visible([0, 6, 8]) and not view.all_visible([6, 7])
+    assert not view.all_visible([9, 11]) and not view.all_visible([20, 21])
 
 
 def test_a_cumulative_ack_is_not_exact_over_another_txns_pending_acks():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,6 +285,16 @@ class BufferView:
             if span is not None and span[0] <= offset <= span[1]:
                 return False
         return True
+
+    def all_visible(self, offsets: Sequence[int]) -> bool:
+        """Whether the records at ``offsets`` (ascending) are all visible, whatever their txns.
+
+        None is beyond the read position or hidden, and no aborted span is among them.
+        False only says: ask :meth:`visible` of each (a batch's cheap test).
+        """
+        first, last = offsets[0], offsets[-1]
+        return (last <= self.max_read_position and self.hidden.isdisjoint(offsets)
+                and not any(f <= last and la >= first for f, la in self.aborted.values()))
 
     def skip_in(self, start: int, end: int) -> tuple[list[int], list[tuple[bytes, int, int]]]:
         """What a range ``[start, end)`` must skip: hidden offsets, aborted spans in it."""
