@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from txnstream.buffer.follower import BufferStateFollower
 from txnstream.config import Config
@@ -48,20 +48,13 @@ class DeliveredOffsets:
         self._by_tp: dict[TopicPartition, array[int]] = {}
         self._lock = threading.Lock()
 
-    def recorder(self, topic: str) -> Callable[[int, int], None]:
-        """``record(partition, offset)`` for one producer's records of ``topic``."""
-        arrays: dict[int, array[int]] = {}
-        by_tp, lock = self._by_tp, self._lock
+    def offsets_of(self, topic: str, partition: int) -> array[int]:
+        """Where the acknowledged offsets of ``topic``-``partition`` go.
 
-        def record(partition: int, offset: int) -> None:
-            a = arrays.get(partition)
-            if a is None:
-                with lock:
-                    a = by_tp.setdefault(TopicPartition(topic, partition), array("q"))
-                arrays[partition] = a
-            a.append(offset)
-
-        return record
+        A sender takes it before its first record there, so a delivery report only appends.
+        """
+        with self._lock:
+            return self._by_tp.setdefault(TopicPartition(topic, partition), array("q"))
 
     def snapshot(self) -> dict[TopicPartition, list[int]]:
         """Partition -> the offsets acknowledged so far, ascending."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -76,8 +77,8 @@ class _TxnSends:
     report takes no lock), and :meth:`outstanding` folds them into ``acked``.
     """
 
-    __slots__ = ("headers", "registered", "sent", "acked", "acks", "delivered", "_topic",
-                 "_txn")
+    __slots__ = ("headers", "registered", "sent", "acked", "acks", "offsets", "delivered",
+                 "_topic", "_txn")
 
     def __init__(self, topic: str, txn: Transaction) -> None:
         self._topic, self._txn = topic, txn
@@ -88,13 +89,14 @@ class _TxnSends:
         self.sent = 0
         self.acked = 0
         self.acks: list[KafkaError | None] = []
-        ack = self.acks.append
-        record = txn.delivered.recorder(topic)  # where each landed (txnstream.fate)
+        self.offsets: dict[int, array[int]] = {}
+        """Partition -> where each landed (txnstream.fate): made with its headers."""
+        ack, offsets = self.acks.append, self.offsets
 
-        def delivered(err: KafkaError | None, msg: Message) -> None:
+        def delivered(err: KafkaError | None, msg: Message) -> None:  # once per record
             ack(err)
             if err is None:
-                record(msg.partition(), msg.offset())  # type: ignore[arg-type]
+                offsets[msg.partition()].append(msg.offset())  # type: ignore[index,arg-type]
             else:
                 txn.mark_abort_only(TxnStreamError(
                     f"send to {topic}-{msg.partition()} failed: {err}", txn.id))
@@ -106,6 +108,7 @@ class _TxnSends:
         h = self.headers.get(partition)
         if h is None:
             txn = self._txn
+            self.offsets[partition] = txn.delivered.offsets_of(self._topic, partition)
             h = self.headers[partition] = txn_headers(txn.id, txn.key, self._topic, partition)
         return h
 
