@@ -190,11 +190,13 @@ def main(argv: list[str]) -> int:
     def processor() -> None:
         from bench import processor as proc
 
-        rows = proc.run(fresh_config(bootstrap), records=args.processor_records,
-                        progress=lambda r: console.print(r))
+        broker = list(cluster.pids().values()) if cluster is not None else None
+        rows, cpu = proc.run(fresh_config(bootstrap), records=args.processor_records,
+                             progress=lambda r: console.print(r), broker_pids=broker)
         results["processor"] = rows
         goals.extend(rows)
         section("Exactly-once consume-transform-produce (issue 5)", rows)
+        section("Consume-transform-produce: CPU per record by process (issue 36)", cpu)
         curve = proc.sweep(fresh_config(bootstrap), args.processor_records // 2,
                            proc.SWEEP_BATCHES, proc.SWEEP_INTERVALS,
                            progress=lambda r: console.print(r))

@@ -73,6 +73,11 @@ def with_children(pids: Sequence[int]) -> list[int]:
     return out
 
 
+def cpu_text(cpu: dict[str, float]) -> str:
+    """``client / worker / broker`` microseconds per record (``n/m``: not measured)."""
+    return " / ".join("n/m" if math.isnan(cpu[g]) else f"{cpu[g]:.1f}" for g in GROUPS)
+
+
 @dataclass
 class CpuUse:
     """CPU seconds per group over one window (NaN: the group is not measured)."""

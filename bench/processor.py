@@ -27,9 +27,10 @@ commit intervals and plots throughput against each (``python -m bench.processor`
 from __future__ import annotations
 
 import argparse
+import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 
 from bench.common import goal_row, make_topic, ratio, workers
+from bench.cpu import GROUPS, CpuMeter, CpuUse, cpu_text
 from txnstream import Client, Config
 from txnstream.processor import (
     DEFAULT_BATCH_SIZE,
@@ -200,15 +202,34 @@ def kafka_eos(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
     return done / secs if secs else 0.0
 
 
-def run(cfg: Config, records: int = 100_000, progress=None) -> list[dict]:
-    """Three loops over the same volume, same checkpoints; rows for the report."""
-    with workers(cfg, 1):
+LOOPS = ("exactly-once processor", "at-least-once", "Kafka EOS")
+
+
+def run(cfg: Config, records: int = 100_000, progress=None,
+        broker_pids: Sequence[int] | None = None) -> tuple[list[dict], list[dict]]:
+    """Three loops over the same volume, same checkpoints: the goal rows, and each loop's
+    CPU per record in this process, the worker (its buffer child included) and the
+    broker (``broker_pids``; None: not measured), bench.cpu's windows."""
+    use: dict[str, CpuUse] = {}
+    with workers(cfg, 1) as pids:
         srcs = [make_topic(cfg, PARTITIONS) for _ in range(3)]
         for s in srcs:
             _fill(cfg, s, records)
-        eo = txnstream_eo(cfg, srcs[0], make_topic(cfg, PARTITIONS), records)
-        alo = txnstream_alo(cfg, srcs[1], make_topic(cfg, PARTITIONS), records)
-        eos = kafka_eos(cfg, srcs[2], make_topic(cfg, PARTITIONS), records)
+        meter = CpuMeter(pids, broker_pids)
+        meter.measure_idle()
+        rates = {}
+        for name, loop, src in zip(LOOPS, (txnstream_eo, txnstream_alo, kafka_eos), srcs,
+                                   strict=True):
+            with meter.window() as use[name]:
+                rates[name] = loop(cfg, src, make_topic(cfg, PARTITIONS), records)
+    eo, alo, eos = (rates[n] for n in LOOPS)
+    cpu_rows = []
+    for name in LOOPS:
+        per_rec = {g: use[name].seconds[g] / records * 1e6 for g in GROUPS}
+        cpu_rows.append({"loop": name, "rec/s": round(rates[name]),
+                         "CPU µs/rec client / worker / broker": cpu_text(per_rec),
+                         "CPU µs/rec total": round(sum(v for v in per_rec.values()
+                                                       if not math.isnan(v)), 1)})
     rows = [
         goal_row("consume-transform-produce, exactly-once processor", f"{eo:.0f} rec/s",
                  "same loop, at-least-once", f"{alo:.0f} rec/s", ratio(eo, alo), ">=",
@@ -221,9 +242,9 @@ def run(cfg: Config, records: int = 100_000, progress=None) -> list[dict]:
         r["measure"] += (f", {records} records, batches of {BATCH}, a checkpoint every "
                          f"{COMMIT_INTERVAL_S:g} s or {COMMIT_EVERY} inputs")
     if progress:
-        for r in rows:
+        for r in rows + cpu_rows:
             progress(r)
-    return rows
+    return rows, cpu_rows
 
 
 def sweep(cfg: Config, records: int, batches: list[int], intervals: list[float],

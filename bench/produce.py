@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Producer as KafkaProducer
 
 from bench.common import goal_row, make_topic, ratio, workers
-from bench.cpu import GROUPS, CpuMeter, CpuUse
+from bench.cpu import GROUPS, CpuMeter, CpuUse, cpu_text
 from txnstream import Client, Config
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.producer import Producer
@@ -167,11 +167,6 @@ VARIANTS: dict[str, tuple[str, int | None]] = {
 """Variant -> (what it does, records per txn or None); in the order they take turns."""
 
 
-def _cpu_text(cpu: dict[str, float]) -> str:
-    """``client / worker / broker`` microseconds per record (``n/m``: not measured)."""
-    return " / ".join("n/m" if math.isnan(cpu[g]) else f"{cpu[g]:.1f}" for g in GROUPS)
-
-
 def run(cfg: Config, records: int = 20_000, rounds: int = 3,
         progress: Callable[[dict], object] | None = None,
         broker_pids: Sequence[int] | None = None) -> list[dict]:
@@ -228,7 +223,7 @@ def run(cfg: Config, records: int = 20_000, rounds: int = 3,
                      "rec/s (median)": round(records / s),
                      "rounds rec/s": " / ".join(f"{records / x:.0f}" for x in secs[name]),
                      "MB/s": round(records * len(VALUE) / s / 1e6, 1),
-                     "CPU µs/rec client / worker / broker": _cpu_text(per_rec),
+                     "CPU µs/rec client / worker / broker": cpu_text(per_rec),
                      "CPU µs/rec total": round(sum(v for v in per_rec.values()
                                                    if not math.isnan(v)), 1),
                      "_cpu_us": per_rec,
