@@ -1,0 +1,99 @@
+"""The owner's scan forwards its partitions' fetch queues again, and stops for those it left.
+
+librdkafka clears a fetch queue's forward when it stops the partition's old fetch, on its
+own thread and after ``incremental_unassign`` returned, and never forwards an
+application-forwarded queue to the consumer's queue again
+(``tests/integration/buffer/test_native_scan_broker.py`` runs the restart on a broker).
+Here a recording stand-in for the C scan shows what :class:`DataScan` asks of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from txnstream.buffer import scan as scan_mod
+from txnstream.buffer.scan import DataScan
+from txnstream.types import TopicPartition
+
+A, B = TopicPartition("orders", 0), TopicPartition("orders", 1)
+
+
+class IdleConsumer:
+    """Nothing on the consumer's own queue."""
+
+    def poll(self, timeout: float) -> None:
+        return None
+
+
+class RecordingScan:
+    """What the C scan was asked: (call, topic, partition)."""
+
+    def __init__(self, fail_scan: bool = False) -> None:
+        self.calls: list[tuple[str, str, int]] = []
+        self.fail_scan = fail_scan
+        self.closed = False
+
+    def attach(self, topic: str, partition: int) -> None:
+        self.calls.append(("attach", topic, partition))
+
+    def detach(self, topic: str, partition: int) -> None:
+        self.calls.append(("detach", topic, partition))
+
+    def scan(self, max_records: int, timeout_ms: int) -> tuple[list[Any], list[Any]]:
+        if self.fail_scan:
+            raise RuntimeError("a defect of the scan")
+        return [], []
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _scan(fake: RecordingScan) -> DataScan:
+    ds = DataScan(IdleConsumer(), "tb-data-test", native=False)  # type: ignore[arg-type]
+    ds._native = fake  # as if the C scan had loaded
+    return ds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(scan_mod.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_every_partition_read_is_forwarded_again_each_interval_and_no_more(clock):
+    fake = RecordingScan()
+    ds = _scan(fake)
+    ds.attach(A)
+    ds.attach(B)
+    assert fake.calls == [("attach", "orders", 0), ("attach", "orders", 1)]
+    fake.calls.clear()
+    ds.read(10, 0.0)  # the first read forwards both again (the attach may have been undone)
+    assert sorted(fake.calls) == [("attach", "orders", 0), ("attach", "orders", 1)]
+    fake.calls.clear()
+    clock[0] += scan_mod.REFORWARD_S / 2
+    ds.read(10, 0.0)
+    assert fake.calls == []  # not within the interval
+    clock[0] += scan_mod.REFORWARD_S
+    ds.forget(B)  # unassigned: no longer forwarded
+    ds.read(10, 0.0)
+    assert fake.calls == [("attach", "orders", 0)]
+
+
+def test_after_a_fall_back_the_partitions_are_forwarded_to_the_consumer_again(clock):
+    fake = RecordingScan(fail_scan=True)
+    ds = _scan(fake)
+    ds.attach(A)
+    fake.calls.clear()
+    ds.read(10, 0.0)  # forwards, then the scan fails: back to the consumer's queue
+    assert ds.native is False and fake.calls[-1] == ("detach", "orders", 0)
+    fake.calls.clear()
+    clock[0] += scan_mod.REFORWARD_S
+    ds.attach(B)  # a partition assigned after the fall-back is read through Python too
+    ds.read(10, 0.0)
+    assert ("detach", "orders", 1) in fake.calls and ("detach", "orders", 0) in fake.calls
+    assert not any(c[0] == "attach" for c in fake.calls)
+    ds.close()
+    assert fake.closed
