@@ -47,6 +47,14 @@ class DeliveredOffsets:
     def __init__(self) -> None:
         self._by_tp: dict[TopicPartition, array[int]] = {}
         self._lock = threading.Lock()
+        self._unknown: dict[TopicPartition, int] = {}
+        """Records acknowledged with no offset: a retried write the broker had taken."""
+
+    def unknown(self, topic: str, partition: int) -> None:
+        """A record of the txn was acknowledged without its offset."""
+        with self._lock:
+            tp = TopicPartition(topic, partition)
+            self._unknown[tp] = self._unknown.get(tp, 0) + 1
 
     def offsets_of(self, topic: str, partition: int) -> array[int]:
         """Where the acknowledged offsets of ``topic``-``partition`` go.
@@ -56,10 +64,20 @@ class DeliveredOffsets:
         with self._lock:
             return self._by_tp.setdefault(TopicPartition(topic, partition), array("q"))
 
-    def snapshot(self) -> dict[TopicPartition, list[int]]:
-        """Partition -> the offsets acknowledged so far, ascending."""
+    def snapshot(self, txn_id: TxnID | None = None) -> dict[TopicPartition, list[int]]:
+        """Partition -> the offsets acknowledged so far, ascending.
+
+        ``TransactionOutcomeUnknownError`` if a record's offset was not given: whether it
+        is in the txn cannot be said.
+        """
         with self._lock:
-            items = list(self._by_tp.items())
+            items, unknown = list(self._by_tp.items()), dict(self._unknown)
+        if unknown:
+            raise TransactionOutcomeUnknownError(
+                f"{sum(unknown.values())} records of {txn_id or 'the transaction'} in "
+                f"{', '.join(map(str, sorted(unknown)))} were acknowledged without an offset "
+                "(a retried write the broker had already taken): whether they are in the "
+                "transaction cannot be said", txn_id)
         return {tp: sorted(a) for tp, a in items if len(a)}
 
 

@@ -71,5 +71,7 @@ def write_owner_record(producer: Producer, topic: str, partition: int, key: byte
 
     producer.produce(topic, value, key=key, partition=partition, on_delivery=delivered)
     left = producer.flush(timeout_s)
+    # None also when it was delivered at an offset not known (a retried write the broker
+    # had taken): the claim's generation is that offset, so the caller claims again
     return OwnerRecordWrite(delivered_offset(written[0]) if written else None,
                             failed[0] if failed else None, left)

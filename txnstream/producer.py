@@ -96,7 +96,10 @@ class _TxnSends:
         def delivered(err: KafkaError | None, msg: Message) -> None:  # once per record
             ack(err)
             if err is None:
-                offsets[msg.partition()].append(msg.offset())  # type: ignore[index,arg-type]
+                if (off := msg.offset()) is not None:
+                    offsets[msg.partition()].append(off)  # type: ignore[index]
+                else:  # a retried write the broker had taken: no offset given
+                    txn.delivered.unknown(topic, msg.partition())  # type: ignore[arg-type]
             else:
                 txn.mark_abort_only(TxnStreamError(
                     f"send to {topic}-{msg.partition()} failed: {err}", txn.id))

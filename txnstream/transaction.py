@@ -334,7 +334,7 @@ class Transaction:
     def _check_fate(self, outcome: TxnStatus) -> None:
         """``RecordsExcludedError`` if a record of this handle landed after the marker."""
         config = self._tc.config
-        out = excluded(config, self.id, self.delivered.snapshot(), config.request_timeout_s)
+        out = excluded(config, self.id, self.delivered.snapshot(self.id), config.request_timeout_s)
         if out:
             raise RecordsExcludedError(self.id, out, outcome.value)
 

@@ -113,7 +113,9 @@ class BufferPublisher:
                                     err)
                 return
             s.delivered += 1
-            s.delta_offset = max(s.delta_offset, delivered_offset(msg))
+            off = delivered_offset(msg)  # None: a retried write the broker had taken
+            if off is not None:
+                s.delta_offset = max(s.delta_offset, off)
             self.deltas_published += 1
             metrics.BUFFER_DELTAS.labels("ok").inc()
 

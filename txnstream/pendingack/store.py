@@ -86,6 +86,9 @@ class PendingAckStore:
         self._failed: dict[TxnID, str] = {}
         self._written: dict[TxnID, dict[int, int]] = defaultdict(dict)
         """txn -> log partition -> highest offset of its ack records there."""
+        self._unknown: dict[TxnID, set[int]] = defaultdict(set)
+        """txn -> log partitions where an ack record's offset is not known (a retried
+        write the broker had taken: reported delivered with no offset)."""
         self._tail_pos: dict[int, int] = {}
         self._replayed_to: dict[TopicPartition, int] = {}
         self.replayed_records = 0
@@ -140,8 +143,11 @@ class PendingAckStore:
         written: list[int] = []
 
         def delivered(err: KafkaError | None, m: Message) -> None:
-            if err is None:
-                written.append(delivered_offset(m))
+            if err is None and (off := delivered_offset(m)) is not None:
+                written.append(off)
+            elif err is None:  # a retried write the broker had taken, offset not known:
+                log.info("pending-ack checkpoint of %s written at an unknown offset; the "
+                         "next one is used", handle.tp)
             else:
                 log.warning("pending-ack checkpoint of %s not written: %s", handle.tp, err)
 
@@ -220,8 +226,12 @@ class PendingAckStore:
             generations[tp] = entry.generation
 
             def delivered(err: KafkaError | None, m: Message, tp: TopicPartition = tp) -> None:
-                if err is None:
-                    written[tp] = delivered_offset(m)
+                off = delivered_offset(m) if err is None else None
+                if off is not None:
+                    written[tp] = off
+                elif err is None:  # a retried write the broker had taken: claimed again
+                    out[tp] = TxnStreamError(f"the claim of {tp} in {self.topic} was written "
+                                             "at an offset not known")
                 else:
                     out[tp] = TxnStreamError(f"could not claim {tp} in {self.topic}: {err}")
 
@@ -296,9 +306,12 @@ class PendingAckStore:
                 if err is not None:
                     self._failed[txn] = str(err)
                 else:
-                    w = self._written[txn]
                     part, off = delivered_at(m)
-                    w[part] = max(w.get(part, -1), off)
+                    if off is None:  # a retried write the broker had taken: read_back
+                        self._unknown[txn].add(part)  # asks for the log end
+                    else:
+                        w = self._written[txn]
+                        w[part] = max(w.get(part, -1), off)
                 self._outstanding[txn] -= 1
                 if self._outstanding[txn] <= 0:
                     del self._outstanding[txn]
@@ -335,7 +348,26 @@ class PendingAckStore:
             self._producer.poll(0.005)
 
     def read_back(self, txn: TxnID) -> bool:
-        """Whether the tail has read every ack record of ``txn`` (they are durable)."""
+        """Whether the tail has read every ack record of ``txn`` (they are durable).
+
+        A record delivered at an unknown offset is below the partition's log end now:
+        the tail must reach that end.
+        """
+        with self._lock:
+            unknown = sorted(self._unknown.get(txn, ()))
+        for p in unknown:
+            try:
+                end = self._tail.get_watermark_offsets(
+                    KafkaTP(self.topic, p), timeout=FLUSH_TIMEOUT_S, cached=False)[1]
+            except KafkaException as exc:
+                log.info("%s[%d]: log end not known yet (%s)", self.topic, p, exc)
+                return False
+            with self._lock:
+                w = self._written[txn]
+                w[p] = max(w.get(p, -1), end - 1)
+                self._unknown[txn].discard(p)
+                if not self._unknown[txn]:
+                    del self._unknown[txn]
         with self._lock:
             written = dict(self._written.get(txn, {}))
         return all(self._tail_pos.get(p, -1) > off for p, off in written.items())
@@ -344,17 +376,20 @@ class PendingAckStore:
         """The acks of ``txn`` so far were read back: a later check needs no tail."""
         with self._lock:
             self._written.pop(txn, None)
+            self._unknown.pop(txn, None)
 
     def forget(self, txn: TxnID) -> None:
         """Drop the bookkeeping of a txn: its acks were read back, or it ended."""
         with self._lock:
             self._written.pop(txn, None)
+            self._unknown.pop(txn, None)
             self._failed.pop(txn, None)
 
     def tracked_txns(self) -> int:
         """Txns with bookkeeping here (bounded by the txns in flight: a test checks it)."""
         with self._lock:
-            return len(set(self._written) | set(self._failed) | set(self._outstanding))
+            return len(set(self._written) | set(self._failed) | set(self._outstanding)
+                       | set(self._unknown))
 
     def poll_marks(self) -> list[PendingAckEntry]:
         """New records of the tailed log partitions (marks, OWNER claims, acks)."""
