@@ -28,9 +28,11 @@ pytestmark = pytest.mark.integration
 
 
 def committed_values(client, topic: str, n_expected: int, timeout_s: float = 20.0,
-                     quiet_s: float = 1.5) -> list[bytes]:
+                     quiet_s: float = 1.5, seen: dict | None = None) -> list[bytes]:
     """What a committed-only reader delivers: up to ``n_expected``, then ``quiet_s``
-    with nothing more (so a duplicate or an extra record would be seen)."""
+    with nothing more (so a duplicate or an extra record would be seen).
+
+    ``seen``: filled with what the reader knew at the end (for a failure's message)."""
     c = client.subscribe(topic, subscription=f"check-{uuid.uuid4().hex[:6]}")
     out: list[bytes] = []
     deadline = time.monotonic() + timeout_s
@@ -46,8 +48,49 @@ def committed_values(client, topic: str, n_expected: int, timeout_s: float = 20.
                 if time.monotonic() >= quiet_until:
                     break
     finally:
+        if seen is not None:
+            seen.update(reader_state(c))
         c.close()
     return out
+
+
+def reader_state(c) -> dict:
+    """A reader's word on each partition: junk skipped, status, its view's bounds."""
+    return {"skipped as junk": c.unregistered_skipped(), "status": c.buffer_status(),
+            "views": {tp: (v.log_epoch, v.position, v.max_read_position, sorted(v.hidden),
+                           dict(v.aborted)) for tp, v in c._follower.views.items()}}
+
+
+def where_missing(config, worker, topic: str, missing: set[bytes], seen: dict) -> str:
+    """Where records a reader missed lie, and what the owner and the reader said of them."""
+    from confluent_kafka import Consumer as KafkaConsumer
+
+    from txnstream.types import TopicPartition as TP
+
+    raw = KafkaConsumer(config.consumer(f"raw-{uuid.uuid4().hex[:6]}"))
+    found: dict[bytes, tuple[int, int, list]] = {}
+    try:
+        raw.subscribe([topic])
+        deadline = time.monotonic() + 15
+        while len(found) < len(missing) and time.monotonic() < deadline:
+            m = raw.poll(0.5)
+            if m is not None and m.error() is None and m.value() in missing:
+                found[m.value()] = (m.partition(), m.offset(),
+                                    [k for k, _ in m.headers() or ()])
+    finally:
+        raw.close()
+    lines = [f"in the log: {found}"]
+    bw = worker.buffers
+    for p in sorted({p for p, _, _ in found.values()}):
+        s = bw.served.get(TP(topic, p))
+        buf = s.buf if s is not None else None
+        lines.append(f"owner of {topic}-{p}: " + (
+            "not served" if buf is None else
+            f"epoch {buf.log_epoch}, last {buf.last_offset}, junk {buf.junk}, forged "
+            f"{buf.forged}, invisible {sorted(buf.invisible)[:20]}, restarts "
+            f"{bw._logs.restarts}, native {bw._scan.native}"))
+    lines.append(f"reader: {seen}")
+    return "\n".join(lines)
 
 
 def record_registrations(client) -> list[tuple[tuple, str]]:
@@ -123,11 +166,14 @@ def test_a_txn_writing_to_many_partitions_of_a_registered_topic_delivers_each_re
     assert max(per_txn.values(), default=0) <= 3, "a partition registered twice by a txn"
     assert all(t.startswith("txnstream-register") for _, t in sent), \
         "a registration of a registered topic was not pipelined"
-    got = committed_values(client, topic, len(want))
+    seen: dict = {}
+    got = committed_values(client, topic, len(want), seen=seen)
     dupes = {v: n for v, n in Counter(got).items() if n > 1}
     assert not dupes, f"delivered more than once: {list(dupes)[:5]}"
-    assert sorted(got) == sorted(want), (f"missing {sorted(set(want) - set(got))[:5]}, "
-                                         f"extra {sorted(set(got) - set(want))[:5]}")
+    missing = set(want) - set(got)
+    assert not missing, (f"missing {sorted(missing)[:5]}\n"
+                         + where_missing(config, worker, topic, missing, seen))
+    assert sorted(got) == sorted(want), f"extra {sorted(set(got) - set(want))[:5]}"
 
 
 def test_a_failed_pipelined_registration_aborts_the_commit_and_nothing_is_delivered(
