@@ -10,8 +10,10 @@ Coordinator, transaction buffer and pending acks, in Python:
 
 from txnstream.client import Client
 from txnstream.config import Config, TopicNames
+from txnstream.lifecycle import DeadLetterPolicy
 from txnstream.transaction import Transaction
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
-__all__ = ["Client", "Config", "TopicNames", "Transaction", "TopicPartition", "TxnID", "TxnStatus"]
+__all__ = ["Client", "Config", "DeadLetterPolicy", "TopicNames", "Transaction", "TopicPartition",
+           "TxnID", "TxnStatus"]
 __version__ = "0.1.0"

@@ -17,6 +17,7 @@ from txnstream.consumer import Consumer
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.tc_client import TransactionCoordinatorClient
 from txnstream.errors import ConfigError, InvalidTxnStatusError, TxnStreamError
+from txnstream.lifecycle import DeadLetters
 from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer
 from txnstream.transaction import Transaction
@@ -208,9 +209,16 @@ class Client:
                   initial_position: str = "earliest", **options: Any) -> Consumer:
         """A committed-only consumer; ``subscription`` is its Kafka consumer group.
 
+        ``dead_letter_policy``: a :class:`~txnstream.lifecycle.DeadLetterPolicy` (records
+        past its redelivery count go to its dead-letter topic, atomically with their ack).
         Closed by :meth:`close` if not closed before.
         """
         self._check_open()
+        policy = options.pop("dead_letter_policy", None)
+        if policy is not None:
+            names = [topics] if isinstance(topics, str) else list(topics)
+            options["dead_letters"] = DeadLetters(policy, names, subscription,
+                                                  self.create_producer, self.transaction)
         consumer = Consumer(self.config, self.admin, topics, subscription, initial_position,
                             **options)
         self._made.add(consumer)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from txnstream import validate
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.buffer.unregistered import Judgement, UnregisteredRecords
 from txnstream.consumer_group import CHECKPOINT_INTERVAL_S, GroupMember
@@ -43,6 +44,7 @@ from txnstream.errors import (
     message_error,
 )
 from txnstream.kafka.fetch import KafkaRecord, drain
+from txnstream.lifecycle import DeadLetters, Redeliveries
 from txnstream.message import Message, split_headers
 from txnstream.pendingack.handle import PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
@@ -83,18 +85,8 @@ class Consumer:
                  nack_delay_s: float = 1.0,
                  checkpoint_interval_s: float = CHECKPOINT_INTERVAL_S,
                  abort_predecessor_txns: bool = False,
-                 **kafka: object) -> None:
-        if initial_position not in ("earliest", "latest"):
-            raise ConfigError(f"initial_position must be 'earliest' or 'latest', "
-                              f"got {initial_position!r}")
-        if not subscription:
-            raise ConfigError("subscription (the consumer group) must not be empty")
-        if "max_buffered_bytes" in kafka:
-            raise ConfigError("max_buffered_bytes was removed: a consumer holds nothing "
-                              "back any more (it pauses a partition at the first record "
-                              "not yet committed), so memory is one fetch; drop the "
-                              "argument, or bound a fetch with librdkafka's "
-                              "'fetch.max.bytes'")
+                 dead_letters: DeadLetters | None = None, **kafka: object) -> None:
+        validate.consumer_options(initial_position, subscription, kafka)
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         self.subscription, self._nack_delay = subscription, nack_delay_s
         self._lock = threading.RLock()
@@ -112,6 +104,11 @@ class Consumer:
             abort_predecessor_txns=bool(abort_predecessor_txns), kafka=kafka)
         self._readers = self._group.readers
         self._txn_acks = TxnAcks(self._acks, self._group, self._queue, self._lock)
+        self._redeliveries = Redeliveries(self._readers, self._acks, subscription,
+                                          self.member_id)
+        self._dead = dead_letters
+        if dead_letters is not None:
+            dead_letters.bind(lambda msgs, txn: self._ack(msgs, txn, cumulative=False))
         self._closed = False
 
     def partition_dropped(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
@@ -144,8 +141,11 @@ class Consumer:
         while True:
             with self._lock:
                 out = self._queue.take(max_records, time.monotonic(), self._still_unacked)
-                if out:
-                    return out
+            if out and self._dead is not None:  # past the count: dead-lettered, not out
+                out = self._dead.divert(out, lambda dead: [*map(self.negative_acknowledge,
+                                                                dead)])
+            if out:
+                return out
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
@@ -246,8 +246,8 @@ class Consumer:
                     r.deliver_pos = off + 1
                     msg = Message(topic, part, off, m.key(), m.value(), tuple(user),
                                   m.timestamp()[1], None)
-                    if r.offer(msg):
-                        ready.append(msg)
+                    if (given := r.offer(msg)) is not None:
+                        ready.append(given)
                     continue
                 judged = self._unreg.judge(r.tp, off)  # junk, unless its topic is registered
                 if judged is not Judgement.REGISTERED:
@@ -285,8 +285,8 @@ class Consumer:
                 ready.append(msg)
                 assert unacked_of is not None
                 unacked_of[off] = msg  # queued counts as unacked: the cursor stays below it
-            elif r.offer(msg):
-                ready.append(msg)
+            elif (given := r.offer(msg)) is not None:
+                ready.append(given)
 
     # ------------------------------------------------------------ acks
 
@@ -373,7 +373,7 @@ class Consumer:
                     r = self._readers.get(m.tp)
                     if r is not None and (mine := r.unacked.get(m.offset)) is not None:
                         found.append(mine)
-            return self._queue.redeliver(found)
+            return self._queue.redeliver(found, fresh=self._redeliveries.bump)
 
     def _ack(self, msgs: list[Message], txn: Transaction | None,
              cumulative: bool | None) -> None:
@@ -446,7 +446,10 @@ class Consumer:
         not delivered again; nacked twice it comes back once.
         """
         with self._lock:
-            self._reader_for(msg)
+            if (latest := self._reader_for(msg).unacked.get(msg.offset)) == msg:
+                msg = latest  # the same record as last handed out: its count
+            if not self._queue.is_given_back(msg.tp, msg.offset):  # else it comes once
+                msg = self._redeliveries.bump([msg])[0]
             self._queue.nack(msg, time.monotonic() + self._nack_delay)
 
     def _still_unacked(self, msg: Message) -> bool:

@@ -17,6 +17,7 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
+from txnstream import metrics
 from txnstream.errors import TxnStreamError
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
 from txnstream.types import TopicPartition, TxnID
@@ -118,8 +119,9 @@ class TxnAcks:
         An abort's inputs come back in offset order, ahead of later records.
         """
         r = self._group.readers.get(tp)
-        if r is not None:
-            self._queue.redeliver(r.end_txn(txn_id, committed))
+        if r is not None and (back := r.end_txn(txn_id, committed)):
+            metrics.REDELIVERED.labels(self._acks.subscription).inc(len(back))
+            self._queue.redeliver(back)
 
     def _forget(self, txn_id: TxnID) -> None:
         self._txns.pop(txn_id, None)

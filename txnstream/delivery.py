@@ -30,7 +30,7 @@ import enum
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import is_
 from typing import TYPE_CHECKING
 
@@ -180,22 +180,42 @@ class PartitionDelivery:
         handle per record.
         """
         h = self.handle
-        return h is None or (not h.pending and h.cumulative is None and not h.acked)
+        return h is None or (not h.pending and h.cumulative is None and not h.acked
+                             and not h.redeliveries)
 
-    def offer(self, msg: Message) -> bool:
-        """A fetched, visible record: whether to deliver it now (it is then unacked).
+    def offer(self, msg: Message) -> Message | None:
+        """A fetched, visible record: the message to deliver now (it is then unacked).
 
         One acked in an open txn (an earlier owner's) is held back for its outcome; one
-        already acked is dropped.
+        already acked is dropped (None). One that came back before carries its count.
         """
-        off = msg.offset
-        if self.handle is not None and self.handle.pending_txn(off) is not None:
+        off, h = msg.offset, self.handle
+        if h is not None and h.pending_txn(off) is not None:
             self.held_back[off] = msg
-            return False
-        if self.handle is None or self.handle.is_deliverable(off):
+            return None
+        if h is None or h.is_deliverable(off):
+            if h is not None and (n := h.redeliveries.get(off)):
+                msg = replace(msg, redelivery_count=n)
             self.unacked[off] = msg  # queued counts as unacked: the cursor stays below it
-            return True
-        return False
+            return msg
+        return None
+
+    def came_back(self, msgs: Iterable[Message]) -> list[Message]:
+        """``msgs`` (unacked here) are delivered again: each with its count one higher.
+
+        The new messages replace the old in :attr:`unacked` (an ack names the one handed
+        out); the caller logs their offsets (``REDELIVERED``) and queues them.
+        """
+        out = [m for m in msgs if self.unacked.get(m.offset) is m]
+        if self.handle is None or not out:
+            return out
+        self.handle.came_back(m.offset for m in out)
+        counts = self.handle.redeliveries
+        out = [replace(m, redelivery_count=counts.get(m.offset, m.redelivery_count + 1))
+               for m in out]
+        for m in out:
+            self.unacked[m.offset] = m
+        return out
 
     def holds(self, msgs: Sequence[Message], offsets: Sequence[int]) -> bool:
         """Whether ``msgs`` (ascending, at ``offsets``) are the records delivered here, unacked.
@@ -253,9 +273,10 @@ class PartitionDelivery:
                 del self.held_back[o]
             return []
         back = []
-        for o in h.abort(txn_id).redeliver:
+        for o in h.abort(txn_id).redeliver:  # each one's count is one higher now
             m = self.inflight.pop(o, None) or self.held_back.pop(o, None)
             if m is not None:
+                m = replace(m, redelivery_count=h.redelivery_count(o))
                 back.append(m)
                 self.unacked[o] = m
         return back
@@ -334,6 +355,11 @@ class ReadyQueue:
         offs = self._given_back.get(tp)
         return sorted(o for o in offsets if o in offs) if offs else []
 
+    def is_given_back(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether the record at ``offset`` is queued again (nacked, redelivered) already."""
+        offs = self._given_back.get(tp)
+        return offs is not None and offset in offs
+
     def nack(self, msg: Message, due: float) -> None:
         """Hand ``msg`` out again at ``due`` (monotonic seconds), once.
 
@@ -350,14 +376,19 @@ class ReadyQueue:
         heapq.heappush(self._nacked, (due, self._seq, msg))
         self._given_back.setdefault(msg.tp, set()).add(msg.offset)
 
-    def redeliver(self, msgs: Iterable[Message]) -> int:
+    def redeliver(self, msgs: Iterable[Message],
+                  fresh: Callable[[list[Message]], list[Message]] | None = None) -> int:
         """Queue ``msgs`` again in offset order, ahead of later ones; how many were new.
 
-        One already waiting (ready or nacked) is not queued twice.
+        One already waiting (ready or nacked) is not queued twice. ``fresh``: maps the
+        new ones to what is queued (each counted once more:
+        :class:`txnstream.lifecycle.Redeliveries`).
         """
         waiting = {message_order(m) for m in self.ready}
         waiting.update((tp.topic, tp.partition, off) for tp, off in self._nacked_seq)
         back = {message_order(m): m for m in msgs if message_order(m) not in waiting}
+        if back and fresh is not None:
+            back = {message_order(m): m for m in fresh(list(back.values()))}
         if back:
             self.ready = deque(sorted([*self.ready, *back.values()], key=message_order))
             for m in back.values():

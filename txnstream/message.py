@@ -11,7 +11,7 @@ reserved headers out, the user's headers kept in their order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from txnstream.types import TopicPartition, TxnID
 
@@ -64,6 +64,12 @@ class Message:
     headers: tuple[tuple[str, bytes], ...]
     timestamp_ms: int
     txn_id: TxnID | None = None
+    redelivery_count: int = field(default=0, compare=False)
+    """How many times this record came back to the subscription unacked before this
+    delivery: an aborted txn's acks, a negative ack, ``redeliver_unacknowledged``
+    (Pulsar's ``getRedeliveryCount``; kept in the pending-ack log, so it survives a
+    crash of the consumer). 0 on its first delivery. Not compared: the same record
+    delivered again equals its earlier delivery."""
 
     @property
     def tp(self) -> TopicPartition:

@@ -83,6 +83,14 @@ BUFFER_FOLD_LAG = Gauge("txnstream_buffer_fold_lag_records",
                         "Offsets written but not yet folded (log end minus folded position)",
                         ["topic", "partition"])
 
+# --- clients (the application's own process, if it serves metrics) -------------------
+DEAD_LETTERED = Counter("txnstream_consumer_dead_lettered_total",
+                        "Records a consumer wrote to its dead-letter topic with their ack, "
+                        "past the policy's redelivery count", ["subscription"])
+REDELIVERED = Counter("txnstream_consumer_redelivered_total",
+                      "Records a consumer handed out again unacked (an aborted txn's acks, "
+                      "a negative ack, redeliver_unacknowledged)", ["subscription"])
+
 
 def serve(port: int, host: str = "127.0.0.1") -> None:
     """Expose /metrics on ``host:port`` (``0.0.0.0`` inside a container, to be scraped)."""

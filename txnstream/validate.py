@@ -183,3 +183,18 @@ def nonempty_text(value: object, name: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{name} must be a non-empty string, got {_show(value)}")
     return value
+
+
+def consumer_options(initial_position: object, subscription: object,
+                     kafka: dict[str, object]) -> None:
+    """A consumer's own options (``client.subscribe``); librdkafka checks the rest."""
+    if initial_position not in ("earliest", "latest"):
+        raise ConfigError(f"initial_position must be 'earliest' or 'latest', "
+                          f"got {initial_position!r}")
+    if not subscription:
+        raise ConfigError("subscription (the consumer group) must not be empty")
+    if "max_buffered_bytes" in kafka:
+        raise ConfigError("max_buffered_bytes was removed: a consumer holds nothing back "
+                          "any more (it pauses a partition at the first record not yet "
+                          "committed), so memory is one fetch; drop the argument, or bound "
+                          "a fetch with librdkafka's 'fetch.max.bytes'")

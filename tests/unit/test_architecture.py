@@ -46,7 +46,7 @@ LAYERS: dict[str, int] = {
     "txnstream.pipeline": 6, "txnstream.fate": 6, "txnstream.transaction": 6,
     "txnstream.producer": 6,
     "txnstream.consumer_group": 6, "txnstream.predecessors": 6, "txnstream.consumer_txns": 6,
-    "txnstream.consumer": 6,
+    "txnstream.consumer": 6, "txnstream.lifecycle": 6,
     "txnstream.admin": 6, "txnstream.arrow": 6,
     # 7. composition; 8-9. tools
     "txnstream": 7, "txnstream.client": 7,

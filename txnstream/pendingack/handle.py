@@ -28,6 +28,12 @@ a fenced member's late acks are ignored. Marks from the coordinator are decided 
 and always apply. Folding the same log gives the same state: that is how a new owner
 rebuilds the handle before it delivers anything.
 
+Redelivery counts (:attr:`PendingAckHandle.redeliveries`): each time an offset comes
+back (an aborted txn's acks gave it back: from the live outcome or the ``ABORT_MARK``
+replayed, so the count survives a crash of the consumer and of the worker; a nack: kept
+from the next checkpoint on), its count goes up by one; it goes when the offset is acked.
+Pulsar's tracker is in the broker's memory and starts over when the topic moves.
+
 Log epochs: the offsets here are of one log of the data partition. A topic deleted and
 created again has a new log, its offsets from the start again, and the buffer role
 serves it one log epoch up. An ``OWNER`` naming a newer ``log_epoch`` than the state's
@@ -53,6 +59,10 @@ __all__ = ["PendingAckHandle", "AckEffect", "PendingAckStats"]
 
 MAX_REMEMBERED_ENDED = 10_000
 """Ended txns remembered to refuse late acks; a txn acks within its own lifetime."""
+MAX_COUNTED = 100_000
+"""Offsets whose redelivery count a handle keeps (unacked ones that came back). Past it
+the lowest are forgotten (counted from 0 again): a subscription that holds this many
+failed messages unacked on one partition has a dead-letter policy to set."""
 CHECKPOINT_ENDED_MAX = 1_000
 """Ended txns a checkpoint carries (the newest, with their outcome), so a late ack of
 one that lands after the checkpoint stays refused after a restore. A late ack is a
@@ -104,6 +114,8 @@ class PendingAckHandle:
     """Member id of the latest valid OWNER record."""
     log_epoch: int = -1
     """The log epoch of the data partition the offsets are of; -1 not known."""
+    redeliveries: dict[int, int] = field(default_factory=dict)
+    """Offset -> how many times it came back unacked (at most :data:`MAX_COUNTED`)."""
 
     # ------------------------------------------------------------ acks
 
@@ -201,7 +213,22 @@ class PendingAckHandle:
                      if o not in self.acked and o not in self.pending]
             self.cumulative = None
         self._end(txn, TxnStatus.ABORTED)
-        return AckEffect(self.cursor, (), tuple(sorted(set(back))))
+        back = sorted(set(back))
+        self.came_back(back)
+        return AckEffect(self.cursor, (), tuple(back))
+
+    def came_back(self, offsets: Iterable[int]) -> None:
+        """``offsets`` are delivered again (unacked): each one's redelivery count goes up."""
+        counts = self.redeliveries
+        for o in offsets:
+            counts[o] = counts.get(o, 0) + 1
+        if len(counts) > MAX_COUNTED:
+            for o in sorted(counts)[:len(counts) - MAX_COUNTED]:
+                del counts[o]
+
+    def redelivery_count(self, offset: int) -> int:
+        """How many times ``offset`` came back unacked (0: never)."""
+        return self.redeliveries.get(offset, 0)
 
     def _end(self, txn: TxnID, status: TxnStatus) -> None:
         self.ended.setdefault(txn, status)
@@ -213,6 +240,9 @@ class PendingAckHandle:
             self.acked.discard(self.cursor)
             self.cursor += 1
         self.acked = {o for o in self.acked if o >= self.cursor}
+        if self.redeliveries:  # an acked offset's count goes with it
+            self.redeliveries = {o: n for o, n in self.redeliveries.items()
+                                 if o >= self.cursor and o not in self.acked}
 
     # ------------------------------------------------------------ replay
 
@@ -239,6 +269,9 @@ class PendingAckHandle:
             return True
         if not admits(entry.generation, self.generation):
             return False  # written by a fenced owner
+        if k is PendingAckKind.REDELIVERED:
+            self.came_back(o for o in entry.offsets if not self._is_acked(o))
+            return True
         if entry.txn_id is None and k is not PendingAckKind.ACK_INDIVIDUAL:
             return False
         try:
@@ -261,6 +294,7 @@ class PendingAckHandle:
         self.acked = set()
         self.pending = {}
         self.cumulative = None
+        self.redeliveries = {}
 
     # ------------------------------------------------------------ checkpoints
 
@@ -275,7 +309,7 @@ class PendingAckHandle:
             tuple((t, tuple(offs)) for t, offs in by_txn.items()), self.cumulative,
             tuple((t, s is TxnStatus.COMMITTED)
                   for t, s in list(self.ended.items())[-CHECKPOINT_ENDED_MAX:]),
-            self.log_epoch)
+            self.log_epoch, tuple(sorted(self.redeliveries.items())))
 
     def restore(self, ckpt: PendingAckCheckpoint) -> None:
         """Take a checkpoint's state (ended txns seen so far are kept, its own added)."""
@@ -286,6 +320,8 @@ class PendingAckHandle:
         self.pending = {o: t for t, offs in ckpt.pending for o in offs}
         self.cumulative = ckpt.cumulative
         self.log_epoch = ckpt.log_epoch
+        self.redeliveries = {o: n for o, n in ckpt.redeliveries
+                             if o >= ckpt.cursor and o not in self.acked and n > 0}
         for t, committed in ckpt.ended:
             self._end(t, TxnStatus.COMMITTED if committed else TxnStatus.ABORTED)
 

@@ -3,7 +3,8 @@
 Kinds: ``ACK_INDIVIDUAL`` / ``ACK_CUMULATIVE`` (a transactional ack, logged by the
 partition's owner before it is confirmed), ``COMMIT_MARK`` / ``ABORT_MARK`` (written by
 the coordinator when the txn ends), ``OWNER`` (a new owner's claim: its generation and
-the cursor it starts from). The key ``subscription|topic|partition`` puts every record
+the cursor it starts from), ``REDELIVERED`` (offsets the owner delivered again: their
+redelivery counts). The key ``subscription|topic|partition`` puts every record
 of one subscription partition into one log partition, in order (murmur2 partitioning).
 """
 
@@ -32,6 +33,9 @@ class PendingAckKind(enum.Enum):
     COMMIT_MARK = "COMMIT_MARK"
     ABORT_MARK = "ABORT_MARK"
     OWNER = "OWNER"
+    REDELIVERED = "REDELIVERED"
+    """Offsets an owner delivered again unacked (a nack, ``redeliver_unacknowledged``):
+    their redelivery counts go up (version 3)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,8 @@ class PendingAckEntry:
             "least_bits": t.least_bits if t else -1, "offsets": list(self.offsets),
             "generation": self.generation, "member_id": self.member_id, "cursor": self.cursor,
             "log_epoch": self.log_epoch,
-        }, None if self.log_epoch > 0 else 1)  # the first log: as the previous release
+        }, None if self.kind is PendingAckKind.REDELIVERED else 2 if self.log_epoch > 0
+            else 1)  # what older releases read, where nothing added since is used
 
     @classmethod
     def decode(cls, data: bytes | None) -> PendingAckEntry:
@@ -106,6 +111,8 @@ class PendingAckCheckpoint:
     """The newest txns that ended here, oldest first, and whether each committed."""
     log_epoch: int = -1
     """The log epoch of the data partition the offsets are of; -1 not known."""
+    redeliveries: tuple[tuple[int, int], ...] = ()
+    """(offset, times it came back) of unacked offsets above the cursor (version 4)."""
 
     @property
     def tp(self) -> TopicPartition:
@@ -131,7 +138,9 @@ class PendingAckCheckpoint:
             "ended": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
                        "committed": committed} for t, committed in self.ended],
             "log_epoch": self.log_epoch,
-        }, None if self.log_epoch > 0 else 2)  # the first log: as the previous release
+            "redeliveries": [{"offset": o, "count": n} for o, n in self.redeliveries],
+        }, None if self.redeliveries else 3 if self.log_epoch > 0 else 2)  # what older
+        # releases read, where the fields added since hold nothing
 
     @classmethod
     def decode(cls, data: bytes | None) -> PendingAckCheckpoint:
@@ -145,7 +154,8 @@ class PendingAckCheckpoint:
                        tuple((TxnID(p["most_bits"], p["least_bits"]), tuple(p["offsets"]))
                              for p in r["pending"]), cum,
                        tuple((TxnID(e["most_bits"], e["least_bits"]), e["committed"])
-                             for e in r["ended"]), r["log_epoch"])
+                             for e in r["ended"]), r["log_epoch"],
+                       tuple((d["offset"], d["count"]) for d in r["redeliveries"]))
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"pending_ack_checkpoint: {exc!r}") from exc
 

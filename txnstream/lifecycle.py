@@ -1,0 +1,229 @@
+"""A message past its first delivery: redelivery counts and dead letters (issue 38).
+
+Pulsar's consumer lifecycle, on the pending-ack log:
+
+* **Redelivery count** (:attr:`~txnstream.message.Message.redelivery_count`): how many
+  times a record came back to its subscription unacked. An aborted txn's acks give
+  their records back (the count is kept by the ``ABORT_MARK`` the coordinator logs, so
+  it survives a crash of the consumer, a rebalance and a worker restart); a negative
+  ack or ``redeliver_unacknowledged`` logs a ``REDELIVERED`` record. Pulsar keeps its
+  count in the broker's memory, where a restart or a topic move resets it. What no
+  record says: a consumer that dies holding records it received outside any txn gives
+  them to the next owner with their count unchanged (Pulsar's counts those).
+* **Dead letters** (:class:`DeadLetterPolicy`): a record whose count is past
+  ``max_redeliver_count`` is not handed out again; it is written to the dead-letter
+  topic and acked **in one txnstream transaction**, so it is never lost between the two
+  and never both delivered again and dead-lettered (Pulsar's client sends it and then
+  acks it: two steps). If that transaction fails, its ack comes back as for any aborted
+  txn, and the record is dead-lettered at its next turn.
+
+The dead-letter record keeps the original's key, value and headers, and adds where it
+came from and why (:data:`DLQ_HEADERS`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from txnstream import metrics, validate
+from txnstream.errors import ConfigError, TxnStreamError
+from txnstream.message import Message
+from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
+
+if TYPE_CHECKING:
+    from txnstream.delivery import PartitionDelivery
+    from txnstream.pendingack.store import PendingAckStore
+    from txnstream.producer import Producer
+    from txnstream.transaction import Transaction
+    from txnstream.types import TopicPartition
+
+__all__ = ["DLQ_HEADERS", "DeadLetterPolicy", "DeadLetters", "Redeliveries",
+           "dead_letter_topic_of"]
+
+log = logging.getLogger(__name__)
+
+MAX_REDELIVER_COUNT = 1_000_000
+"""The largest ``max_redeliver_count`` taken (more is no dead-letter policy at all)."""
+
+DLQ_HEADERS = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "REAL_SUBSCRIPTION", "REDELIVERY_COUNT")
+"""What a dead-letter record carries after the original's own headers: its topic (Pulsar's
+``REAL_TOPIC``), ``topic-partition@offset`` (``ORIGIN_MESSAGE_ID``), the subscription
+that gave up on it, and its redelivery count then."""
+
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+"""A legal Kafka topic name."""
+
+
+def dead_letter_topic_of(topic: str, subscription: str) -> str:
+    """Pulsar's default dead-letter topic of ``topic`` for ``subscription``."""
+    return f"{topic}-{subscription}-DLQ"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPolicy:
+    """Pulsar's ``DeadLetterPolicy``: where a record goes past its redeliveries.
+
+    Past ``max_redeliver_count`` redeliveries a record goes to ``dead_letter_topic``
+    (default ``<topic>-<subscription>-DLQ``, which must exist), atomically with its ack.
+    ``retry_letter_topic`` is for ``reconsume_later``, not built yet: setting it is refused.
+    """
+
+    max_redeliver_count: int
+    dead_letter_topic: str | None = None
+    retry_letter_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        validate.positive_int(self.max_redeliver_count,
+                              "dead_letter_policy.max_redeliver_count", MAX_REDELIVER_COUNT)
+        if self.dead_letter_topic is not None:
+            _check_topic_name(self.dead_letter_topic, "dead_letter_policy.dead_letter_topic")
+        if self.retry_letter_topic is not None:
+            raise ConfigError("dead_letter_policy.retry_letter_topic: retry topics "
+                              "(reconsume_later) are not built yet; leave it None")
+
+    def topic_for(self, topic: str, subscription: str) -> str:
+        """Where ``topic``'s dead letters of ``subscription`` go."""
+        return self.dead_letter_topic or dead_letter_topic_of(topic, subscription)
+
+
+def _check_topic_name(name: object, option: str) -> str:
+    if not isinstance(name, str) or not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(f"{option} must be a Kafka topic name (letters, digits, '.', "
+                          f"'_', '-'; at most 249), got {name!r}")
+    return name
+
+
+class Redeliveries:
+    """A consumer's records handed out again: each with its count one up, logged.
+
+    ``readers``: the consumer's partitions (``GroupMember.readers``); every method runs
+    under the consumer's lock.
+    """
+
+    def __init__(self, readers: dict[TopicPartition, PartitionDelivery],
+                 acks: PendingAckStore, subscription: str, member_id: str) -> None:
+        self._readers = readers
+        self._acks = acks
+        self._subscription = subscription
+        self._member_id = member_id
+
+    def bump(self, msgs: Iterable[Message]) -> list[Message]:
+        """``msgs`` come back: the messages to queue.
+
+        Each unacked one counted once more (others as they are), logged in one
+        ``REDELIVERED`` record per partition.
+        """
+        by_tp: dict[TopicPartition, list[Message]] = {}
+        for m in msgs:
+            by_tp.setdefault(m.tp, []).append(m)
+        out: list[Message] = []
+        for tp, ms in by_tp.items():
+            r = self._readers.get(tp)
+            back = r.came_back(ms) if r is not None else []
+            mine = {m.offset for m in back}
+            out += back + [m for m in ms if m.offset not in mine]
+            if back and r is not None and r.handle is not None:
+                metrics.REDELIVERED.labels(self._subscription).inc(len(back))
+                self._acks.append_plain(PendingAckEntry(
+                    PendingAckKind.REDELIVERED, self._subscription, tp.topic, tp.partition,
+                    None, tuple(sorted(mine)), r.handle.generation, self._member_id))
+        return out
+
+
+class DeadLetters:
+    """A consumer's dead-letter writer (:class:`DeadLetterPolicy`).
+
+    Made by ``client.subscribe``: every dead-letter topic is checked there (it exists,
+    and is none of the subscribed topics), so a bad policy is refused before anything
+    is read. ``create_producer`` and ``transaction`` are the client's.
+    """
+
+    def __init__(self, policy: DeadLetterPolicy, topics: Sequence[str], subscription: str,
+                 create_producer: Callable[[str], Producer],
+                 transaction: Callable[[], AbstractContextManager[Transaction]]) -> None:
+        if not isinstance(policy, DeadLetterPolicy):
+            raise ConfigError(f"dead_letter_policy must be a txnstream.DeadLetterPolicy, "
+                              f"got {type(policy).__name__}")
+        self.policy = policy
+        self._transaction = transaction
+        self._subscription = subscription
+        self._lock = threading.Lock()
+        self._producers: dict[str, Producer] = {}
+        for t in topics:
+            dlq = policy.topic_for(t, subscription)
+            option = ("dead_letter_policy.dead_letter_topic" if policy.dead_letter_topic
+                      else f"dead_letter_policy (default dead-letter topic of {t!r})")
+            _check_topic_name(dlq, option)
+            if dlq in topics:
+                raise ConfigError(f"{option}: {dlq!r} is a topic this subscription reads; "
+                                  "a dead letter would come back to it")
+            if dlq not in self._producers:
+                try:
+                    self._producers[dlq] = create_producer(dlq)
+                except ConfigError as exc:
+                    raise ConfigError(f"{option}: {dlq!r} cannot be written ({exc}); create "
+                                      "it first") from None
+        self._ack: Callable[[list[Message], Transaction], None] | None = None
+        self.dead_lettered = 0
+        """Records this consumer dead-lettered (their txn committed)."""
+
+    def bind(self, ack: Callable[[list[Message], Transaction], None]) -> None:
+        """``ack(msgs, txn)``: the consumer's ack of one partition's records in a txn."""
+        self._ack = ack
+
+    def due(self, msg: Message) -> bool:
+        """Whether ``msg`` is past the policy's count: dead-lettered, not handed out."""
+        return msg.redelivery_count > self.policy.max_redeliver_count
+
+    def divert(self, msgs: list[Message],
+               give_back: Callable[[list[Message]], object]) -> list[Message]:
+        """Dead-letter those of ``msgs`` past the count; the others, to hand out.
+
+        One txn writes them to their dead-letter topics and acks them. If it fails
+        they are given back (``give_back``: negatively acked, counted once more) and
+        tried again at their next turn; the error is logged, never raised to the reader.
+        """
+        dead = [m for m in msgs if self.due(m)]
+        if not dead:
+            return msgs
+        with self._lock:  # one dead-letter txn of this consumer at a time
+            try:
+                self._write(dead)
+            except (TxnStreamError, OSError) as exc:
+                log.error("dead-lettering %d records of %r (first %s@%d) failed, given "
+                          "back for another try: %s", len(dead), self._subscription,
+                          dead[0].tp, dead[0].offset, exc)
+                give_back(dead)
+            else:
+                self.dead_lettered += len(dead)
+                metrics.DEAD_LETTERED.labels(self._subscription).inc(len(dead))
+                log.warning("dead-lettered %d records of %r past %d redeliveries (first "
+                            "%s@%d)", len(dead), self._subscription,
+                            self.policy.max_redeliver_count, dead[0].tp, dead[0].offset)
+        return [m for m in msgs if not self.due(m)]
+
+    def _write(self, dead: list[Message]) -> None:
+        """One txn: every record to its dead-letter topic, and its ack (commit or abort)."""
+        assert self._ack is not None, "DeadLetters.bind() was not called"
+        by_tp: dict[TopicPartition, list[Message]] = {}
+        with self._transaction() as txn:
+            for m in dead:
+                producer = self._producers[self.policy.topic_for(m.topic, self._subscription)]
+                producer.send(m.value, m.key, txn=txn, headers=self.headers_of(m))
+                by_tp.setdefault(m.tp, []).append(m)
+            for ms in by_tp.values():
+                self._ack(ms, txn)
+
+    def headers_of(self, m: Message) -> list[tuple[str, bytes]]:
+        """The dead-letter record's headers: the original's, then where and why."""
+        return [*m.headers,
+                ("REAL_TOPIC", m.topic.encode()),
+                ("ORIGIN_MESSAGE_ID", f"{m.topic}-{m.partition}@{m.offset}".encode()),
+                ("REAL_SUBSCRIPTION", self._subscription.encode()),
+                ("REDELIVERY_COUNT", str(m.redelivery_count).encode())]
