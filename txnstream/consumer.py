@@ -106,7 +106,7 @@ class Consumer:
         self._txn_acks = TxnAcks(self._acks, self._group, self._queue, self._lock)
         self._redeliveries = Redeliveries(self._readers, self._acks, subscription,
                                           self.member_id)
-        self._dead = dead_letters
+        self.dead_letters = dead_letters  # its policy and count (None: none)
         if dead_letters is not None:
             dead_letters.bind(lambda msgs, txn: self._ack(msgs, txn, cumulative=False))
         self._closed = False
@@ -141,8 +141,8 @@ class Consumer:
         while True:
             with self._lock:
                 out = self._queue.take(max_records, time.monotonic(), self._still_unacked)
-            if out and self._dead is not None:  # past the count: dead-lettered, not out
-                out = self._dead.divert(out, lambda dead: [*map(self.negative_acknowledge,
+            if out and self.dead_letters is not None:  # past the count: dead-lettered, not out
+                out = self.dead_letters.divert(out, lambda dead: [*map(self.negative_acknowledge,
                                                                 dead)])
             if out:
                 return out

@@ -24,5 +24,7 @@ def _run(args: argparse.Namespace) -> int:
     console.print(table(f"{st.subscription}@{st.tp}", ("field", "value"), [
         ("cursor", st.cursor), ("acked above cursor", st.acked_above_cursor),
         ("pending txns", st.pending_txns), ("pending offsets", st.pending_offsets),
-        ("pending cumulative", st.cumulative_pending), ("owner generation", st.generation)]))
+        ("pending cumulative", st.cumulative_pending), ("owner generation", st.generation),
+        ("redelivered offsets", st.redelivered_offsets),
+        ("highest redelivery count", st.max_redelivery_count)]))
     return 0

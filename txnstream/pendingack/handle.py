@@ -95,6 +95,10 @@ class PendingAckStats:
     pending_offsets: int
     cumulative_pending: tuple[TxnID, int] | None
     generation: int
+    redelivered_offsets: int = 0
+    """Unacked offsets that came back at least once (their counts: the pending-ack log)."""
+    max_redelivery_count: int = 0
+    """The highest redelivery count among them (a poison record shows here)."""
 
 
 @dataclass
@@ -353,4 +357,5 @@ class PendingAckHandle:
         """Counts for operators."""
         return PendingAckStats(self.subscription, self.tp, self.cursor, len(self.acked),
                                len(self.pending_txns()), len(self.pending), self.cumulative,
-                               self.generation)
+                               self.generation, len(self.redeliveries),
+                               max(self.redeliveries.values(), default=0))

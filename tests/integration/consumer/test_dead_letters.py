@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from tests.integration.consumer.conftest import make_topic
+from tests.integration.consumer.conftest import make_topic, wait_until
 from txnstream import Client, DeadLetterPolicy
 from txnstream.errors import ConfigError
 
@@ -86,6 +86,8 @@ def test_a_poison_record_is_dead_lettered_once_with_its_ack_and_its_count_surviv
     assert b"HOLDING 0" in out_log.read_bytes(), "the first delivery's count is not 0"
     a.send_signal(signal.SIGKILL)  # its txn holding the poison's ack times out: aborted
     a.wait(10)
+    wait_until(lambda: client.admin.pending_ack_stats(f"{topic}-0", sub).max_redelivery_count
+               == 1, 30, "the killed holder's txn aborted, counted in the pending-ack log")
 
     c = client.subscribe(topic, subscription=sub, dead_letter_policy=DeadLetterPolicy(MAX, dlq),
                          **SESSION)
