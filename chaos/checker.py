@@ -18,8 +18,12 @@ which defect of issue 11 a kind most likely points at. The checks:
    client said ABORTED, ``reported_aborted_but_committed``;
 3. per partition, delivery in offset order and, per writer, in sequence order
    (``order_violation``);
-4. each processor input visible yields exactly one visible output
-   (``input_not_processed``, ``input_processed_twice``, ``output_without_input``);
+4. each processor input visible yields exactly one visible output, or, past the
+   processors' redelivery count, exactly one dead letter, never both (issue 38:
+   ``input_not_processed``, ``input_processed_twice``, ``output_without_input``,
+   ``input_dead_lettered_twice``, ``input_processed_and_dead_lettered``,
+   ``dead_letter_without_input``); the dead-letter topic's records are checked here
+   alone (a dead letter is a copy of its input: it names the input's id);
 5. the committed-only consumers got every visible record (``consumer_missed_record``)
    and nothing aborted (``consumer_saw_aborted``);
 6. no TxnID issued twice (``txn_id_issued_twice``); the raw partitions agree on each
@@ -64,6 +68,11 @@ MAPS_TO = {
                            "behind newer messages lets a cumulative ack skip inputs)",
     "input_processed_twice": "item 2 (pending-ack fencing holes: a zombie commits)",
     "output_without_input": "item 2/4 (an output for an input no reader sees)",
+    "input_dead_lettered_twice": "issue 38 (a dead letter's txn and its ack not atomic, "
+                                 "or a redelivery after the ack)",
+    "input_processed_and_dead_lettered": "issue 38 (a record past the count handed out, or "
+                                         "its ack lost after the dead letter)",
+    "dead_letter_without_input": "issue 38 (a dead letter of a record no reader sees)",
     "consumer_missed_record": "item 1 (committed records dropped by the bounded hold)",
     "consumer_saw_aborted": "items 4/5",
     "txn_id_issued_twice": "item 4 (replies sent for entries not in the log)",
@@ -275,17 +284,24 @@ def _reach(behind: dict[str, list[int]] | None, topic: str, partition: int, offs
 
 def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: list[Delivered],
           in_topic: str, out_topic: str,
-          behind: dict[str, dict[str, list[int]] | None] | None = None) -> CheckResult:
+          behind: dict[str, dict[str, list[int]] | None] | None = None,
+          dlq_topic: str | None = None) -> CheckResult:
     """Run every data check.
 
     ``behind``: per subscription (``processors``, ``consumers``), the partitions whose
     committed cursor was below the end after the drain, ``{tp: [cursor, end]}``.
+    ``dlq_topic``: the processors' dead-letter topic (check 4 only; its raw partitions
+    are in check 6).
     """
     behind = behind or {}
     an = Anomalies()
+    dead = [d for d in delivered if d.topic == dlq_topic]
+    delivered = [d for d in delivered if d.topic != dlq_topic]
     # ---- indexes
     where: dict[str, tuple[tuple[str, int], int]] = {}
     for tp, rp in raw.items():
+        if tp[0] == dlq_topic:
+            continue  # copies of inputs: an id is found where its input is
         for rec in rp.records:
             if rec.value is not None:
                 where.setdefault(rec.value["id"], (tp, rec.offset))
@@ -404,15 +420,25 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
                 outs_of[d.value["in"]].append(d.value)
             if d.value["in"] not in inputs:
                 an.add("output_without_input", {"out": d.value["id"], "in": d.value["in"]})
+    dead_of: Counter[str] = Counter(d.value["id"] for d in dead if d.value)
+    for d in dead:
+        if d.value and d.value["id"] not in inputs:
+            an.add("dead_letter_without_input", {"at": f"{d.topic}-{d.partition}@{d.offset}",
+                                                 "in": d.value["id"]})
     for iid, d in inputs.items():
-        n = outs_per_input[iid]
-        if n == 0:
+        n, gone = outs_per_input[iid], dead_of[iid]
+        if n == 0 and gone == 0:
             why = _reach(behind.get("processors"), d.topic, d.partition, d.offset)
             an.add("input_not_processed", {"in": iid, "at": f"{d.topic}-{d.partition}@{d.offset}",
                                            "why": why}, sub=why)
         elif n > 1:
             an.add("input_processed_twice", {"in": iid, "outputs": n,
                                              "by": [(o["w"], o["txn"]) for o in outs_of[iid]]})
+        if gone > 1:
+            an.add("input_dead_lettered_twice", {"in": iid, "dead_letters": gone})
+        if gone and n:
+            an.add("input_processed_and_dead_lettered", {
+                "in": iid, "outputs": n, "by": [(o["w"], o.get("txn")) for o in outs_of[iid]]})
 
     # ---- 5: committed-only consumers
     for rid in vis_count:
@@ -484,7 +510,8 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
              "processor_redeliveries_seen": truth.regressions,
              "processor_duplicate_deliveries_in_a_batch": truth.dup_in_batch,
              "consumer_records_received": sum(truth.received.values()),
-             "processor_outputs_logged": len(truth.pairs)}
+             "processor_outputs_logged": len(truth.pairs),
+             "processor_inputs_dead_lettered": len(dead_of)}
     if intruder:
         notes["intruder_requests"] = dict(sorted(intruder.items()))
     flood: Counter[str] = Counter()

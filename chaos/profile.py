@@ -65,6 +65,10 @@ class Profile:
     """Producers' normal txns: long enough to ride a coordinator failover (~6 s)."""
     processor_txn_timeout_s: float = 15.0
     """Longer than a pause, so a resumed zombie may still try to commit (item 2)."""
+    max_redeliver_count: int = 3
+    """The processors' dead-letter policy (issue 38): an input whose txns aborted more often
+    goes to the dead-letter topic with its ack; faults abort enough of them that a run
+    dead-letters some, so the checker sees both fates."""
     process_s: tuple[float, float] = (0.0, 0.4)
     """A processor's work per batch, between its acks and its commit: the window in which
     a pause turns it into a zombie holding acked inputs."""

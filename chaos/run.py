@@ -59,6 +59,8 @@ __all__ = ["ChaosRun", "IN_TOPIC", "OUT_TOPIC"]
 IN_TOPIC = "chaos-in"
 OUT_TOPIC = "chaos-out"
 DOOMED_TOPIC = "chaos-doomed"
+DLQ_TOPIC = "chaos-dlq"
+"""The processors' dead-letter topic (issue 38): inputs past their redelivery count."""
 """(hostile) Deleted halfway through the workload while txns that wrote to it commit."""
 HOSTILE = ("intruder", "flooder")
 """Roles of the hostile profiles' processes (chaos.hostile)."""
@@ -121,7 +123,8 @@ class ChaosRun:
         def argv(n: int) -> list[str]:
             return [TXNSTREAM_BIN, "--bootstrap", boot, "worker", "--prefix", prefix,
                     "--id", f"{name}.{n}", "--session-timeout-ms",
-                    str(self.p.session_timeout_ms), "--buffer-topics", f"{IN_TOPIC},{OUT_TOPIC}"]
+                    str(self.p.session_timeout_ms), "--buffer-topics",
+                    f"{IN_TOPIC},{OUT_TOPIC},{DLQ_TOPIC}"]
 
         return argv
 
@@ -132,7 +135,8 @@ class ChaosRun:
         t0 = time.monotonic()
         self.log("starting a 3-broker cluster")
         secs = self.cluster.up()
-        data = {IN_TOPIC: self.p.in_partitions, OUT_TOPIC: self.p.out_partitions}
+        data = {IN_TOPIC: self.p.in_partitions, OUT_TOPIC: self.p.out_partitions,
+                DLQ_TOPIC: 2}
         if self.p.hostile:
             data[DOOMED_TOPIC] = 2
         isr = self.cluster.create_topics(data)
@@ -165,7 +169,9 @@ class ChaosRun:
                     "input": IN_TOPIC, "output": OUT_TOPIC, "subscription": EO_SUBSCRIPTION,
                     "ack_mode": ("cumulative", "individual")[i % 2],
                     "txn_timeout_s": p.processor_txn_timeout_s, "session_timeout_ms": st,
-                    "process_s": list(p.process_s)}), env=self.creds.env("chaos-processor"))
+                    "process_s": list(p.process_s), "dead_letter_topic": DLQ_TOPIC,
+                    "max_redeliver_count": p.max_redeliver_count}),
+                env=self.creds.env("chaos-processor"))
         ports = [free_port() for _ in range(p.producers)]
         for i in range(p.producers):
             self.sup.add(f"producer-{i}", "producer", self._role_argv("producer", f"producer-{i}", {
@@ -360,14 +366,15 @@ class ChaosRun:
         self.sup.reap_unexpected(restart=False)
         self.log("stopping processors and consumers; reading raw and committed-only")
         self.sup.stop(self.sup.names("processor") + self.sup.names("consumer"))
-        topics = [IN_TOPIC, OUT_TOPIC]
+        topics = [IN_TOPIC, OUT_TOPIC, DLQ_TOPIC]
         raw = read_raw(self.config, topics, check=self._marker_check())
         targets = {tp: rp.last_expected_visible() for tp, rp in raw.items()}
         delivered = read_committed(self.config, topics, targets)
         truth = load_truth(self.truth_dir)
         drain = self.summary.get("drain", {})
         res = check(truth, raw, delivered, IN_TOPIC, OUT_TOPIC,
-                    {"processors": drain.get("eo_behind"), "consumers": drain.get("read_behind")})
+                    {"processors": drain.get("eo_behind"), "consumers": drain.get("read_behind")},
+                    dlq_topic=DLQ_TOPIC)
         an = res.anomalies
         for s in self.monitor.stuck.values():
             an.add("txn_open_past_timeout", vars(s))

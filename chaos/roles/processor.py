@@ -9,8 +9,9 @@ batch's inputs. A batch that fails is aborted (its acked inputs come back
 through the abort); with individual acks its inputs not yet acked are negatively
 acknowledged, with cumulative acks the processor rewinds (leaves the group and joins
 again, so delivery restarts at the committed cursor). Every input is processed again:
-exactly once is the consumer's and coordinator's job. A message delivered twice within
-one batch is processed once (and noted).
+exactly once is the consumer's and coordinator's job; past its redelivery count an input
+goes to the dead-letter topic with its ack instead (the consumer's dead-letter policy).
+A message delivered twice within one batch is processed once (and noted).
 
 A ``KafkaException`` out of ``receive()`` is not caught: the process exits and the
 harness reports it (a member paused past its session timeout must carry on, item 3).
@@ -28,7 +29,7 @@ from typing import Any
 
 from chaos.roles.common import RoleArgs, commit_outcome, run_role
 from chaos.truth import TruthLog, decode_value, encode_value
-from txnstream import Client
+from txnstream import Client, DeadLetterPolicy
 from txnstream.consumer import Consumer
 from txnstream.errors import TxnStreamError
 from txnstream.message import Message
@@ -67,8 +68,12 @@ class ProcessorRole:
 
     def _subscribe(self) -> Consumer:
         sp = self.args.spec
+        policy = {"dead_letter_policy": DeadLetterPolicy(sp["max_redeliver_count"],
+                                                         sp["dead_letter_topic"])
+                  } if sp.get("dead_letter_topic") else {}
         return self.client.subscribe(sp["input"], subscription=sp["subscription"], **{
-            "session.timeout.ms": sp["session_timeout_ms"], "heartbeat.interval.ms": 1000})
+            "session.timeout.ms": sp["session_timeout_ms"], "heartbeat.interval.ms": 1000},
+            **policy)
 
     def _rewind(self) -> None:
         """Leave the group and join again: delivery restarts at the committed cursor.
