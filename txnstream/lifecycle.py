@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from txnstream import metrics, validate
-from txnstream.errors import ConfigError, TxnStreamError
+from txnstream.errors import ConfigError
 from txnstream.message import Message
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
 
@@ -195,9 +195,9 @@ class DeadLetters:
         with self._lock:  # one dead-letter txn of this consumer at a time
             try:
                 self._write(dead)
-            except (TxnStreamError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a reader's receive() must go on
                 log.error("dead-lettering %d records of %r (first %s@%d) failed, given "
-                          "back for another try: %s", len(dead), self._subscription,
+                          "back for another try: %r", len(dead), self._subscription,
                           dead[0].tp, dead[0].offset, exc)
                 give_back(dead)
             else:
