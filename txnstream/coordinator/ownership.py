@@ -235,8 +235,12 @@ class TcOwnership:
         return self.tcs.get(tc.tc_id) is tc and tc.phase is TcPhase.SERVING
 
     def serving_ids(self) -> list[int]:
-        """TC ids served right now."""
-        return sorted(tc.tc_id for tc in self.tcs.values() if tc.phase is TcPhase.SERVING)
+        """TC ids served right now.
+
+        Asked from other threads: a copy of the TCs first (the loop adds and drops them).
+        """
+        return sorted(tc.tc_id for tc in list(self.tcs.values())
+                      if tc.phase is TcPhase.SERVING)
 
     # ------------------------------------------------------------ replay and epoch
 
