@@ -218,7 +218,8 @@ class Client:
         if policy is not None:
             names = [topics] if isinstance(topics, str) else list(topics)
             options["dead_letters"] = DeadLetters(policy, names, subscription,
-                                                  self.create_producer, self.transaction)
+                                                  self.create_producer, self.transaction,
+                                                  self._topic_names)
         consumer = Consumer(self.config, self.admin, topics, subscription, initial_position,
                             **options)
         self._made.add(consumer)
@@ -250,6 +251,13 @@ class Client:
             tc.close()
         if failed is not None:
             raise failed
+
+    def _topic_names(self) -> set[str]:
+        """Every topic of the cluster (a metadata request for all creates none)."""
+        from confluent_kafka.admin import AdminClient
+
+        meta = AdminClient(self.config.admin()).list_topics(timeout=self.config.admin_timeout_s)
+        return {name for name, t in meta.topics.items() if t.error is None}
 
     def _check_open(self) -> None:
         if self._closed:  # a use after close() would make connections nobody closes

@@ -141,12 +141,14 @@ class DeadLetters:
 
     Made by ``client.subscribe``: every dead-letter topic is checked there (it exists,
     and is none of the subscribed topics), so a bad policy is refused before anything
-    is read. ``create_producer`` and ``transaction`` are the client's.
+    is read. ``create_producer``, ``transaction`` and ``topic_names`` (the cluster's) are
+    the client's.
     """
 
     def __init__(self, policy: DeadLetterPolicy, topics: Sequence[str], subscription: str,
                  create_producer: Callable[[str], Producer],
-                 transaction: Callable[[], AbstractContextManager[Transaction]]) -> None:
+                 transaction: Callable[[], AbstractContextManager[Transaction]],
+                 topic_names: Callable[[], set[str]]) -> None:
         if not isinstance(policy, DeadLetterPolicy):
             raise ConfigError(f"dead_letter_policy must be a txnstream.DeadLetterPolicy, "
                               f"got {type(policy).__name__}")
@@ -155,6 +157,7 @@ class DeadLetters:
         self._subscription = subscription
         self._lock = threading.Lock()
         self._producers: dict[str, Producer] = {}
+        existing = topic_names()  # a producer's metadata request would create a topic
         for t in topics:
             dlq = policy.topic_for(t, subscription)
             option = ("dead_letter_policy.dead_letter_topic" if policy.dead_letter_topic
@@ -163,12 +166,10 @@ class DeadLetters:
             if dlq in topics:
                 raise ConfigError(f"{option}: {dlq!r} is a topic this subscription reads; "
                                   "a dead letter would come back to it")
+            if dlq not in existing:
+                raise ConfigError(f"{option}: topic {dlq!r} does not exist; create it first")
             if dlq not in self._producers:
-                try:
-                    self._producers[dlq] = create_producer(dlq)
-                except ConfigError as exc:
-                    raise ConfigError(f"{option}: {dlq!r} cannot be written ({exc}); create "
-                                      "it first") from None
+                self._producers[dlq] = create_producer(dlq)
         self._ack: Callable[[list[Message], Transaction], None] | None = None
         self.dead_lettered = 0
         """Records this consumer dead-lettered (their txn committed)."""

@@ -165,12 +165,17 @@ def test_negative_acks_count_across_a_rebalance_and_dead_letter_without_a_txn(
 def test_a_dead_letter_topic_that_is_missing_or_read_is_refused_naming_the_option(
         config, worker, client):
     topic = make_topic(config, 1, "in")
-    with pytest.raises(ConfigError, match="dead_letter_topic.*nope-"):
+    missing = f"nope-{uuid.uuid4().hex}"
+    with pytest.raises(ConfigError, match=f"dead_letter_topic.*{missing}.*does not exist"):
         client.subscribe(topic, subscription="s",
-                         dead_letter_policy=DeadLetterPolicy(3, f"nope-{uuid.uuid4().hex}"))
+                         dead_letter_policy=DeadLetterPolicy(3, missing))
+    from confluent_kafka.admin import AdminClient
+
+    assert missing not in AdminClient(config.admin()).list_topics(timeout=10).topics, \
+        "checking the dead-letter topic created it"
     with pytest.raises(ConfigError, match="a topic this subscription reads"):
         client.subscribe(topic, subscription="s", dead_letter_policy=DeadLetterPolicy(3, topic))
-    with pytest.raises(ConfigError, match=r"default dead-letter topic.*create it first"):
+    with pytest.raises(ConfigError, match=r"default dead-letter topic.*does not exist"):
         client.subscribe(topic, subscription="s", dead_letter_policy=DeadLetterPolicy(3))
     with pytest.raises(ConfigError, match="dead_letter_policy must be"):
         client.subscribe(topic, subscription="s", dead_letter_policy={"max": 3})
