@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from txnstream import metrics, validate
-from txnstream.errors import ConfigError
+from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.message import Message
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
 
@@ -200,7 +200,11 @@ class DeadLetters:
                 log.error("dead-lettering %d records of %r (first %s@%d) failed, given "
                           "back for another try: %r", len(dead), self._subscription,
                           dead[0].tp, dead[0].offset, exc)
-                give_back(dead)
+                for m in dead:
+                    try:
+                        give_back([m])
+                    except TxnStreamError as gone:  # revoked meanwhile: its next owner's
+                        log.info("%s@%d not given back: %s", m.tp, m.offset, gone)
             else:
                 self.dead_lettered += len(dead)
                 metrics.DEAD_LETTERED.labels(self._subscription).inc(len(dead))
