@@ -116,8 +116,8 @@ class Redeliveries:
     def bump(self, msgs: Iterable[Message]) -> list[Message]:
         """``msgs`` come back: the messages to queue.
 
-        Each unacked one counted once more (others as they are), logged in one
-        ``REDELIVERED`` record per partition.
+        Each unacked one counted once more (others as they are), logged in a
+        ``REDELIVERED`` record per partition and new count (its ``cursor`` field).
         """
         by_tp: dict[TopicPartition, list[Message]] = {}
         for m in msgs:
@@ -128,11 +128,17 @@ class Redeliveries:
             back = r.came_back(ms) if r is not None else []
             mine = {m.offset for m in back}
             out += back + [m for m in ms if m.offset not in mine]
-            if back and r is not None and r.handle is not None:
-                metrics.REDELIVERED.labels(self._subscription).inc(len(back))
+            if not back or r is None or r.handle is None:
+                continue
+            metrics.REDELIVERED.labels(self._subscription).inc(len(back))
+            by_count: dict[int, list[int]] = {}
+            for m in back:
+                by_count.setdefault(m.redelivery_count, []).append(m.offset)
+            for count, offsets in by_count.items():  # the new count: a replay sets it
                 self._acks.append_plain(PendingAckEntry(
                     PendingAckKind.REDELIVERED, self._subscription, tp.topic, tp.partition,
-                    None, tuple(sorted(mine)), r.handle.generation, self._member_id))
+                    None, tuple(sorted(offsets)), r.handle.generation, self._member_id,
+                    cursor=count))
         return out
 
 

@@ -30,8 +30,9 @@ rebuilds the handle before it delivers anything.
 
 Redelivery counts (:attr:`PendingAckHandle.redeliveries`): each time an offset comes
 back (an aborted txn's acks gave it back: from the live outcome or the ``ABORT_MARK``
-replayed, so the count survives a crash of the consumer and of the worker; a nack: kept
-from the next checkpoint on), its count goes up by one; it goes when the offset is acked.
+replayed, so the count survives a crash of the consumer and of the worker; a nack or
+``redeliver_unacknowledged``: a ``REDELIVERED`` record naming the new count, so its
+replay is idempotent), its count goes up by one; it goes when the offset is acked.
 Pulsar's tracker is in the broker's memory and starts over when the topic moves.
 
 Log epochs: the offsets here are of one log of the data partition. A topic deleted and
@@ -230,6 +231,20 @@ class PendingAckHandle:
             for o in sorted(counts)[:len(counts) - MAX_COUNTED]:
                 del counts[o]
 
+    def counted(self, offsets: Iterable[int], count: int) -> None:
+        """A ``REDELIVERED`` record: ``offsets`` came back ``count`` times in all.
+
+        Idempotent (a replay from a checkpoint taken after the count went up, before
+        its record was read back, counts it once); a record without a count (< 1) adds
+        one.
+        """
+        counts = self.redeliveries
+        for o in offsets:
+            counts[o] = max(counts.get(o, 0), count) if count > 0 else counts.get(o, 0) + 1
+        if len(counts) > MAX_COUNTED:
+            for o in sorted(counts)[:len(counts) - MAX_COUNTED]:
+                del counts[o]
+
     def redelivery_count(self, offset: int) -> int:
         """How many times ``offset`` came back unacked (0: never)."""
         return self.redeliveries.get(offset, 0)
@@ -274,7 +289,7 @@ class PendingAckHandle:
         if not admits(entry.generation, self.generation):
             return False  # written by a fenced owner
         if k is PendingAckKind.REDELIVERED:
-            self.came_back(o for o in entry.offsets if not self._is_acked(o))
+            self.counted((o for o in entry.offsets if not self._is_acked(o)), entry.cursor)
             return True
         if entry.txn_id is None and k is not PendingAckKind.ACK_INDIVIDUAL:
             return False

@@ -34,8 +34,8 @@ class PendingAckKind(enum.Enum):
     ABORT_MARK = "ABORT_MARK"
     OWNER = "OWNER"
     REDELIVERED = "REDELIVERED"
-    """Offsets an owner delivered again unacked (a nack, ``redeliver_unacknowledged``):
-    their redelivery counts go up (version 3)."""
+    """Offsets an owner delivered again unacked (a nack, ``redeliver_unacknowledged``),
+    with the count they reached in its ``cursor`` field (version 3)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,9 +36,9 @@ def mark(txn: TxnID, committed: bool) -> PendingAckEntry:
     return PendingAckEntry.mark(kind, SUB, TP, txn)
 
 
-def redelivered(*offsets: int, generation: int = 0) -> PendingAckEntry:
+def redelivered(*offsets: int, generation: int = 0, count: int = 1) -> PendingAckEntry:
     return PendingAckEntry(PendingAckKind.REDELIVERED, SUB, TP.topic, TP.partition, None,
-                           offsets, generation=generation, member_id="m")
+                           offsets, generation=generation, member_id="m", cursor=count)
 
 
 def replay(*entries: PendingAckEntry) -> PendingAckHandle:
@@ -75,13 +75,22 @@ def test_an_ack_ends_the_count_and_a_commit_counts_nothing():
 
 
 def test_a_redelivered_record_counts_unless_fenced_or_acked():
-    h = replay(redelivered(7, 8), redelivered(8), ack(None, 7),
+    h = replay(redelivered(7, 8), redelivered(8, count=2), ack(None, 7),
                redelivered(9, generation=-5))  # the last: a fenced owner's
     assert h.redeliveries == {8: 2}
 
 
+def test_a_redelivered_record_read_after_a_checkpoint_that_counted_it_counts_once():
+    h = replay(ack(T1, 4), mark(T1, False))  # 4: once
+    h.came_back([4])  # a nack: twice, live; its REDELIVERED record is not read back yet
+    fresh = PendingAckHandle(SUB, TP)
+    fresh.restore(PendingAckCheckpoint.decode(h.checkpoint().encode()))
+    fresh.apply(PendingAckEntry.decode(redelivered(4, count=2).encode()))  # then read back
+    assert fresh.redeliveries == {4: 2}
+
+
 def test_a_checkpoint_keeps_the_counts_and_a_new_log_drops_them():
-    h = replay(ack(T1, 3, 4), mark(T1, False), redelivered(4))
+    h = replay(ack(T1, 3, 4), mark(T1, False), redelivered(4, count=2))
     ckpt = PendingAckCheckpoint.decode(h.checkpoint().encode())
     assert ckpt.redeliveries == ((3, 1), (4, 2))
     fresh = PendingAckHandle(SUB, TP)
@@ -101,7 +110,7 @@ def test_a_checkpoint_without_counts_is_written_as_the_previous_release_reads_it
 
 def test_the_counts_kept_are_bounded(monkeypatch):
     monkeypatch.setattr(handle_mod, "MAX_COUNTED", 5)
-    h = replay(redelivered(*range(20, 30)), redelivered(29))
+    h = replay(redelivered(*range(20, 30)), redelivered(29, count=2))
     assert sorted(h.redeliveries) == [25, 26, 27, 28, 29]  # the lowest are forgotten
     assert h.redeliveries[29] == 2
 
