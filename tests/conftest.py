@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -294,6 +295,19 @@ class ProcReaper:
 
     def track(self, proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
         self.procs.append(proc)
+        return proc
+
+    def start_until(self, argv: list[str], log: Path, marker: bytes,
+                    timeout_s: float = 60.0) -> subprocess.Popen[bytes]:
+        """Start ``argv`` (its own session, output to ``log``), tracked; return once
+        ``marker`` is in its output (the test fails if it exits or times out first)."""
+        proc = self.track(subprocess.Popen(argv, stdout=open(log, "wb"),
+                                           stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        while marker not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                log.read_text()[-3000:]
+            time.sleep(0.2)
         return proc
 
     def reap(self) -> None:

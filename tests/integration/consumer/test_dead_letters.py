@@ -9,7 +9,6 @@ topic and acked in one txn: dead-lettered exactly once, never delivered again.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -75,14 +74,8 @@ def test_a_poison_record_is_dead_lettered_once_with_its_ack_and_its_count_surviv
     script = tmp_path / "holder.py"
     script.write_text(HOLDER.replace("{max}", str(MAX)))
     out_log = tmp_path / "holder.log"
-    a = proc_reaper.track(subprocess.Popen(
-        [sys.executable, str(script), config.bootstrap_servers, config.topics.prefix, topic,
-         dlq, sub], stdout=open(out_log, "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True))
-    deadline = time.monotonic() + 60
-    while b"HOLDING" not in out_log.read_bytes():
-        assert a.poll() is None and time.monotonic() < deadline, out_log.read_text()[-3000:]
-        time.sleep(0.2)
+    a = proc_reaper.start_until([sys.executable, str(script), config.bootstrap_servers,
+                                 config.topics.prefix, topic, dlq, sub], out_log, b"HOLDING")
     assert b"HOLDING 0" in out_log.read_bytes(), "the first delivery's count is not 0"
     a.send_signal(signal.SIGKILL)  # its txn holding the poison's ack times out: aborted
     a.wait(10)

@@ -10,7 +10,6 @@ the input order.
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -66,14 +65,8 @@ def test_takeover_aborts_a_killed_processors_txn_and_keeps_input_order(config, w
     script.write_text(DYING_PROCESSOR.replace("{batch}", str(BATCH))
                       .replace("{timeout}", str(TXN_TIMEOUT_S)))
     out_log = tmp_path / "a.log"
-    a = proc_reaper.track(subprocess.Popen(
-        [sys.executable, str(script), config.bootstrap_servers, config.topics.prefix, src,
-         dst, sub], stdout=open(out_log, "wb"), stderr=subprocess.STDOUT,
-        start_new_session=True))
-    deadline = time.monotonic() + 60
-    while b"ACKED" not in out_log.read_bytes():
-        assert a.poll() is None and time.monotonic() < deadline, out_log.read_text()[-3000:]
-        time.sleep(0.2)
+    a = proc_reaper.start_until([sys.executable, str(script), config.bootstrap_servers,
+                                 config.topics.prefix, src, dst, sub], out_log, b"ACKED")
     a.send_signal(signal.SIGKILL)
     a.wait(10)
     killed_at = time.monotonic()
