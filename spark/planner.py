@@ -113,6 +113,20 @@ class Planner:
     def close(self) -> None:
         self.follower.close()
 
+    def _topic_ids(self) -> dict[str, str]:
+        """The subscribed topics' ids now (none where not known).
+
+        A view naming another id is of a log deleted since, whose owner has not
+        restarted it on the new one yet.
+        """
+        from confluent_kafka.admin import AdminClient
+
+        from txnstream.buffer.recreation import TopicIds
+
+        cfg = self.opts.config
+        return TopicIds(lambda: AdminClient(cfg.admin()), cfg.admin_timeout_s).get(
+            {tp.topic for tp in self.tps})
+
     def _covered_end(self, tp: TopicPartition) -> int:
         """Up to where the state at hand says what to skip: the plain prefix, or the view."""
         end = self._plain_end.get(tp, 0)
@@ -146,9 +160,12 @@ class Planner:
         txnl = [tp for tp in live if f.status.get(tp) is not ServeStatus.PLAIN]
         if txnl:
             f.catch_up(txnl, timeout_s=CATCH_UP_S)
-        def behind() -> list[TopicPartition]:
-            return [tp for tp in txnl
-                    if (v := f.views.get(tp)) is not None and v.position < marks[tp][1] - 1]
+        ids = self._topic_ids() if fresh_s > 0 and txnl else {}
+
+        def behind() -> list[TopicPartition]:  # short of the end, or of a log gone since
+            return [tp for tp in txnl if (v := f.views.get(tp)) is not None and (
+                v.position < marks[tp][1] - 1
+                or (v.topic_id and ids.get(tp.topic, v.topic_id) != v.topic_id))]
 
         deadline = time.monotonic() + fresh_s
         while fresh_s > 0 and time.monotonic() < deadline and (

@@ -111,6 +111,34 @@ def test_a_topic_recreated_while_the_query_was_stopped(spark, config, worker, cl
         assert seen[8:] == new, "the new log was not read committed-only from its start"
 
 
+def test_an_available_now_run_waits_for_the_new_log_of_a_topic_recreated_before_it(
+        spark, config, worker, client, tmp_path, monkeypatch):
+    """The plan of a run that must hold everything committed before it waits while the
+    served view is of the deleted log (its owner has not found the new one yet: CI on
+    f0f9114 read nothing of the new log once). The owner is made to look every 6 s."""
+    import txnstream.buffer.worker as buffer_worker
+
+    topic = make_topic(config, 1)
+    commit_values(client, topic, [f"old{i}".encode() for i in range(8)], 0)
+    seen: list[bytes] = []
+
+    def run_once():
+        return run_available_now(spark, config, tmp_path, seen, subscribe=topic,
+                                 failOnDataLoss="false", startingOffsets="earliest")
+
+    assert run_once() is None
+    monkeypatch.setattr(buffer_worker, "RECREATION_CHECK_S", 6.0)
+    time.sleep(1.5)  # the owner's next check is 6 s away from now on
+    _recreate(config, topic)
+    new = [f"new{i}".encode() for i in range(3)]
+    from txnstream import Client
+
+    with Client(config=config) as fresh:
+        commit_values(fresh, topic, new, 0)
+    assert run_once() is None
+    assert seen[8:] == new, "the plan was made on the deleted log's view"
+
+
 def test_a_topic_recreated_under_a_running_query_is_read_from_its_new_start(
         spark, config, worker, client, tmp_path):
     topic = make_topic(config, 1)

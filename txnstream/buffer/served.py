@@ -197,6 +197,10 @@ class BufferView:
     say nothing about another's log: a reader that remembers positions (a cursor, a
     planned range, a checkpoint) compares this number with the one it noted beside them,
     and where it grew, the log they were taken on is gone."""
+    topic_id: str = ""
+    """The Kafka topic id of the log this view describes, as its snapshot named it ("":
+    not known). A reader that finds the topic's id now different knows the view is of a
+    log gone, before its owner has restarted the state on the new one."""
     restarts: int = 0
     """How many times the reader that keeps this view (a
     :class:`~txnstream.buffer.follower.BufferStateFollower`) restarted it on a newer log
@@ -212,7 +216,8 @@ class BufferView:
     def from_snapshot(cls, snap: TransactionBufferSnapshot) -> BufferView:
         """The view an owner's snapshot describes (readers start from it)."""
         view = cls(TopicPartition(snap.topic, snap.partition), snap.position,
-                   snap.max_read_position, snap.generation, log_epoch=snap.log_epoch)
+                   snap.max_read_position, snap.generation, log_epoch=snap.log_epoch,
+                   topic_id=snap.topic_id)
         for txn, offs in snap.aborted:
             if offs:
                 view._add_span(txn.to_bytes(), offs[0], offs[-1])
