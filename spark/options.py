@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,6 +224,35 @@ class Timestamps:
         if isinstance(self.at, int):
             return self.at
         return self.at.get(topic, {}).get(str(partition))
+
+    def resolve(self, topics: Sequence[str], tps: Sequence[TopicPartition],
+                offsets_for_times: Callable[[dict[TopicPartition, int]],
+                                            dict[TopicPartition, int]]
+                ) -> dict[TopicPartition, int]:
+        """Each partition's first offset at or after its time, as Kafka's source finds it.
+
+        ``offsets_for_times``: the broker's answer (Kafka's ListOffsets by time, -1
+        where no record is that late). The offset is the log's (a marker's or an aborted
+        record's too): a range from it delivers the committed records from there on. No
+        record that late: the partition's :data:`LATEST` (an end, or a start under
+        ``startingOffsetsByTimestampStrategy=latest``), else Kafka's error.
+        """
+        if isinstance(self.at, dict):
+            named_offsets(self.at, self.option, topics, tps, by_time=True)
+        times = {tp: t for tp in tps if (t := self.time_of(tp.topic, tp.partition))
+                 is not None}
+        found = offsets_for_times(times)
+        out: dict[TopicPartition, int] = {}
+        for tp, at in times.items():
+            offset = found.get(tp, -1)
+            if offset < 0 and not self.no_match_latest:
+                raise ConfigError(
+                    f"option '{self.option}': No offset matched from request of "
+                    f"topic-partition {tp} and timestamp {at}. (set "
+                    "'startingOffsetsByTimestampStrategy' to 'latest' to start such "
+                    "partitions at their latest offset)")
+            out[tp] = offset if offset >= 0 else LATEST
+        return out
 
 
 _TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000,

@@ -359,38 +359,13 @@ class Planner:
 
         Offsets JSON must name every partition of the subscribed topics and no other, as
         Kafka's source requires; the ``ConfigError`` names the option and the partitions.
-        Times are looked up now (:meth:`_by_time`).
+        Times are looked up now (:meth:`Timestamps.resolve`).
         """
         if isinstance(spec, str):
             return dict.fromkeys(self.tps, LATEST if spec == "latest" else EARLIEST)
         if isinstance(spec, Timestamps):
-            return self._by_time(spec)
+            return spec.resolve(self.opts.topics, self.tps, self.follower.offsets_for_times)
         return named_offsets(spec, name, self.opts.topics, self.tps)
-
-    def _by_time(self, spec: Timestamps) -> dict[TopicPartition, int]:
-        """Each partition's first offset at or after its time, as Kafka's source finds it.
-
-        The offset is the log's (a marker's or an aborted record's too): a range from it
-        delivers the committed records from there on. No record that late: the
-        partition's :data:`LATEST` (an end, or a start under
-        ``startingOffsetsByTimestampStrategy=latest``), else Kafka's error.
-        """
-        if isinstance(spec.at, dict):
-            named_offsets(spec.at, spec.option, self.opts.topics, self.tps, by_time=True)
-        times = {tp: t for tp in self.tps if (t := spec.time_of(tp.topic, tp.partition))
-                 is not None}
-        found = self.follower.offsets_for_times(times)
-        out: dict[TopicPartition, int] = {}
-        for tp, at in times.items():
-            offset = found.get(tp, -1)
-            if offset < 0 and not spec.no_match_latest:
-                raise ConfigError(
-                    f"option '{spec.option}': No offset matched from request of "
-                    f"topic-partition {tp} and timestamp {at}. (set "
-                    "'startingOffsetsByTimestampStrategy' to 'latest' to start such "
-                    "partitions at their latest offset)")
-            out[tp] = offset if offset >= 0 else LATEST
-        return out
 
     def starts(self, spec: str | Offsets | Timestamps) -> Offsets:
         """Where a stream starts (JSON offsets): -2 the log start, -1 the committed end."""
