@@ -196,6 +196,9 @@ class _Rows(RowColumns):
     def add(self, batch: Sequence[KafkaRecord], pos: int) -> int:
         """Take the deliverable records of ``batch``; returns the next position to read."""
         from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_TAG_HEADER
+        from txnstream.message import DELIVER_AFTER_HEADER, DELIVER_AT_HEADER
+
+        ours = (TXN_TAG_HEADER, DELIVER_AT_HEADER, DELIVER_AFTER_HEADER)
 
         end, skip, spans, names = self.p.end, self.skip, self.spans, self.txn_names
         plain = self.p.plain
@@ -239,8 +242,8 @@ class _Rows(RowColumns):
                             break
                     elif k == TXN_MARKER_HEADER:
                         break  # a marker is never delivered, even if not in the skip list
-                    elif k == TXN_TAG_HEADER:
-                        continue  # membership: the fold checked it
+                    elif k in ours:
+                        continue  # membership (the fold checked it), a delay
                     else:
                         user.append({"key": k, "value": v})
                 else:

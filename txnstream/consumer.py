@@ -32,24 +32,24 @@ from typing import TYPE_CHECKING, Any
 
 from txnstream import validate
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
-from txnstream.buffer.unregistered import Judgement, UnregisteredRecords
+from txnstream.buffer.unregistered import UnregisteredRecords
 from txnstream.consumer_group import CHECKPOINT_INTERVAL_S, GroupMember
 from txnstream.consumer_txns import TxnAcks
 from txnstream.coordinator.log_entry import SubscriptionRef
-from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, check_delivered, verdict
+from txnstream.delivery import PartitionDelivery, ReadyQueue, check_delivered
 from txnstream.errors import (
     ConfigError,
     TransactionConflictError,
     TxnStreamError,
-    message_error,
 )
-from txnstream.kafka.fetch import KafkaRecord, drain
+from txnstream.ingest import Ingest
+from txnstream.kafka.fetch import drain
 from txnstream.lifecycle import DeadLetters, Redeliveries
-from txnstream.message import Message, split_headers
+from txnstream.message import Message
 from txnstream.pendingack.handle import PendingAckStats
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
 from txnstream.pendingack.store import PendingAckStore
-from txnstream.types import TopicPartition, TxnID
+from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:
     from txnstream.admin import Admin
@@ -62,12 +62,8 @@ log = logging.getLogger(__name__)
 
 _OFFSET = attrgetter("offset")
 
-WAIT, SKIP = Verdict.WAIT, Verdict.SKIP
-
 FETCH_BATCH = 5000
 """Records taken from the fetcher per call: one Python call per batch, not per record."""
-TXN_ID_CACHE = 10_000
-"""Parsed ``txn.id`` headers kept per consumer (one per txn in flight, cleared past it)."""
 POLL_SLICE_S = 0.1
 """Longest single wait inside receive: rebalances and retakes are served between waits."""
 
@@ -96,13 +92,14 @@ class Consumer:
         self._follower = BufferStateFollower(config, name=self.member_id)
         self._unreg = UnregisteredRecords(self._follower.any_registered,
                                           self._follower.watermarks, who=self.member_id)
-        self._txn_ids: dict[bytes, TxnID] = {}
         self._group = GroupMember(
             config, admin, self.topics, subscription, self.member_id, owner=self,
             lock=self._lock, acks=self._acks, follower=self._follower,
             initial_position=initial_position, checkpoint_interval_s=checkpoint_interval_s,
             abort_predecessor_txns=bool(abort_predecessor_txns), kafka=kafka)
         self._readers = self._group.readers
+        self._ingest = Ingest(self.member_id, subscription, self._readers, self._queue,
+                              self._follower, self._unreg, self._group)
         self._txn_acks = TxnAcks(self._acks, self._group, self._queue, self._lock)
         self._redeliveries = Redeliveries(self._readers, self._acks, subscription,
                                           self.member_id)
@@ -140,7 +137,8 @@ class Consumer:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                out = self._queue.take(max_records, time.monotonic(), self._still_unacked)
+                out = self._queue.take(max_records, time.monotonic(), self._still_unacked,
+                                       self._ingest.release)
             if out and self.dead_letters is not None:  # past the count: dead-lettered, not out
                 out = self.dead_letters.divert(out, lambda dead: [*map(self.negative_acknowledge,
                                                                 dead)])
@@ -190,7 +188,7 @@ class Consumer:
             self._group.unblock(moved | self._unreg.due())
         batch = drain(self._group.kafka, max_records, 0.0 if blocked else timeout_s)
         with self._lock:
-            self._ingest_batch(batch)
+            self._ingest(batch)
             self._txn_acks.apply_marks()
             self._group.commit()
             for r in self._readers.values():
@@ -208,85 +206,6 @@ class Consumer:
         with self._lock:
             return {tp: (r.status.value, self._follower.waiting_for(tp))
                     for tp, r in self._readers.items()}
-
-    def _ingest_batch(self, batch: list[KafkaRecord]) -> None:
-        """Deliver what the served state says is committed; wait at the first that is not.
-
-        The hot path of every reader: per run of one partition's records, the reader,
-        its view and its pending-ack state are looked up once; per record, a few
-        comparisons and the :class:`Message` (the same object a hand-written
-        ``read_committed`` loop builds). Records of a partition after the one it waits at
-        are ignored (the seek fetches them again).
-        """
-        queue, views, ids = self._queue, self._follower.views, self._txn_ids
-        ready, unacked_of = queue.ready, None
-        key: tuple[str, int] | None = None
-        r: PartitionDelivery | None = None
-        view = None
-        quiet = False
-        for m in batch:
-            if m.error() is not None:
-                message_error(m, f"consumer {self.subscription}", log)
-                continue
-            topic, part = m.topic(), m.partition()
-            if (topic, part) != key:
-                key = (topic, part)
-                r = self._readers.get(TopicPartition(topic, part))
-                view = views.get(r.tp) if r is not None else None
-                quiet = r is not None and r.quiet()
-                unacked_of = r.unacked if r is not None else None
-            if r is None or r.wait_at is not None:
-                continue
-            off = m.offset()
-            if off < r.deliver_pos:
-                continue
-            txn_raw, marker, user = split_headers(m.headers())
-            if r.status is ServeStatus.PLAIN:
-                if txn_raw is None and not marker:
-                    r.deliver_pos = off + 1
-                    msg = Message(topic, part, off, m.key(), m.value(), tuple(user),
-                                  m.timestamp()[1], None)
-                    if (given := r.offer(msg)) is not None:
-                        ready.append(given)
-                    continue
-                judged = self._unreg.judge(r.tp, off)  # junk, unless its topic is registered
-                if judged is not Judgement.REGISTERED:
-                    if judged is Judgement.JUNK:
-                        r.deliver_pos = off + 1
-                    else:
-                        self._group.wait_at(r, off)  # asked again when due
-                    continue
-                log.info("%s: %s has txn records from offset %d on: reading served state",
-                         self.member_id, r.tp, off)
-                self._follower.unfollow(r.tp)
-                r.status = self._follower.follow(r.tp, plain_ok=False)
-                view = views.get(r.tp)
-            said = verdict(view, off, txn_raw, marker)
-            if said is WAIT:
-                self._group.wait_at(r, off)
-                continue
-            r.deliver_pos = off + 1
-            if said is SKIP:
-                continue
-            txn_id = None
-            if txn_raw is not None:
-                txn_id = ids.get(txn_raw)
-                if txn_id is None:
-                    try:
-                        txn_id = TxnID.from_bytes(txn_raw)
-                    except ValueError:
-                        continue  # the fold hid it too; never delivered
-                    if len(ids) >= TXN_ID_CACHE:
-                        ids.clear()
-                    ids[txn_raw] = txn_id
-            msg = Message(topic, part, off, m.key(), m.value(), tuple(user), m.timestamp()[1],
-                          txn_id)
-            if quiet and (r.handle is None or off >= r.handle.cursor):
-                ready.append(msg)
-                assert unacked_of is not None
-                unacked_of[off] = msg  # queued counts as unacked: the cursor stays below it
-            elif (given := r.offer(msg)) is not None:
-                ready.append(given)
 
     # ------------------------------------------------------------ acks
 
@@ -306,7 +225,9 @@ class Consumer:
         txn's acks, a nack) and not received again raises ``TransactionConflictError``
         naming them, and the txn can only abort: they were never processed, and an
         abort confirmed in the background can give them back at any moment. Outside a
-        txn it takes them, as Pulsar's does.
+        txn it takes them, as Pulsar's does. A record below ``msg`` held for its delivery
+        time (:mod:`txnstream.delayed`) is not taken: the delivered ones are acked
+        individually.
         """
         self._ack([msg], txn, cumulative=True)
 
@@ -412,6 +333,8 @@ class Consumer:
                         "for redelivery (an aborted transaction's acks, or a negative ack) "
                         "and not received again; receive them first, or ack individually",
                         txn_id)
+                if cumulative and r.holds_delayed(msg.offset):  # never delivered: not taken
+                    cumulative, offsets = False, covered or [msg.offset]
                 if cumulative:
                     r.handle.ack_cumulative(msg.offset, txn_id)
                 else:
@@ -451,6 +374,21 @@ class Consumer:
             if not self._queue.is_given_back(msg.tp, msg.offset):  # else it comes once
                 msg = self._redeliveries.bump([msg])[0]
             self._queue.nack(msg, time.monotonic() + self._nack_delay)
+
+    def reconsume_later(self, msg: Message, delay: object,
+                        txn: Transaction | None = None) -> None:
+        """Deliver ``msg`` again after ``delay`` (a ``timedelta`` or seconds), via the retry topic.
+
+        Pulsar's ``reconsumeLater``: written to the retry topic (its delay counted from
+        the commit) and acked, in ``txn`` or in a txn of its own; past the policy's
+        ``max_redeliver_count`` retries, dead-lettered instead. Needs a dead-letter policy
+        with a retry topic (``ConfigError`` otherwise).
+        """
+        if self.dead_letters is None:
+            raise ConfigError("reconsume_later needs subscribe(..., dead_letter_policy="
+                              "DeadLetterPolicy(..., retry_letter_topic=... or "
+                              "enable_retry=True))")
+        self.dead_letters.reconsume_later(msg, delay, txn)
 
     def _still_unacked(self, msg: Message) -> bool:
         """Whether a record queued again is delivered and unacked here (under the lock)."""

@@ -44,11 +44,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.delivery import PartitionDelivery, StartPlan, newer_log, start_on_log
-from txnstream.errors import (
-    KafkaErrorKind,
-    TxnStreamError,
-    classify_kafka_error,
-)
+from txnstream.errors import KafkaErrorKind, TxnStreamError, classify_kafka_error
 from txnstream.kafka.fetch import watermarks
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import CursorMetadata
@@ -318,21 +314,27 @@ class GroupMember:
         for r in self.readers.values():
             if r.status is ServeStatus.WAITING:
                 r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
-            if r.wait_at is None or (r.tp not in moved and r.status is not ServeStatus.SERVED):
-                continue
+            if r.wait_at is None or r.delay_paused or (
+                    r.tp not in moved and r.status is not ServeStatus.SERVED):
+                continue  # (one paused for held delayed records resumes as they fall due)
             view = self._follower.views.get(r.tp)
             if r.status is ServeStatus.PLAIN or (
                     view is not None and view.max_read_position >= r.wait_at):
-                # Seek again after the resume: a resumed partition alone is fetched again
-                # only at librdkafka's next periodic fetch decision (~1 s later).
-                ktp = KafkaTP(r.tp.topic, r.tp.partition, r.wait_at)
-                try:
-                    self.kafka.resume([ktp])
-                    self.kafka.seek(ktp)
-                except KafkaException as exc:
-                    log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
-                    continue
-                r.wait_at = None
+                self.resume(r)
+
+    def resume(self, r: PartitionDelivery) -> None:
+        """Fetch ``r`` again from where it waits (:meth:`wait_at`)."""
+        assert r.wait_at is not None
+        # Seek again after the resume: a resumed partition alone is fetched again only at
+        # librdkafka's next periodic fetch decision (~1 s later).
+        ktp = KafkaTP(r.tp.topic, r.tp.partition, r.wait_at)
+        try:
+            self.kafka.resume([ktp])
+            self.kafka.seek(ktp)
+        except KafkaException as exc:
+            log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
+            return
+        r.wait_at, r.delay_paused = None, False
 
     def _follow_log_epochs(self) -> None:
         """Note each view's log epoch beside the cursor; a newer one: take it again now.

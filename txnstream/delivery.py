@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import enum
 import heapq
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import is_
 from typing import TYPE_CHECKING
 
+from txnstream.delayed import Held, Release
 from txnstream.errors import TxnStreamError
 from txnstream.message import Message
 from txnstream.pendingack.records import CursorMetadata
@@ -158,6 +160,14 @@ class PartitionDelivery:
     checkpoint_due: float = 0.0
     pointer_dirty: bool = False
     """The offset metadata changed (a checkpoint, the log epoch): commit it."""
+    delayed: dict[int, Message] = field(default_factory=dict)
+    """Fetched before their delivery time (:mod:`txnstream.delayed`), in offset order: not
+    delivered yet, and the cursor stays below them."""
+    awaiting: dict[bytes, list[tuple[Message, int]]] = field(default_factory=dict)
+    """Of :attr:`delayed`, txn records delayed from their txn's commit: ``txn.id`` ->
+    ``(message, ms after the commit)``, until the reader meets the txn's marker."""
+    delay_paused: bool = False
+    """Paused at :attr:`wait_at` because it holds all it may (:mod:`txnstream.delayed`)."""
 
     def metadata(self) -> str | None:
         """The committed offset's metadata: the log epoch and the latest checkpoint."""
@@ -169,6 +179,8 @@ class PartitionDelivery:
         lows = [self.deliver_pos]
         if self.unacked:
             lows.append(min(self.unacked))
+        if self.delayed:  # in offset order: the first is the lowest
+            lows.append(next(iter(self.delayed)))
         if self.handle is not None and (held := self.handle.lowest_held()) is not None:
             lows.append(held)
         return min(lows)
@@ -242,10 +254,19 @@ class PartitionDelivery:
         last = offsets[-1]
         if last < h.cursor or (h.cumulative is not None and h.cumulative[0] != txn_id):
             return False
+        if self.holds_delayed(last):
+            return False
         mine, unacked = set(offsets), self.unacked
         return ((unacked.keys() <= mine or all(o in mine for o in unacked if o <= last))
                 and not any(o <= last for o in self.held_back)
                 and not any(o <= last and t != txn_id for o, t in h.pending.items()))
+
+    def holds_delayed(self, last: int) -> bool:
+        """Whether a record at or below ``last`` is held for its time.
+
+        A cumulative ack must not take it: it was never delivered.
+        """
+        return bool(self.delayed) and next(iter(self.delayed)) <= last
 
     def acked(self, offsets: Iterable[int], in_txn: bool) -> None:
         """``offsets`` were acked: in a txn they wait in ``inflight`` for its outcome."""
@@ -296,10 +317,17 @@ class ReadyQueue:
         self._given_back: dict[TopicPartition, set[int]] = {}
         """Offsets queued again (nacked, redelivered: an aborted txn's acks) and not
         handed out since: see :meth:`given_back`. Empty on the common path."""
+        self.held = Held()
+        """Records held for their time (:mod:`txnstream.delayed`)."""
 
     def take(self, n: int, now: float,
-             unacked: Callable[[Message], bool] | None = None) -> list[Message]:
-        """Up to ``n``: nacked ones due first, then the ready ones.
+             unacked: Callable[[Message], bool] | None = None,
+             release: Release | None = None, wall_ms: int | None = None) -> list[Message]:
+        """Up to ``n``: held and nacked ones due first, then the ready ones.
+
+        ``release``: takes a held record whose time came (at ``wall_ms``, epoch ms; now
+        if None) back to its partition, returning the message to hand out (None: not any
+        more, e.g. acked by an earlier owner).
 
         ``unacked``: whether a message queued again (nacked, redelivered) is still
         unacked here; one that is not (acked since, plainly or in a txn, or no longer
@@ -307,6 +335,11 @@ class ReadyQueue:
         positions still unacked: an ack between the nack and its delay wins.
         """
         out: list[Message] = []
+        if self.held and release is not None:
+            wall = int(time.time() * 1000) if wall_ms is None else wall_ms
+            while len(out) < n and (m := self.held.pop_due(wall)) is not None:
+                if (given := release(m)) is not None:
+                    out.append(given)
         nacked = self._nacked
         while nacked and nacked[0][0] <= now and len(out) < n:
             _, seq, m = heapq.heappop(nacked)
@@ -403,6 +436,7 @@ class ReadyQueue:
         for key in [k for k in self._nacked_seq if k[0] == tp]:
             del self._nacked_seq[key]
         self._given_back.pop(tp, None)
+        self.held.drop(tp)
 
 
 def check_delivered(r: PartitionDelivery, view: BufferView | None, msgs: Sequence[Message],

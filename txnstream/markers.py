@@ -182,7 +182,7 @@ def classify_headers(headers: Headers) -> tuple[RecordKind, TxnID | None]:
     Raises ``CorruptRecordError`` for a malformed ``txn.id`` header or a ``txn.marker``
     header without a valid ``txn.id``; callers log the position and skip the record.
     """
-    txn_raw, is_marker, _ = split_headers(headers)
+    txn_raw, is_marker, _, _ = split_headers(headers)
     if txn_raw is None:
         if is_marker:
             raise CorruptRecordError("marker record without a txn.id header")

@@ -15,30 +15,42 @@ from dataclasses import dataclass, field
 
 from txnstream.types import TopicPartition, TxnID
 
-__all__ = ["Headers", "Message", "RESERVED_HEADERS", "TXN_ID_HEADER", "TXN_MAC_HEADER",
-           "TXN_MARKER_HEADER", "TXN_TAG_HEADER", "split_headers"]
+__all__ = ["DELIVER_AFTER_HEADER", "DELIVER_AT_HEADER", "Headers", "Message",
+           "RESERVED_HEADERS", "TXN_ID_HEADER", "TXN_MAC_HEADER", "TXN_MARKER_HEADER",
+           "TXN_TAG_HEADER", "split_headers"]
 
 TXN_ID_HEADER = "txn.id"
 TXN_MARKER_HEADER = "txn.marker"
 TXN_MAC_HEADER = "txn.mac"
 TXN_TAG_HEADER = "txn.tag"
 """A txn record's proof of membership (:mod:`txnstream.membership`), beside ``txn.id``."""
+DELIVER_AT_HEADER = "txn.deliver.at"
+"""Delayed delivery (:mod:`txnstream.delayed`): deliver no earlier than this epoch ms."""
+DELIVER_AFTER_HEADER = "txn.deliver.after"
+"""Delayed delivery of a txn record: this many ms after its txn commits."""
 RESERVED_HEADERS = frozenset((TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_MAC_HEADER,
-                              TXN_TAG_HEADER))
+                              TXN_TAG_HEADER, DELIVER_AT_HEADER, DELIVER_AFTER_HEADER))
 """Header names a user's record may not carry."""
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 """A record's headers as confluent-kafka hands them out (None: none)."""
 
 
-def split_headers(headers: Headers) -> tuple[bytes | None, bool, list[tuple[str, bytes]]]:
-    """``(txn.id value or None, has a txn.marker header, the user's headers)``.
+Delay = tuple[str, bytes | None] | None
+"""A record's delayed-delivery header as sent (its name and raw value), if it has one."""
+
+
+def split_headers(headers: Headers
+                  ) -> tuple[bytes | None, bool, list[tuple[str, bytes]], Delay]:
+    """``(txn.id value or None, has a txn.marker header, the user's headers, delay)``.
 
     The values are not parsed here: a reader that needs the TxnID parses (and caches)
-    it, and the buffer's fold has already hidden a record whose ``txn.id`` is garbage.
+    it, and the buffer's fold has already hidden a record whose ``txn.id`` is garbage;
+    a delay header is read by :func:`txnstream.delayed.due_ms`.
     """
     txn_raw: bytes | None = None
     marker = False
+    delay: Delay = None
     user: list[tuple[str, bytes]] = []
     for k, v in headers or ():
         if k == TXN_ID_HEADER:
@@ -47,9 +59,11 @@ def split_headers(headers: Headers) -> tuple[bytes | None, bool, list[tuple[str,
             marker = True
         elif k == TXN_TAG_HEADER:
             continue
+        elif k == DELIVER_AT_HEADER or k == DELIVER_AFTER_HEADER:
+            delay = (k, v)
         else:
             user.append((k, v))  # type: ignore[arg-type]  # a user header's value as sent
-    return txn_raw, marker, user
+    return txn_raw, marker, user, delay
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,12 @@ DEAD_LETTERED = Counter("txnstream_consumer_dead_lettered_total",
 REDELIVERED = Counter("txnstream_consumer_redelivered_total",
                       "Records a consumer handed out again unacked (an aborted txn's acks, "
                       "a negative ack, redeliver_unacknowledged)", ["subscription"])
+DELAYED = Counter("txnstream_consumer_delayed_total",
+                  "Records a consumer read before their delivery time and held for it "
+                  "(deliver_after, deliver_at, retry letters)", ["subscription"])
+RETRIED = Counter("txnstream_consumer_retried_total",
+                  "Records a consumer wrote to its retry topic with their ack "
+                  "(reconsume_later)", ["subscription"])
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:

@@ -33,6 +33,7 @@ from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import validate
 from txnstream.config import check_txn_producer
+from txnstream.delayed import delay_header
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.kafka.clients import close_producer
 from txnstream.kafka.partitioning import murmur2_partition
@@ -192,13 +193,18 @@ class Producer:
 
     def send(self, value: bytes | None, key: bytes | str | None = None,
              txn: Transaction | None = None, partition: int | None = None,
-             headers: Headers = None) -> int:
+             headers: Headers = None, deliver_after: object = None,
+             deliver_at: object = None) -> int:
         """Send one record (asynchronously); returns the partition it goes to.
 
         With ``txn``: raises ``InvalidTxnStatusError`` before writing anything if the
         transaction is not OPEN; registers the partition with the coordinator first
         (:meth:`Transaction.register_partitions`: awaited for the topic's first
         registration by this client, else pipelined and awaited by the commit).
+
+        ``deliver_after`` (a ``timedelta`` or seconds) or ``deliver_at`` (epoch ms or an
+        aware ``datetime``): readers deliver it no earlier than then; in a txn
+        ``deliver_after`` counts from the commit (:mod:`txnstream.delayed`).
         """
         kbytes = key.encode() if isinstance(key, str) else key
         part = self._partition_for(kbytes, partition)
@@ -206,6 +212,10 @@ class Producer:
             for name, _ in headers:
                 if name in RESERVED_HEADERS:
                     raise ConfigError(f"header {name!r} is reserved for txnstream")
+        if deliver_after is not None or deliver_at is not None:
+            delay = delay_header(deliver_after, deliver_at, txn is not None,
+                                 int(time.time() * 1000))
+            headers = [*(headers or ()), delay]  # type: ignore[list-item]
         if txn is None:
             self._kafka.produce(self.topic, value, kbytes, partition=part,
                                 headers=list(headers) if headers else None)
@@ -246,16 +256,20 @@ class Producer:
                 self._kafka.poll(0.05)  # let it drain
 
     def send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
-                   txn: Transaction, keys: Sequence[bytes | None] | None = None) -> None:
+                   txn: Transaction, keys: Sequence[bytes | None] | None = None,
+                   deliver_after: object = None, deliver_at: object = None) -> None:
         """Send many records of ``txn``, ``values[i]`` to ``partitions[i]`` (asynchronously).
 
         What :meth:`send` does for each, at a fraction of the cost: the distinct
         partitions are registered in one request and one delivery callback serves all.
         The caller chooses the partitions (:func:`murmur2_partition` for keyed records).
         ``ValueError`` if the lengths differ, ``ConfigError`` for a partition the topic
-        does not have, ``InvalidTxnStatusError`` if ``txn`` is not OPEN. Example:
-        docs/api.md.
+        does not have, ``InvalidTxnStatusError`` if ``txn`` is not OPEN. A delay
+        (``deliver_after``, ``deliver_at``: as :meth:`send`'s) applies to every record.
+        Example: docs/api.md.
         """
+        delay = None if deliver_after is None and deliver_at is None else \
+            delay_header(deliver_after, deliver_at, True, int(time.time() * 1000))
         n = len(values)
         if len(partitions) != n or (keys is not None and len(keys) != n):
             raise ValueError(f"send_batch: {n} values, {len(partitions)} partitions and "
@@ -268,7 +282,7 @@ class Producer:
             raise self._no_partition(used[-1])
         txn.register_partitions([TopicPartition(self.topic, p) for p in used])
         with txn.sending(n):
-            self._send_batch(values, partitions, keys, self._count(txn, n), n)
+            self._send_batch(values, partitions, keys, self._count(txn, n), n, delay)
 
     @staticmethod
     def _checked_partitions(partitions: Sequence[int]) -> Sequence[int]:
@@ -287,9 +301,12 @@ class Producer:
                 for i, p in enumerate(partitions)]
 
     def _send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
-                    keys: Sequence[bytes | None] | None, sends: _TxnSends, n: int) -> None:
+                    keys: Sequence[bytes | None] | None, sends: _TxnSends, n: int,
+                    delay: tuple[str, bytes] | None = None) -> None:
         """Hand the ``n`` records, counted on ``sends``, to librdkafka."""
         by_part, headers_at, delivered = sends.headers, sends.headers_at, sends.delivered
+        if delay is not None:  # the txn's headers and the delay, made once per partition
+            by_part = {p: [*headers_at(p), delay] for p in set(partitions)}
         produce, poll, topic = self._kafka.produce, self._kafka.poll, self.topic
         sent = 0
         try:

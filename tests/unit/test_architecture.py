@@ -30,7 +30,8 @@ LAYERS: dict[str, int] = {
     "txnstream.buffer.offset_runs": 2, "txnstream.buffer.transaction_buffer": 2,
     "txnstream.buffer.snapshot": 2, "txnstream.buffer.served": 2, "txnstream.buffer.vouch": 2,
     "txnstream.buffer.unregistered": 2, "txnstream.buffer.runs": 2,
-    "txnstream.pendingack": 2, "txnstream.delivery": 2, "txnstream.fencing": 2,
+    "txnstream.pendingack": 2, "txnstream.delivery": 2, "txnstream.delayed": 2,
+    "txnstream.fencing": 2,
     # 3. storage on Kafka
     "txnstream.coordinator.txn_log": 3, "txnstream.buffer.snapshot_store": 3,
     "txnstream.buffer.follower": 3, "txnstream.pendingack.store": 3,
@@ -46,7 +47,7 @@ LAYERS: dict[str, int] = {
     "txnstream.pipeline": 6, "txnstream.fate": 6, "txnstream.transaction": 6,
     "txnstream.producer": 6,
     "txnstream.consumer_group": 6, "txnstream.predecessors": 6, "txnstream.consumer_txns": 6,
-    "txnstream.consumer": 6, "txnstream.lifecycle": 6,
+    "txnstream.consumer": 6, "txnstream.lifecycle": 6, "txnstream.ingest": 6,
     "txnstream.admin": 6, "txnstream.arrow": 6,
     # 7. composition; 8-9. tools
     "txnstream": 7, "txnstream.client": 7,

@@ -40,7 +40,7 @@ def committed(config, follower: BufferStateFollower, tp: TopicPartition) -> list
     for m in read_all(config, tp.topic):
         if m.partition() != tp.partition:
             continue
-        txn_raw, marker, _ = split_headers(m.headers())
+        txn_raw, marker, _, _ = split_headers(m.headers())
         if verdict(view, m.offset(), txn_raw, marker) is Verdict.DELIVER:
             out.append(m.value())
     return out
