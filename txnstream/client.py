@@ -210,16 +210,17 @@ class Client:
         """A committed-only consumer; ``subscription`` is its Kafka consumer group.
 
         ``dead_letter_policy``: a :class:`~txnstream.lifecycle.DeadLetterPolicy` (records
-        past its redelivery count go to its dead-letter topic, atomically with their ack).
+        past its redelivery count go to its dead-letter topic, atomically with their ack;
+        with a retry topic, the subscription reads that too, for ``reconsume_later``).
         Closed by :meth:`close` if not closed before.
         """
         self._check_open()
         policy = options.pop("dead_letter_policy", None)
         if policy is not None:
             names = [topics] if isinstance(topics, str) else list(topics)
-            options["dead_letters"] = DeadLetters(policy, names, subscription,
-                                                  self.create_producer, self.transaction,
-                                                  self._topic_names)
+            letters = DeadLetters(policy, names, subscription, self.create_producer,
+                                  self.transaction, self._topic_names)
+            options["dead_letters"], topics = letters, [*names, *letters.retry_topics]
         consumer = Consumer(self.config, self.admin, topics, subscription, initial_position,
                             **options)
         self._made.add(consumer)

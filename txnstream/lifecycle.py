@@ -17,8 +17,17 @@ Pulsar's consumer lifecycle, on the pending-ack log:
   acks it: two steps). If that transaction fails, its ack comes back as for any aborted
   txn, and the record is dead-lettered at its next turn.
 
+* **Retry letters** (``reconsume_later``): a record the application wants again later
+  is written to the retry topic, to be delivered no earlier than its delay
+  (:mod:`txnstream.delayed`), and acked, **in one txn** (the caller's, or one of its
+  own). The subscription reads the retry topic too. Each retry counts one more
+  ``RECONSUMETIMES``; past ``max_redeliver_count`` the record is dead-lettered instead
+  (Pulsar's rule). A record read back from the retry topic is retried again, and
+  dead-lettered, as of its original topic.
+
 The dead-letter record keeps the original's key, value and headers, and adds where it
-came from and why (:data:`DLQ_HEADERS`).
+came from and why (:data:`DLQ_HEADERS`); a retry letter keeps them too and adds
+:data:`RETRY_HEADERS`.
 """
 
 from __future__ import annotations
@@ -27,11 +36,12 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from txnstream import metrics, validate
+from txnstream.delayed import delay_header
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.message import Message
 from txnstream.pendingack.records import PendingAckEntry, PendingAckKind
@@ -43,8 +53,8 @@ if TYPE_CHECKING:
     from txnstream.transaction import Transaction
     from txnstream.types import TopicPartition
 
-__all__ = ["DLQ_HEADERS", "DeadLetterPolicy", "DeadLetters", "Redeliveries",
-           "dead_letter_topic_of"]
+__all__ = ["DLQ_HEADERS", "RETRY_HEADERS", "DeadLetterPolicy", "DeadLetters", "Redeliveries",
+           "dead_letter_topic_of", "retry_letter_topic_of"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,11 @@ DLQ_HEADERS = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "REAL_SUBSCRIPTION", "REDELIVE
 ``REAL_TOPIC``), ``topic-partition@offset`` (``ORIGIN_MESSAGE_ID``), the subscription
 that gave up on it, and its redelivery count then."""
 
+RETRY_HEADERS = ("REAL_TOPIC", "ORIGIN_MESSAGE_ID", "RECONSUMETIMES", "DELAY_TIME")
+"""What a retry letter carries after the original's own headers (Pulsar's names): its
+original topic and ``topic-partition@offset`` (kept from the first retry on), how many
+times it was retried, and its delay in ms."""
+
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 """A legal Kafka topic name."""
 
@@ -65,18 +80,26 @@ def dead_letter_topic_of(topic: str, subscription: str) -> str:
     return f"{topic}-{subscription}-DLQ"
 
 
+def retry_letter_topic_of(topic: str, subscription: str) -> str:
+    """Pulsar's default retry topic of ``topic`` for ``subscription``."""
+    return f"{topic}-{subscription}-RETRY"
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetterPolicy:
     """Pulsar's ``DeadLetterPolicy``: where a record goes past its redeliveries.
 
     Past ``max_redeliver_count`` redeliveries a record goes to ``dead_letter_topic``
     (default ``<topic>-<subscription>-DLQ``, which must exist), atomically with its ack.
-    ``retry_letter_topic`` is for ``reconsume_later``, not built yet: setting it is refused.
+    ``retry_letter_topic`` (or ``enable_retry``: Pulsar's default name,
+    ``<topic>-<subscription>-RETRY``; it must exist) turns on ``reconsume_later``: the
+    subscription then reads it too.
     """
 
     max_redeliver_count: int
     dead_letter_topic: str | None = None
     retry_letter_topic: str | None = None
+    enable_retry: bool = False
 
     def __post_init__(self) -> None:
         validate.positive_int(self.max_redeliver_count,
@@ -84,12 +107,23 @@ class DeadLetterPolicy:
         if self.dead_letter_topic is not None:
             _check_topic_name(self.dead_letter_topic, "dead_letter_policy.dead_letter_topic")
         if self.retry_letter_topic is not None:
-            raise ConfigError("dead_letter_policy.retry_letter_topic: retry topics "
-                              "(reconsume_later) are not built yet; leave it None")
+            _check_topic_name(self.retry_letter_topic, "dead_letter_policy.retry_letter_topic")
+        if not isinstance(self.enable_retry, bool):
+            raise ConfigError(f"dead_letter_policy.enable_retry must be True or False, got "
+                              f"{self.enable_retry!r}")
+
+    @property
+    def retries(self) -> bool:
+        """Whether ``reconsume_later`` is on."""
+        return self.enable_retry or self.retry_letter_topic is not None
 
     def topic_for(self, topic: str, subscription: str) -> str:
         """Where ``topic``'s dead letters of ``subscription`` go."""
         return self.dead_letter_topic or dead_letter_topic_of(topic, subscription)
+
+    def retry_topic_for(self, topic: str, subscription: str) -> str:
+        """Where ``topic``'s retry letters of ``subscription`` go."""
+        return self.retry_letter_topic or retry_letter_topic_of(topic, subscription)
 
 
 def _check_topic_name(name: object, option: str) -> str:
@@ -164,21 +198,47 @@ class DeadLetters:
         self._lock = threading.Lock()
         self._producers: dict[str, Producer] = {}
         existing = topic_names()  # a producer's metadata request would create a topic
+        self._dlq: dict[str, str] = {}
+        """Topic read (a retry topic too) -> its dead-letter topic."""
+        self._retry: dict[str, str] = {}
+        """Original topic -> its retry topic (``reconsume_later``)."""
         for t in topics:
-            dlq = policy.topic_for(t, subscription)
-            option = ("dead_letter_policy.dead_letter_topic" if policy.dead_letter_topic
-                      else f"dead_letter_policy (default dead-letter topic of {t!r})")
-            _check_topic_name(dlq, option)
-            if dlq in topics:
-                raise ConfigError(f"{option}: {dlq!r} is a topic this subscription reads; "
-                                  "a dead letter would come back to it")
-            if dlq not in existing:
-                raise ConfigError(f"{option}: topic {dlq!r} does not exist; create it first")
-            if dlq not in self._producers:
-                self._producers[dlq] = create_producer(dlq)
+            self._dlq[t] = self._checked(t, topics, existing, create_producer, retry=False)
+            if policy.retries:
+                self._retry[t] = self._checked(t, topics, existing, create_producer, True)
+                self._dlq[self._retry[t]] = self._dlq[t]
+        self.retry_topics = sorted(set(self._retry.values()) - set(topics))
+        """What the subscription reads besides its topics (retry letters come back)."""
         self._ack: Callable[[list[Message], Transaction], None] | None = None
         self.dead_lettered = 0
         """Records this consumer dead-lettered (their txn committed)."""
+        self.retried = 0
+        """Records this consumer wrote to a retry topic in a txn of its own (committed)."""
+
+    def _checked(self, t: str, topics: Sequence[str], existing: set[str],
+                 create_producer: Callable[[str], Producer], retry: bool) -> str:
+        """``t``'s dead-letter (or retry) topic, checked, with a producer for it."""
+        policy, sub = self.policy, self._subscription
+        if retry:
+            name, kind = policy.retry_topic_for(t, sub), "retry"
+            given = policy.retry_letter_topic
+        else:
+            name, kind = policy.topic_for(t, sub), "dead-letter"
+            given = policy.dead_letter_topic
+        field = "retry_letter_topic" if retry else "dead_letter_topic"
+        option = (f"dead_letter_policy.{field}" if given
+                  else f"dead_letter_policy (default {kind} topic of {t!r})")
+        _check_topic_name(name, option)
+        if name in topics:
+            raise ConfigError(f"{option}: {name!r} is a topic this subscription reads; "
+                              f"a {kind} letter would come back to it as a new record")
+        if retry and name == policy.topic_for(t, sub):
+            raise ConfigError(f"{option}: {name!r} is the dead-letter topic too")
+        if name not in existing:
+            raise ConfigError(f"{option}: topic {name!r} does not exist; create it first")
+        if name not in self._producers:
+            self._producers[name] = create_producer(name)
+        return name
 
     def bind(self, ack: Callable[[list[Message], Transaction], None]) -> None:
         """``ack(msgs, txn)``: the consumer's ack of one partition's records in a txn."""
@@ -225,16 +285,74 @@ class DeadLetters:
         by_tp: dict[TopicPartition, list[Message]] = {}
         with self._transaction() as txn:
             for m in dead:
-                producer = self._producers[self.policy.topic_for(m.topic, self._subscription)]
-                producer.send(m.value, m.key, txn=txn, headers=self.headers_of(m))
+                self._producers[self._dlq[m.topic]].send(m.value, m.key, txn=txn,
+                                                         headers=self.headers_of(m))
                 by_tp.setdefault(m.tp, []).append(m)
             for ms in by_tp.values():
                 self._ack(ms, txn)
 
+    def reconsume_later(self, msg: Message, delay: object, txn: Transaction | None) -> None:
+        """Write ``msg`` to its retry topic, due after ``delay``, and ack it, in one txn.
+
+        ``txn``: the caller's (its commit decides both), else one of this consumer's,
+        committed here. Past ``max_redeliver_count`` retries it is dead-lettered
+        instead. ``ConfigError`` if retries are off or ``delay`` is not a delay.
+        """
+        assert self._ack is not None, "DeadLetters.bind() was not called"
+        if not self.policy.retries:
+            raise ConfigError("reconsume_later needs retries on: set "
+                              "dead_letter_policy.retry_letter_topic or enable_retry=True")
+        try:
+            after = delay_header(delay, None, True, 0)
+        except ConfigError as exc:
+            raise ConfigError(f"reconsume_later delay: {exc}") from None
+        assert after is not None
+        own = dict(msg.headers)
+        real = own.get("REAL_TOPIC", b"").decode(errors="replace") or msg.topic
+        if real not in self._retry:  # not a header of ours: the topic it was read from
+            real = msg.topic if msg.topic in self._retry else self._original_of(msg)
+        times = _count_header(own.get("RECONSUMETIMES")) + 1
+        with (self._transaction() if txn is None else nullcontext(txn)) as t:
+            if times > self.policy.max_redeliver_count:
+                self._producers[self._dlq[real]].send(msg.value, msg.key, txn=t,
+                                                      headers=self.headers_of(msg))
+            else:
+                origin = own.get("ORIGIN_MESSAGE_ID") \
+                    or f"{msg.topic}-{msg.partition}@{msg.offset}".encode()
+                kept = [(k, v) for k, v in msg.headers if k not in RETRY_HEADERS]
+                self._producers[self._retry[real]].send(
+                    msg.value, msg.key, txn=t, deliver_after=delay, headers=[
+                        *kept, ("REAL_TOPIC", real.encode()), ("ORIGIN_MESSAGE_ID", origin),
+                        ("RECONSUMETIMES", str(times).encode()), ("DELAY_TIME", after[1])])
+            self._ack([msg], t)
+        if txn is not None:
+            return  # counted by nothing here: the caller's txn may still abort
+        if times > self.policy.max_redeliver_count:
+            self.dead_lettered += 1
+            metrics.DEAD_LETTERED.labels(self._subscription).inc()
+        else:
+            self.retried += 1
+            metrics.RETRIED.labels(self._subscription).inc()
+
+    def _original_of(self, msg: Message) -> str:
+        for t, retry in self._retry.items():
+            if retry == msg.topic:
+                return t
+        raise TxnStreamError(f"cannot reconsume {msg.tp}@{msg.offset} later: {msg.topic!r} "
+                             f"is not a topic subscription {self._subscription!r} reads")
+
     def headers_of(self, m: Message) -> list[tuple[str, bytes]]:
         """The dead-letter record's headers: the original's, then where and why."""
-        return [*m.headers,
-                ("REAL_TOPIC", m.topic.encode()),
-                ("ORIGIN_MESSAGE_ID", f"{m.topic}-{m.partition}@{m.offset}".encode()),
+        return [*[(k, v) for k, v in m.headers if k not in DLQ_HEADERS],
+                ("REAL_TOPIC", dict(m.headers).get("REAL_TOPIC") or m.topic.encode()),
+                ("ORIGIN_MESSAGE_ID", dict(m.headers).get("ORIGIN_MESSAGE_ID")
+                 or f"{m.topic}-{m.partition}@{m.offset}".encode()),
                 ("REAL_SUBSCRIPTION", self._subscription.encode()),
                 ("REDELIVERY_COUNT", str(m.redelivery_count).encode())]
+
+
+def _count_header(raw: bytes | None) -> int:
+    """A ``RECONSUMETIMES`` value; one that does not parse counts as none (0)."""
+    if raw is None or not raw.isdigit() or len(raw) > 9:
+        return 0
+    return int(raw)

@@ -177,7 +177,8 @@ def test_a_dead_letter_policy_refuses_a_count_that_is_not_a_positive_int(count):
     ({"dead_letter_topic": "bad topic"}, "dead_letter_topic"),
     ({"dead_letter_topic": ""}, "dead_letter_topic"),
     ({"dead_letter_topic": "x" * 250}, "dead_letter_topic"),
-    ({"retry_letter_topic": "orders-retry"}, "retry_letter_topic"),
+    ({"retry_letter_topic": "bad/topic"}, "retry_letter_topic"),
+    ({"enable_retry": "yes"}, "enable_retry"),
 ])
 def test_a_dead_letter_policy_refuses_bad_topics_naming_the_option(kw, option):
     from txnstream import DeadLetterPolicy
