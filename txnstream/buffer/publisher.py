@@ -38,6 +38,11 @@ __all__ = ["BufferPublisher", "OwnedSlot", "ServedPartition"]
 log = logging.getLogger(__name__)
 _rate_limited = RateLimitedLog(log)
 
+SNAPSHOT_RETRY_S = 1.0
+"""A snapshot that failed to publish is tried again after this long (its partition's
+log unreadable: a recreated topic with fewer partitions, a broker answering errors), not
+at every turn of the owner's loop. A handover's snapshots are tried at once."""
+
 
 @dataclass
 class ServedPartition:
@@ -56,6 +61,8 @@ class ServedPartition:
     dirty: bool = False
     snapshots_at: int = 0
     """``produced`` when the last snapshot was taken: no new snapshot without new deltas."""
+    retry_at: float = 0.0
+    """After a failed snapshot: not tried again before this (monotonic s)."""
 
 
 @dataclass
@@ -148,8 +155,9 @@ class BufferPublisher:
                     served[tp].snapshot_due = True
         except Exception:
             log.exception("buffer worker: reading snapshot deliveries failed")
+        now = time.monotonic()
         todo = [(tp, s) for tp, s in served.items()
-                if (only is None or s.slot in only)
+                if (only is None or s.slot in only) and (only is not None or s.retry_at <= now)
                 and (s.snapshot_due or (force and s.delta_offset >= 0
                                         and s.produced > s.snapshots_at))]
         if not todo:
@@ -174,9 +182,9 @@ class BufferPublisher:
             except Exception as exc:
                 self.snapshot_failures += 1
                 _rate_limited.error(f"snapshot {tp}", "buffer worker: snapshot of %s at %d "
-                                    "not published (%r); retrying at the next interval", tp,
-                                    s.buf.last_offset, exc)
-                s.snapshot_due = True
+                                    "not published (%r); retrying in %.0f s", tp,
+                                    s.buf.last_offset, exc, SNAPSHOT_RETRY_S)
+                s.snapshot_due, s.retry_at = True, time.monotonic() + SNAPSHOT_RETRY_S
                 continue
             self.snapshots_published += 1
             s.snapshot_due = False
