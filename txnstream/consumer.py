@@ -423,6 +423,11 @@ class Consumer:
             self._acks.close()
             self._follower.close()
 
+    @property
+    def delayed_total(self) -> int:
+        """Records this consumer held for their delivery time (:mod:`txnstream.delayed`)."""
+        return self._ingest.delayed_total
+
     def tracked_txns(self) -> int:
         """Txns whose acks this consumer still tracks (a bound test reads it)."""
         return max(self._txn_acks.tracked())

@@ -61,12 +61,13 @@ def _run(args: argparse.Namespace) -> int:
                     progress.advance(task)
         finally:
             dead = consumer.dead_letters.dead_lettered if consumer.dead_letters else 0
+            held = consumer.delayed_total
             consumer.close()
     secs = time.monotonic() - t0
     rows: list[tuple[object, int, int]] = [(p, n, redelivered[p])
                                            for p, n in sorted(per_partition.items())]
     rows.append(("all", sum(per_partition.values()), sum(redelivered.values())))
     console.print(table(f"{args.topic} as {args.subscription}: {txn_records} transactional, "
-                        f"{dead} dead-lettered, {secs:.1f}s",
+                        f"{dead} dead-lettered, {held} held for their time, {secs:.1f}s",
                         ("partition", "records", "redelivered"), rows))
     return 0

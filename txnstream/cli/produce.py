@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--abort-ratio", type=float, default=0.0,
                    help="fraction of transactions to abort (default 0)")
     p.add_argument("--timeout", type=float, default=60.0, help="transaction timeout seconds")
+    p.add_argument("--deliver-after", type=float, default=None, metavar="S",
+                   help="delayed delivery: readers deliver each record S seconds after its "
+                        "send (in a transaction: after its commit)")
     p.set_defaults(handler=_run)
 
 
@@ -33,6 +36,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("--count, --size and --txn-size must not be negative")
     if not 0.0 <= args.abort_ratio <= 1.0:
         raise ValueError(f"--abort-ratio must be within 0..1, got {args.abort_ratio}")
+    delay = {} if args.deliver_after is None else {"deliver_after": args.deliver_after}
     rng = random.Random()
     committed = aborted = txns_c = txns_a = 0
     t0 = time.monotonic()
@@ -43,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
             i = 0
             while i < args.count:
                 if not args.txn_size:
-                    producer.send(f"{i}:".encode() + b"x" * args.size, key=str(i))
+                    producer.send(f"{i}:".encode() + b"x" * args.size, key=str(i), **delay)
                     committed += 1
                     i += 1
                     progress.advance(task)
@@ -51,7 +55,8 @@ def _run(args: argparse.Namespace) -> int:
                 n = min(args.txn_size, args.count - i)
                 txn = client.new_transaction(timeout_s=args.timeout)
                 for j in range(i, i + n):
-                    producer.send(f"{j}:".encode() + b"x" * args.size, key=str(j), txn=txn)
+                    producer.send(f"{j}:".encode() + b"x" * args.size, key=str(j), txn=txn,
+                                  **delay)
                 if rng.random() < args.abort_ratio:
                     txn.abort()
                     aborted += n
