@@ -128,7 +128,8 @@ def test_reconsume_later_writes_the_retry_letter_with_its_delay_and_acks_in_one_
 def test_reconsume_later_in_the_callers_txn_opens_none_of_its_own():
     d, routed, acks, txns = retrying(retry_letter_topic="r")
     d.reconsume_later(msg(1, 0), 0, "caller-txn")
-    assert txns == [] and acks == [([1], "caller-txn")] and routed.sent[0][:2] == ("r", "caller-txn")
+    assert txns == [] and acks == [([1], "caller-txn")]
+    assert routed.sent[0][:2] == ("r", "caller-txn")
 
 
 def test_a_retry_letter_retried_past_the_count_is_dead_lettered_as_of_its_original_topic():

@@ -79,7 +79,7 @@ def test_a_delayed_record_ahead_of_due_ones_holds_back_nothing_and_outlives_its_
     c.close()  # before it is due: the next consumer must hold it again
 
     c = client.subscribe(topic, subscription=s, **SESSION)
-    got = receive_all(c)
+    got = receive_all(c, quiet_s=DELAY_S + 3)
     c.close()
     assert [m.value for _, m in got] == [b"late"], \
         f"after a restart: {[m.value for _, m in got]} (the due ones again, or the late one lost)"
