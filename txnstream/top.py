@@ -9,6 +9,11 @@ Three parts, kept apart so the middle one is pure and tested alone:
 2. :func:`build_view` turns the previous and the current sample into rows: per
    coordinator the open txns, commit and abort rates, the oldest open txn; per partition
    how far committed readers lag (folded but not readable) and the txn blocking them.
+With ``subscriptions`` (``--subscription TOPIC:SUB``) the sample also replays those
+subscriptions' pending-ack logs: per partition the cursor, the acks above it and the
+redelivery counts (issue 38: a poison record shows as a high count before it is
+dead-lettered).
+
 3. :func:`render` draws a view as rich tables; :class:`TopApp` refreshes it in a
    ``rich.live.Live`` and reads keys: ``j``/``k`` (or the arrows) select a blocking txn,
    ``a`` asks to abort it, ``y`` confirms, ``q`` quits.
@@ -22,7 +27,7 @@ import termios
 import threading
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -35,14 +40,26 @@ from txnstream.admin import CoordinatorStats
 from txnstream.buffer.transaction_buffer import BufferStats
 from txnstream.client import Client
 from txnstream.coordinator.protocol import TxnInfo
+from txnstream.pendingack.handle import PendingAckStats
+from txnstream.pendingack.store import PendingAckStore
 from txnstream.types import TopicPartition, TxnID, TxnStatus
 
-__all__ = ["Sample", "TcRow", "PartitionRow", "View", "build_view", "render", "Sampler",
-           "TopApp", "abort_selected"]
+__all__ = ["AckRow", "Sample", "TcRow", "PartitionRow", "View", "build_view", "render",
+           "Sampler", "TopApp", "abort_selected"]
 
 COMMITTED_KEY = f"ended.{TxnStatus.COMMITTED.value}"
 ABORTED_KEY = f"ended.{TxnStatus.ABORTED.value}"
 UNFINISHED = (TxnStatus.OPEN, TxnStatus.COMMITTING, TxnStatus.ABORTING)
+
+
+@dataclass(frozen=True, slots=True)
+class AckRow:
+    """One partition of a watched subscription: its pending-ack state, or why none."""
+
+    subscription: str
+    tp: TopicPartition
+    stats: PendingAckStats | None
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +72,8 @@ class Sample:
     txns: list[TxnInfo]
     buffers: dict[TopicPartition, BufferStats | str]
     """Served state per partition of an unfinished txn, or why there is none."""
+    acks: list[AckRow] = field(default_factory=list)
+    """The watched subscriptions' partitions."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +109,8 @@ class View:
     partitions: list[PartitionRow]
     blocking: list[TxnID] = field(default_factory=list)
     """The txns a key may select, in screen order (partitions' blocking txns, deduped)."""
+    acks: list[AckRow] = field(default_factory=list)
+    """Watched subscriptions' partitions, the highest redelivery count first."""
 
 
 def _rate(prev: CoordinatorStats | None, cur: CoordinatorStats, key: str,
@@ -137,7 +158,9 @@ def build_view(prev: Sample | None, cur: Sample) -> View:
     for r in parts:
         if r.blocking_txn is not None and r.blocking_txn not in blocking:
             blocking.append(r.blocking_txn)
-    return View(tcs, parts, blocking)
+    acks = sorted(cur.acks, key=lambda r: (-(r.stats.max_redelivery_count if r.stats else 0),
+                                           r.subscription, r.tp.topic, r.tp.partition))
+    return View(tcs, parts, blocking, acks)
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -164,18 +187,36 @@ def render(view: View, selected: int | None = None, footer: str = "") -> Rendera
                       str(r.blocking_txn) if r.blocking_txn else (r.note or "-"),
                       _fmt(r.blocked_for_s, "s"), style=style)
     keys = Text(footer or "j/k: select a blocking txn   a: abort it   q: quit", style="dim")
-    return Group(tcs, parts, keys)
+    if not view.acks:
+        return Group(tcs, parts, keys)
+    subs = Table(title="subscriptions (pending acks, redeliveries)", expand=True)
+    for col in ("subscription", "partition", "cursor", "acked above", "pending txns",
+                "redelivered", "highest count"):
+        subs.add_column(col)
+    for a in view.acks:
+        st = a.stats
+        if st is None:
+            subs.add_row(a.subscription, str(a.tp), a.note or "-", "", "", "", "")
+            continue
+        subs.add_row(a.subscription, str(a.tp), str(st.cursor), str(st.acked_above_cursor),
+                     str(st.pending_txns), str(st.redelivered_offsets),
+                     str(st.max_redelivery_count),
+                     style="yellow" if st.max_redelivery_count else "")
+    return Group(tcs, parts, subs, keys)
 
 
 class Sampler:
     """Reads samples; keeps one buffer-state follower across refreshes."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, subscriptions: Sequence[tuple[str, str]] = ()) -> None:
+        """``subscriptions``: ``(topic, subscription)`` pairs whose acks to show."""
         from txnstream.buffer.follower import BufferStateFollower
 
         self.client = client
         self.follower = BufferStateFollower(client.config, name="top")
         self._followed: set[TopicPartition] = set()
+        self.subscriptions = list(subscriptions)
+        self._stores: dict[str, PendingAckStore] = {}
 
     def sample(self) -> Sample:
         """One refresh: STATS, LIST, and the served state of the txns' partitions."""
@@ -202,11 +243,32 @@ class Sampler:
                 buffers[tp] = "no txn record yet"
             else:
                 buffers[tp] = "not served yet"
-        return Sample(time.monotonic(), now_ms, coordinators, txns, buffers)
+        return Sample(time.monotonic(), now_ms, coordinators, txns, buffers, self._acks())
+
+    def _acks(self) -> list[AckRow]:
+        """The watched subscriptions' partitions, replayed from their pending-ack logs."""
+        rows: list[AckRow] = []
+        for topic, sub in self.subscriptions:
+            tps = self.follower.partitions_of(topic)
+            if not tps:
+                rows.append(AckRow(sub, TopicPartition(topic, 0), None, "no such topic"))
+                continue
+            try:
+                store = self._stores.get(sub)
+                if store is None:
+                    store = self._stores[sub] = PendingAckStore(self.client.config, sub, "top")
+                handles = store.replay_many(dict.fromkeys(tps))
+            except Exception as exc:  # noqa: BLE001 - shown, and tried at the next refresh
+                rows += [AckRow(sub, tp, None, f"not read: {exc}") for tp in tps]
+                continue
+            rows += [AckRow(sub, tp, handles[tp].stats()) for tp in tps]
+        return rows
 
     def close(self) -> None:
-        """Release the follower's consumer."""
+        """Release the follower's consumer and the pending-ack readers."""
         self.follower.close()
+        for store in self._stores.values():
+            store.close()
 
 
 def abort_selected(client: Client, view: View, selected: int) -> TxnID:
@@ -234,9 +296,11 @@ def _cbreak() -> Iterator[bool]:
 class TopApp:
     """The live screen: refresh every ``interval_s``, keys in between."""
 
-    def __init__(self, client: Client, interval_s: float = 2.0) -> None:
+    def __init__(self, client: Client, interval_s: float = 2.0,
+                 subscriptions: Sequence[tuple[str, str]] = ()) -> None:
         self.client = client
         self.interval_s = interval_s
+        self.subscriptions = list(subscriptions)
         self.selected: int | None = None
         self.confirm: TxnID | None = None
         self.message = ""
@@ -272,7 +336,7 @@ class TopApp:
 
     def run(self) -> None:
         """Until ``q`` or Ctrl-C."""
-        sampler = Sampler(self.client)
+        sampler = Sampler(self.client, self.subscriptions)
         prev: Sample | None = None
         try:
             with _cbreak() as keys, Live(Text("reading the first sample..."),

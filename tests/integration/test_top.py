@@ -72,3 +72,31 @@ def test_top_names_the_blocked_partition_and_aborts_its_txn(config, worker, clie
     consumer.close()
     assert extra is None, f"the aborted record was delivered: {extra.value!r}"
     assert got == [b"behind"], f"after the abort, the committed record behind: {got}"
+
+
+def test_top_shows_a_watched_subscriptions_redelivery_counts(config, worker, client) -> None:  # noqa: F811
+    topic = make_topic(config, 2, "topsub")
+    producer = client.create_producer(topic)
+    producer.send(b"poison", partition=1)
+    producer.flush()
+    c = client.subscribe(topic, subscription="top-billing")
+    for _ in range(2):  # its processing txn aborts twice: counted in the pending-ack log
+        m = c.receive(timeout_s=30)
+        assert m is not None and m.value == b"poison"
+        with client.transaction() as txn:
+            c.acknowledge(m, txn)
+            txn.abort()
+    c.close()
+    wait_until(lambda: client.admin.pending_ack_stats(f"{topic}-1", "top-billing")
+               .max_redelivery_count == 2, 30, "the second abort's mark in the pending-ack log")
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "txnstream"), "--bootstrap",
+         config.bootstrap_servers, "top", "--prefix", config.topics.prefix, "--once",
+         "--subscription", f"{topic}:top-billing"],
+        capture_output=True, text=True, timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = next((x for x in out.stdout.splitlines() if f"{topic}-1" in x and "top-billing" in x),
+                None)
+    assert line is not None, out.stdout
+    cells = [c.strip() for c in line.split("│") if c.strip()]
+    assert cells[-2:] == ["1", "2"], f"redelivered offsets / highest count: {line}"

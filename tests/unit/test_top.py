@@ -65,3 +65,36 @@ def test_unserved_partition_shows_why_and_render_names_the_blocker() -> None:
     console.print(render(view, selected=0))
     text = console.export_text()
     assert "orders-0" in text and str(blocker) in text and "not served yet" in text
+
+
+def test_watched_subscriptions_show_their_redelivery_counts_the_highest_first() -> None:
+    from txnstream.pendingack.handle import PendingAckStats
+    from txnstream.top import AckRow
+
+    calm = PendingAckStats("billing", TP0, 40, 0, 0, 0, None, 3)
+    poison = PendingAckStats("billing", TP1, 12, 5, 1, 1, None, 3, redelivered_offsets=1,
+                             max_redelivery_count=3)
+    cur = Sample(1.0, NOW, [_tc(0, "w1", 0, 0, 0)], [], {},
+                 [AckRow("billing", TP0, calm), AckRow("billing", TP1, poison),
+                  AckRow("audit", TP0, None, "not read: timed out")])
+    view = build_view(None, cur)
+    assert [a.tp for a in view.acks][:1] == [TP1], "the poison record's partition is not first"
+    console = Console(width=160, record=True)
+    console.print(render(view))
+    text = console.export_text()
+    assert "subscriptions" in text and "billing" in text and "not read: timed out" in text
+    line = next(x for x in text.splitlines() if "orders-1" in x and "billing" in x)
+    assert [c.strip() for c in line.split("│") if c.strip()][-2:] == ["1", "3"], line
+
+
+def test_a_subscription_to_watch_is_topic_colon_name() -> None:
+    import argparse
+
+    import pytest
+
+    from txnstream.cli.top import _topic_sub
+
+    assert _topic_sub("orders:billing:eu") == ("orders", "billing:eu")
+    for bad in ("orders", ":billing", "orders:"):
+        with pytest.raises(argparse.ArgumentTypeError, match="TOPIC:SUBSCRIPTION"):
+            _topic_sub(bad)

@@ -18,7 +18,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="print one sample's tables and exit (scripts, captures)")
     p.add_argument("--rates", action="store_true",
                    help="with --once: take two samples --interval apart to show rates")
+    p.add_argument("--subscription", action="append", default=[], metavar="TOPIC:SUB",
+                   type=_topic_sub,
+                   help="also show this subscription's pending acks and redelivery counts "
+                        "per partition of TOPIC (repeatable)")
     p.set_defaults(handler=_run)
+
+
+def _topic_sub(text: str) -> tuple[str, str]:
+    """``TOPIC:SUBSCRIPTION`` (a Kafka topic name has no ``:``)."""
+    topic, sep, sub = text.partition(":")
+    if not sep or not topic or not sub:
+        raise argparse.ArgumentTypeError(f"--subscription takes TOPIC:SUBSCRIPTION, got {text!r}")
+    return topic, sub
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -29,9 +41,9 @@ def _run(args: argparse.Namespace) -> int:
 
     with Client(config=config_from_args(args)) as client:
         if not args.once:
-            TopApp(client, args.interval).run()
+            TopApp(client, args.interval, args.subscription).run()
             return 0
-        sampler = Sampler(client)
+        sampler = Sampler(client, args.subscription)
         try:
             with err_console.status("reading coordinators and buffer state"):
                 prev = sampler.sample() if args.rates else None
