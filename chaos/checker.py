@@ -23,7 +23,12 @@ which defect of issue 11 a kind most likely points at. The checks:
    ``input_not_processed``, ``input_processed_twice``, ``output_without_input``,
    ``input_dead_lettered_twice``, ``input_processed_and_dead_lettered``,
    ``dead_letter_without_input``); the dead-letter topic's records are checked here
-   alone (a dead letter is a copy of its input: it names the input's id);
+   alone (a dead letter is a copy of its input: it names the input's id). A processor
+   also retries some inputs later (``reconsume_later``): a retry letter, a copy of its
+   input in the retry topic, is taken out of checks 3 and 5 like a dead letter, and its
+   output (or dead letter) counts for the input it names, so a retry whose letter and
+   ack were not atomic shows as ``input_not_processed`` or ``input_processed_twice``;
+   a retry letter of no input seen is ``retry_letter_without_input``;
 5. the committed-only consumers got every visible record (``consumer_missed_record``)
    and nothing aborted (``consumer_saw_aborted``);
 6. no TxnID issued twice (``txn_id_issued_twice``); the raw partitions agree on each
@@ -73,6 +78,7 @@ MAPS_TO = {
     "input_processed_and_dead_lettered": "issue 38 (a record past the count handed out, or "
                                          "its ack lost after the dead letter)",
     "dead_letter_without_input": "issue 38 (a dead letter of a record no reader sees)",
+    "retry_letter_without_input": "issue 38 (a retry letter of a record no reader sees)",
     "consumer_missed_record": "item 1 (committed records dropped by the bounded hold)",
     "consumer_saw_aborted": "items 4/5",
     "txn_id_issued_twice": "item 4 (replies sent for entries not in the log)",
@@ -285,22 +291,23 @@ def _reach(behind: dict[str, list[int]] | None, topic: str, partition: int, offs
 def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: list[Delivered],
           in_topic: str, out_topic: str,
           behind: dict[str, dict[str, list[int]] | None] | None = None,
-          dlq_topic: str | None = None) -> CheckResult:
+          dlq_topic: str | None = None, retry_topic: str | None = None) -> CheckResult:
     """Run every data check.
 
     ``behind``: per subscription (``processors``, ``consumers``), the partitions whose
     committed cursor was below the end after the drain, ``{tp: [cursor, end]}``.
-    ``dlq_topic``: the processors' dead-letter topic (check 4 only; its raw partitions
-    are in check 6).
+    ``dlq_topic``, ``retry_topic``: the processors' dead-letter and retry topics (check
+    4 only; their raw partitions are in check 6).
     """
     behind = behind or {}
     an = Anomalies()
     dead = [d for d in delivered if d.topic == dlq_topic]
-    delivered = [d for d in delivered if d.topic != dlq_topic]
+    retried = [d for d in delivered if d.topic == retry_topic]
+    delivered = [d for d in delivered if d.topic not in (dlq_topic, retry_topic)]
     # ---- indexes
     where: dict[str, tuple[tuple[str, int], int]] = {}
     for tp, rp in raw.items():
-        if tp[0] == dlq_topic:
+        if tp[0] in (dlq_topic, retry_topic):
             continue  # copies of inputs: an id is found where its input is
         for rec in rp.records:
             if rec.value is not None:
@@ -425,6 +432,10 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
         if d.value and d.value["id"] not in inputs:
             an.add("dead_letter_without_input", {"at": f"{d.topic}-{d.partition}@{d.offset}",
                                                  "in": d.value["id"]})
+    for d in retried:
+        if d.value and d.value["id"] not in inputs:
+            an.add("retry_letter_without_input", {"at": f"{d.topic}-{d.partition}@{d.offset}",
+                                                  "in": d.value["id"]})
     for iid, d in inputs.items():
         n, gone = outs_per_input[iid], dead_of[iid]
         if n == 0 and gone == 0:
@@ -511,7 +522,8 @@ def check(truth: Truth, raw: dict[tuple[str, int], RawPartition], delivered: lis
              "processor_duplicate_deliveries_in_a_batch": truth.dup_in_batch,
              "consumer_records_received": sum(truth.received.values()),
              "processor_outputs_logged": len(truth.pairs),
-             "processor_inputs_dead_lettered": len(dead_of)}
+             "processor_inputs_dead_lettered": len(dead_of),
+             "processor_retry_letters": len(retried)}
     if intruder:
         notes["intruder_requests"] = dict(sorted(intruder.items()))
     flood: Counter[str] = Counter()

@@ -69,6 +69,11 @@ class Profile:
     """The processors' dead-letter policy (issue 38): an input whose txns aborted more often
     goes to the dead-letter topic with its ack; faults abort enough of them that a run
     dead-letters some, so the checker sees both fates."""
+    retry_ratio: float = 0.03
+    """The share of inputs an individually-acking processor retries later
+    (``reconsume_later`` in its txn, issue 38) instead of processing; a retried one is
+    retried again half the time, so some pass the count and are dead-lettered that way."""
+    retry_delay_s: tuple[float, float] = (0.2, 3.0)
     process_s: tuple[float, float] = (0.0, 0.4)
     """A processor's work per batch, between its acks and its commit: the window in which
     a pause turns it into a zombie holding acked inputs."""

@@ -60,6 +60,8 @@ IN_TOPIC = "chaos-in"
 OUT_TOPIC = "chaos-out"
 DOOMED_TOPIC = "chaos-doomed"
 DLQ_TOPIC = "chaos-dlq"
+RETRY_TOPIC = "chaos-retry"
+"""The processors' retry topic (``reconsume_later``, issue 38)."""
 """The processors' dead-letter topic (issue 38): inputs past their redelivery count."""
 """(hostile) Deleted halfway through the workload while txns that wrote to it commit."""
 HOSTILE = ("intruder", "flooder")
@@ -124,7 +126,7 @@ class ChaosRun:
             return [TXNSTREAM_BIN, "--bootstrap", boot, "worker", "--prefix", prefix,
                     "--id", f"{name}.{n}", "--session-timeout-ms",
                     str(self.p.session_timeout_ms), "--buffer-topics",
-                    f"{IN_TOPIC},{OUT_TOPIC},{DLQ_TOPIC}"]
+                    f"{IN_TOPIC},{OUT_TOPIC},{DLQ_TOPIC},{RETRY_TOPIC}"]
 
         return argv
 
@@ -136,7 +138,7 @@ class ChaosRun:
         self.log("starting a 3-broker cluster")
         secs = self.cluster.up()
         data = {IN_TOPIC: self.p.in_partitions, OUT_TOPIC: self.p.out_partitions,
-                DLQ_TOPIC: 2}
+                DLQ_TOPIC: 2, RETRY_TOPIC: 2}
         if self.p.hostile:
             data[DOOMED_TOPIC] = 2
         isr = self.cluster.create_topics(data)
@@ -170,7 +172,8 @@ class ChaosRun:
                     "ack_mode": ("cumulative", "individual")[i % 2],
                     "txn_timeout_s": p.processor_txn_timeout_s, "session_timeout_ms": st,
                     "process_s": list(p.process_s), "dead_letter_topic": DLQ_TOPIC,
-                    "max_redeliver_count": p.max_redeliver_count}),
+                    "max_redeliver_count": p.max_redeliver_count, "retry_topic": RETRY_TOPIC,
+                    "retry_ratio": p.retry_ratio, "retry_delay_s": list(p.retry_delay_s)}),
                 env=self.creds.env("chaos-processor"))
         ports = [free_port() for _ in range(p.producers)]
         for i in range(p.producers):
@@ -302,7 +305,7 @@ class ChaosRun:
                             if t.status not in (TxnStatus.COMMITTED, TxnStatus.ABORTED))
         except Exception:  # noqa: BLE001 - a coordinator failing over: ask again
             open_txns = -1
-        eo = self._lags(EO_SUBSCRIPTION, [IN_TOPIC])
+        eo = self._lags(EO_SUBSCRIPTION, [IN_TOPIC, RETRY_TOPIC])
         read = self._lags(READ_SUBSCRIPTION, [IN_TOPIC, OUT_TOPIC])
         return {"eo_lag": -1 if eo is None else sum(v[1] - v[0] for v in eo.values()),
                 "read_lag": -1 if read is None else sum(v[1] - v[0] for v in read.values()),
@@ -366,7 +369,7 @@ class ChaosRun:
         self.sup.reap_unexpected(restart=False)
         self.log("stopping processors and consumers; reading raw and committed-only")
         self.sup.stop(self.sup.names("processor") + self.sup.names("consumer"))
-        topics = [IN_TOPIC, OUT_TOPIC, DLQ_TOPIC]
+        topics = [IN_TOPIC, OUT_TOPIC, DLQ_TOPIC, RETRY_TOPIC]
         raw = read_raw(self.config, topics, check=self._marker_check())
         targets = {tp: rp.last_expected_visible() for tp, rp in raw.items()}
         delivered = read_committed(self.config, topics, targets)
@@ -374,7 +377,7 @@ class ChaosRun:
         drain = self.summary.get("drain", {})
         res = check(truth, raw, delivered, IN_TOPIC, OUT_TOPIC,
                     {"processors": drain.get("eo_behind"), "consumers": drain.get("read_behind")},
-                    dlq_topic=DLQ_TOPIC)
+                    dlq_topic=DLQ_TOPIC, retry_topic=RETRY_TOPIC)
         an = res.anomalies
         for s in self.monitor.stuck.values():
             an.add("txn_open_past_timeout", vars(s))

@@ -11,6 +11,10 @@ acknowledged, with cumulative acks the processor rewinds (leaves the group and j
 again, so delivery restarts at the committed cursor). Every input is processed again:
 exactly once is the consumer's and coordinator's job; past its redelivery count an input
 goes to the dead-letter topic with its ack instead (the consumer's dead-letter policy).
+An individually-acking processor retries a share of its inputs later instead
+(``reconsume_later`` in the checkpoint's txn: a retry letter with a delay, and the ack);
+the letter comes back through the retry topic and is processed (or retried again, or
+dead-lettered past the count) as its input.
 A message delivered twice within one batch is processed once (and noted).
 
 A ``KafkaException`` out of ``receive()`` is not caught: the process exits and the
@@ -64,13 +68,18 @@ class ProcessorRole:
         self.last_offset: dict[tuple[str, int], int] = {}
         lo, hi = sp.get("process_s", (0.0, 0.0))
         self.process_s = (float(lo), float(hi))
+        self.retry_ratio: float = sp.get("retry_ratio", 0.0) if self.mode == "individual" \
+            and sp.get("retry_topic") else 0.0
+        lo, hi = sp.get("retry_delay_s", (0.2, 3.0))
+        self.retry_delay_s = (float(lo), float(hi))
         self.rng = random.Random(f"{args.seed}/{args.writer}")
 
     def _subscribe(self) -> Consumer:
         sp = self.args.spec
-        policy = {"dead_letter_policy": DeadLetterPolicy(sp["max_redeliver_count"],
-                                                         sp["dead_letter_topic"])
-                  } if sp.get("dead_letter_topic") else {}
+        policy = {"dead_letter_policy": DeadLetterPolicy(
+            sp["max_redeliver_count"], sp["dead_letter_topic"],
+            retry_letter_topic=sp.get("retry_topic") if sp["ack_mode"] == "individual" else None)
+        } if sp.get("dead_letter_topic") else {}
         return self.client.subscribe(sp["input"], subscription=sp["subscription"], **{
             "session.timeout.ms": sp["session_timeout_ms"], "heartbeat.interval.ms": 1000},
             **policy)
@@ -187,8 +196,18 @@ class ProcessorRole:
 
     def _into_txn(self, batch: list[Message], txn: Any, tid: str, acked: set[int],
                   recs: list[list[Any]], pairs: list[list[str]]) -> None:
-        """One output per input of ``batch``, written with ``txn``; the inputs acked in it."""
+        """One output per input of ``batch``, written with ``txn``; the inputs acked in it.
+
+        Or, for a share of them, a retry letter in ``txn`` instead (:attr:`retry_ratio`).
+        """
+        retried: set[int] = set()
         for m in batch:
+            if self.retry_ratio and self.rng.random() < (
+                    0.5 if dict(m.headers).get("RECONSUMETIMES") else self.retry_ratio):
+                self.consumer.reconsume_later(m, self.rng.uniform(*self.retry_delay_s), txn)
+                acked.add(id(m))
+                retried.add(id(m))
+                continue
             v = decode_value(m.value)
             in_id = v["id"] if v else f"{m.topic}-{m.partition}@{m.offset}"
             p = m.partition % self.out_partitions
@@ -211,8 +230,9 @@ class ProcessorRole:
                 acked.update(id(x) for x in batch if x.tp == m.tp and x.offset <= m.offset)
         else:
             for m in batch:
-                self.consumer.acknowledge(m, txn=txn)
-                acked.add(id(m))
+                if id(m) not in retried:
+                    self.consumer.acknowledge(m, txn=txn)
+                    acked.add(id(m))
 
     def _failed(self, batch: list[Message], acked: set[int]) -> None:
         """After an aborted batch: every input of it must come back.
