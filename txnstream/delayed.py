@@ -29,7 +29,10 @@ Bounds (stated, and what happens past them):
 * a partition holds at most :data:`MAX_HELD` records, a consumer at most
   :data:`MAX_HELD_BYTES` of their keys and values: past either, the partition pauses
   at the next record until a held one falls due, so a flood of delayed records costs
-  latency behind it, never memory;
+  latency behind it, not memory. The exception: records delayed from their txn's commit
+  are held until the reader meets its marker, which lies ahead of them, so a partition
+  holding some reads on past the bound (one txn's delayed records there cost memory
+  until its marker);
 * a header that does not parse (a writer outside txnstream) delays nothing: the record
   is delivered at once and the reader logs it (nothing is lost).
 """
