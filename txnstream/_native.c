@@ -5,16 +5,24 @@
  * each record costs a Python Message object (topic, key and value copies, a header list)
  * before the fold looks at two of its headers. This scan reads the same records from
  * librdkafka's queue and hands Python one entry per *run*: consecutive offsets of one
- * partition that are all plain, or all carry byte-equal headers with a txn.id and no
- * txn.marker (one txn's records). Markers and every other record come one by one, with
- * their headers (and, for markers, their value), so Python folds them by its own rules.
+ * partition that are
+ *   - all PLAIN: no txn.id, no txn.marker and no delay header (txn.deliver.at or
+ *     txn.deliver.after); other (user) headers do not matter;
+ *   - all DELAYED: plain (no txn.id, no txn.marker) with a delay header, byte-equal
+ *     headers (same names and values, in the same order) and the same timestamp (a
+ *     plain record's due time may count from it);
+ *   - all TXN: a txn.id and no txn.marker (a delay header or not), and byte-equal
+ *     headers (one txn's records);
+ *   - or a single MARKER: a record with a txn.marker header comes alone, with its
+ *     headers and value, so Python folds it by its own rules.
  *
  * An entry is the tuple (topic, partition, first, last, headers, value, timestamp):
- * headers is None for a plain run, else the list of (name, value) of the run's first
+ * headers is None for a PLAIN run, else the list of (name, value) of the run's first
  * record; value is the record's value for a record with a txn.marker header, else None;
- * timestamp is the first record's (-1 if none). txnstream/buffer/scan.py builds the same
- * entries in pure Python (the fallback), and `coalesce()` here runs this file's rules
- * on records given from Python: tests/unit/buffer/test_native_scan.py checks both agree.
+ * timestamp is the first record's (-1 if none). txnstream/buffer/runs.py (runs_of)
+ * builds the same entries in pure Python (the fallback of txnstream/buffer/scan.py), and
+ * `coalesce()` here runs this file's rules on records given from Python:
+ * tests/unit/buffer/test_native_scan.py checks both agree.
  *
  * librdkafka is the one confluent-kafka loaded (load() opens it by path and checks its
  * version against confluent-kafka's), so the consumer handle is shared: the scan takes
@@ -120,27 +128,34 @@ static int hdrs_equal(const hdrs_t *a, const hdrs_t *b) {
     return 1;
 }
 
-enum kind { PLAIN, TXN, SINGLE };
+enum kind { PLAIN, DELAYED, TXN, SINGLE };
 
 static int is_name(const hdr_t *h, const char *name) {
     size_t n = strlen(name);
     return (size_t)h->name_len == n && memcmp(h->name, name, n) == 0;
 }
 
-/* Plain: no txn.id and no txn.marker header. A txn record: a txn.id and no txn.marker.
- * Anything with a txn.marker comes alone (with its value). */
+/* Plain: no txn.id, no txn.marker and no delay header. Delayed: no txn.id and no
+ * txn.marker, and a txn.deliver.at or txn.deliver.after header. A txn record: a txn.id
+ * and no txn.marker (a delay header or not). Anything with a txn.marker comes alone
+ * (with its value). Header names as in txnstream/message.py. */
 static enum kind classify(const hdrs_t *hs, int *marker) {
-    int id = 0;
+    int id = 0, delay = 0;
     *marker = 0;
     for (size_t i = 0; i < hs->n; i++) {
         if (is_name(&hs->h[i], "txn.id"))
             id = 1;
         else if (is_name(&hs->h[i], "txn.marker"))
             *marker = 1;
+        else if (is_name(&hs->h[i], "txn.deliver.at") ||
+                 is_name(&hs->h[i], "txn.deliver.after"))
+            delay = 1;
     }
     if (*marker)
         return SINGLE;
-    return id ? TXN : PLAIN;
+    if (id)
+        return TXN;
+    return delay ? DELAYED : PLAIN;
 }
 
 /* ---- runs ---- */
@@ -151,7 +166,8 @@ typedef struct {
     PyObject *topic; /* borrowed: alive for the whole call */
     int32_t partition;
     int64_t first, last, ts;
-    hdrs_t hdrs; /* the run's first record's headers (pointing into its record) */
+    hdrs_t hdrs; /* the run's first record's headers (pointing into its record): what a
+                  * DELAYED or TXN run's next records must equal, byte for byte */
     PyObject *value;  /* new reference or NULL */
 } runs_t;
 
@@ -207,7 +223,10 @@ static int same_topic(PyObject *a, PyObject *b) {
     return eq == 1;
 }
 
-/* Add one record. `hs` is swapped into the run when the record starts one, so the caller
+/* Add one record: it extends the open run if it is the next offset of the run's
+ * partition and of the run's kind, PLAIN, or DELAYED or TXN with byte-equal headers
+ * (DELAYED: and the run's timestamp).
+ * `hs` is swapped into the run when the record starts one, so the caller
  * passes the spare buffer next time: headers point into records alive for the call. */
 static int runs_add(runs_t *r, PyObject *topic, int32_t partition, int64_t offset, int64_t ts,
                     hdrs_t *hs, const void *payload, size_t len) {
@@ -215,7 +234,7 @@ static int runs_add(runs_t *r, PyObject *topic, int32_t partition, int64_t offse
     enum kind kind = classify(hs, &marker);
     if (r->open && kind != SINGLE && kind == r->kind && partition == r->partition &&
         offset == r->last + 1 && same_topic(topic, r->topic) &&
-        (kind == PLAIN || hdrs_equal(hs, &r->hdrs))) {
+        (kind == PLAIN || hdrs_equal(hs, &r->hdrs)) && (kind != DELAYED || ts == r->ts)) {
         r->last = offset;
         return 0;
     }

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "txnstream.buffer.offset_runs": 2, "txnstream.buffer.transaction_buffer": 2,
     "txnstream.buffer.snapshot": 2, "txnstream.buffer.served": 2, "txnstream.buffer.vouch": 2,
     "txnstream.buffer.unregistered": 2, "txnstream.buffer.runs": 2,
+    "txnstream.buffer.delays": 2,
     "txnstream.pendingack": 2, "txnstream.delivery": 2, "txnstream.delayed": 2,
     "txnstream.fencing": 2,
     # 3. storage on Kafka

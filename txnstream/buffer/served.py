@@ -10,7 +10,9 @@ and only compares positions:
 * never past ``max_read_position``;
 * never an offset in ``hidden`` (markers, stragglers, undecodable records);
 * never a record whose ``txn.id`` is an aborted txn whose span ``[first, last]`` holds
-  the offset (Kafka's aborted-transaction index: a span and an id, not every offset).
+  the offset (Kafka's aborted-transaction index: a span and an id, not every offset);
+* a record in a ``delayed`` run no earlier than its time (:mod:`txnstream.buffer.delays`:
+  what the Spark planner defers; a consumer reads the delay header itself).
 
 Both are pure: the I/O is in :mod:`txnstream.buffer.follower`. A view is sized by
 markers and aborted txns above the reader's position (:meth:`BufferView.trim`), never
@@ -38,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from txnstream.buffer.delays import EXPIRED_AFTER_MS, DelayRuns
 from txnstream.buffer.snapshot import TransactionBufferSnapshot
 from txnstream.buffer.transaction_buffer import BufferStats, TransactionBuffer
 from txnstream.codec import codec
@@ -87,6 +90,8 @@ class BufferStateRecord:
     ts_ms: int = 0
     log_epoch: int = 0
     """The log epoch of the owner's state (a DELTA): see :attr:`BufferView.log_epoch`."""
+    delayed: tuple[tuple[int, int, int], ...] = ()
+    """Records that became visible in this delta, not due yet: (first, last, due ms)."""
 
     @property
     def tp(self) -> TopicPartition:
@@ -112,6 +117,7 @@ class BufferStateRecord:
             "blocking_least_bits": b.least_bits if b else -1,
             "blocking_offset": self.blocking_offset, "blocking_since_ms": self.blocking_since_ms,
             "log_start": self.log_start, "ts_ms": self.ts_ms, "log_epoch": self.log_epoch,
+            "delayed": [{"first": f, "last": la, "due_ms": d} for f, la, d in self.delayed],
         }
 
     def encode(self) -> bytes:
@@ -136,7 +142,7 @@ class BufferStateRecord:
                       for a in r["aborted"]),
                 r["ongoing"], r["aborted_txns"], TxnID(bm, bl) if bm >= 0 else None,
                 r["blocking_offset"], r["blocking_since_ms"], r["log_start"], r["ts_ms"],
-                r["log_epoch"])
+                r["log_epoch"], tuple((d["first"], d["last"], d["due_ms"]) for d in r["delayed"]))
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"txn_buffer_state: {exc!r}") from exc
 
@@ -153,7 +159,10 @@ def take_delta(buf: TransactionBuffer, member: str, generation: int, from_positi
     st = buf.stats(now_ms)
     hidden = tuple(sorted(set(journal.hidden)))
     aborted = tuple(journal.aborted)
+    delayed = tuple(journal.delayed)
     journal.clear()
+    if buf.delayed:  # what no reader can be early for any more (its snapshots drop it)
+        buf.delayed.expire(now_ms - EXPIRED_AFTER_MS)
     blocking_since = -1
     if st.blocking_txn is not None:
         entry = buf.ongoing.get(st.blocking_txn)
@@ -164,7 +173,7 @@ def take_delta(buf: TransactionBuffer, member: str, generation: int, from_positi
         from_position, buf.last_offset, buf.max_read_position, hidden, aborted,
         len(buf.ongoing), len(buf.aborted), st.blocking_txn,
         st.blocking_offset if st.blocking_offset is not None else -1, blocking_since,
-        log_start, now_ms, buf.log_epoch)
+        log_start, now_ms, buf.log_epoch, delayed)
 
 
 @dataclass
@@ -207,6 +216,8 @@ class BufferView:
     epoch while following the partition: its :attr:`position` and
     :attr:`max_read_position` then moved *back*, to the new log's. Never changes
     otherwise (0 for a view that started on the newest epoch)."""
+    delayed: DelayRuns = field(default_factory=DelayRuns)
+    """Visible records not due when they became visible, with their times."""
     _hidden_order: list[int] = field(default_factory=list, repr=False)
     _aborted_order: list[tuple[int, bytes]] = field(default_factory=list, repr=False)
 
@@ -222,6 +233,7 @@ class BufferView:
             if offs:
                 view._add_span(txn.to_bytes(), offs[0], offs[-1])
         view._add_hidden(snap.hidden)  # no aborted txn's records: the spans skip those
+        view.delayed = DelayRuns(snap.delayed)
         # what the stats say until the first delta: the snapshot's open txns
         first = min(snap.ongoing, key=lambda o: o[1][0], default=None)
         view.last = BufferStateRecord(
@@ -268,6 +280,9 @@ class BufferView:
         self._add_hidden(delta.hidden)
         for txn, first, last in delta.aborted:
             self._add_span(txn.to_bytes(), first, last)
+        for first, last, due in delta.delayed:
+            if last >= self.trimmed_below:
+                self.delayed.add(max(first, self.trimmed_below), last, due)
         if delta.position > self.position:
             self.position = delta.position
         if delta.max_read_position > self.max_read_position:
@@ -308,6 +323,10 @@ class BufferView:
                  if f < end and la >= start]
         return hidden, spans
 
+    def delays_in(self, start: int, end: int, now_ms: int) -> list[tuple[int, int, int]]:
+        """Runs of ``[start, end)`` not due at ``now_ms``: (first, last, due ms)."""
+        return self.delayed.in_range(start, end, now_ms) if self.delayed else []
+
     def trim(self, below: int) -> None:
         """Forget what only offsets below ``below`` need (the reader is past them)."""
         if below <= self.trimmed_below:
@@ -322,6 +341,8 @@ class BufferView:
             span = spans.get(raw)
             if span is not None and span[1] < below:
                 del spans[raw]
+        if self.delayed:
+            self.delayed.trim(below)
 
     def stats(self, now_ms: int) -> BufferStats:
         """How far readers may go and what blocks them (as the owner last said)."""

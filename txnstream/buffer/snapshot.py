@@ -18,7 +18,8 @@ empty defaults, and :meth:`TransactionBufferSnapshot.from_avro` turns the offset
 runs). Version 2 writes the version 1 lists empty. Version 3 adds the log epoch and the
 topic id (:mod:`txnstream.buffer.recreation`); older snapshots read as epoch 0, id
 unknown. Version 4 adds ``legacy_until`` (:mod:`txnstream.membership`); older snapshots
-read as -1, not known.
+read as -1, not known. Version 5 adds the delayed records (:mod:`txnstream.buffer.delays`);
+older snapshots read as none.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from txnstream.buffer.delays import DelayRuns, PendingDelays
 from txnstream.buffer.offset_runs import OffsetRuns
 from txnstream.buffer.transaction_buffer import OngoingTxn, TransactionBuffer
 from txnstream.codec import codec
@@ -77,6 +79,10 @@ class TransactionBufferSnapshot:
     """:attr:`TransactionBuffer.legacy_until` (version 4); -1: not known (an older
     snapshot, or an owner that checks no membership). Not compared: it says which era's
     rules the fold applies below an offset, not what the fold decided."""
+    delayed: tuple[tuple[int, int, int], ...] = ()
+    """Visible records not due yet: (first, last, due ms) (version 5)."""
+    pending_delays: tuple[tuple[TxnID, tuple[tuple[int, int, int, int], ...]], ...] = ()
+    """Ongoing txns' delayed records: (txn, ((first, last, at ms, after ms), ...))."""
 
     def to_avro(self) -> dict[str, Any]:
         """The dict fastavro writes."""
@@ -94,6 +100,10 @@ class TransactionBufferSnapshot:
             "generation": self.generation, "state_offset": self.state_offset,
             "log_epoch": self.log_epoch, "topic_id": self.topic_id,
             "legacy_until": self.legacy_until,
+            "delayed": [{"first": f, "last": la, "due_ms": d} for f, la, d in self.delayed],
+            "pending_delays": [{"most_bits": t.most_bits, "least_bits": t.least_bits,
+                                "first": f, "last": la, "at_ms": at, "after_ms": af}
+                               for t, runs in self.pending_delays for f, la, at, af in runs],
         }
 
     @classmethod
@@ -105,6 +115,10 @@ class TransactionBufferSnapshot:
         if r["invisible"]:  # version 1: every hidden offset, aborted txns' records too
             in_aborted = {o for _, offs in aborted for o in offs}
             hidden = OffsetRuns(sorted(o for o in r["invisible"] if o not in in_aborted))
+        pending: dict[TxnID, list[tuple[int, int, int, int]]] = {}
+        for d in r["pending_delays"]:
+            pending.setdefault(TxnID(d["most_bits"], d["least_bits"]), []).append(
+                (d["first"], d["last"], d["at_ms"], d["after_ms"]))
         return cls(
             r["topic"], r["partition"], r["position"], r["max_read_position"],
             tuple((TxnID(o["most_bits"], o["least_bits"]), _runs(o),
@@ -114,6 +128,8 @@ class TransactionBufferSnapshot:
             tuple((x["tc"], tuple(x["seqs"])) for x in r["ended"]),
             r["generation"], r["state_offset"], r["log_epoch"], r["topic_id"],
             r["legacy_until"],
+            tuple((d["first"], d["last"], d["due_ms"]) for d in r["delayed"]),
+            tuple((t, tuple(runs)) for t, runs in pending.items()),
         )
 
     def encode(self) -> bytes:
@@ -166,6 +182,10 @@ def take_snapshot(buf: TransactionBuffer, min_offset: int = 0, generation: int =
         tuple(sorted((tc, tuple(sorted(seqs))) for tc, seqs in buf.ended.items() if seqs)),
         generation, state_offset, buf.log_epoch, buf.topic_id,
         buf.legacy_until if buf.checks_membership else -1,
+        tuple(buf.delayed.in_range(min_offset, buf.last_offset + 1)),
+        tuple(sorted((t, tuple((f, la, at, af) for f, la, at, af in e.delays.runs
+                               if la >= min_offset))
+                     for t, e in buf.ongoing.items() if e.delays is not None)),
     )
 
 
@@ -183,6 +203,10 @@ def restore(snap: TransactionBufferSnapshot) -> TransactionBuffer:
     buf.log_epoch = snap.log_epoch
     buf.topic_id = snap.topic_id
     buf.legacy_until = snap.legacy_until
+    buf.delayed = DelayRuns(snap.delayed)
+    for t, runs in snap.pending_delays:
+        if t in buf.ongoing and runs:
+            buf.ongoing[t].delays = PendingDelays(runs)
     return buf
 
 

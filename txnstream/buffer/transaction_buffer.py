@@ -42,6 +42,7 @@ every marker and aborted record. Both are bounded only by :meth:`TransactionBuff
 every owner trims below what it no longer needs (the buffer worker below the log start
 before each snapshot, readers below what they delivered or planned), and a trim costs
 O(k log n) for the k entries it forgets, nothing when there is nothing to forget.
+``delayed`` (records not due when visible) is bounded by :mod:`txnstream.buffer.delays`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from txnstream.buffer.delays import DelayRuns, PendingDelays, delay_of, due_at
 from txnstream.buffer.offset_runs import OffsetRuns
 from txnstream.buffer.runs import Entry, runs_of
 from txnstream.errors import CorruptRecordError
@@ -107,6 +109,8 @@ class OngoingTxn:
     offsets: OffsetRuns
     """Its records here, as runs: an open txn of 200k records is one run."""
     first_timestamp_ms: int | None = None
+    delays: PendingDelays | None = None
+    """Its delayed records here (:mod:`txnstream.buffer.delays`), due from its commit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,8 @@ class Journal:
     """Offsets hidden (markers, stragglers, undecodable), in the order folded."""
     aborted: list[tuple[TxnID, int, int]] = field(default_factory=list)
     """Txns that ended aborted here: (txn, first offset, last offset)."""
+    delayed: list[tuple[int, int, int]] = field(default_factory=list)
+    """Visible records not due yet: (first, last, due epoch ms)."""
     unmarked: dict[TxnID, int] = field(default_factory=dict)
     """Txns with records here that ended without a marker here (ended by a later
     marker's LWM, or a straggler below the LWM) -> that LWM: the owner writes their ABORT
@@ -148,6 +154,7 @@ class Journal:
         """Forget what was published."""
         self.hidden.clear()
         self.aborted.clear()
+        self.delayed.clear()
 
 
 @dataclass
@@ -168,6 +175,9 @@ class TransactionBuffer:
     """Folded offsets never to deliver: markers, stragglers, undecodable records,
     records of aborted txns (kept until trimmed). Read it, never change it directly:
     :meth:`mark_invisible` keeps the trim order in step."""
+    delayed: DelayRuns = field(default_factory=DelayRuns)
+    """Visible records (committed or plain) not due when they became visible, with their
+    times (:mod:`txnstream.buffer.delays`); bounded, trimmed with the rest."""
     last_offset: int = -1
     max_read_position: int = -1
     trimmed_below: int = 0
@@ -223,6 +233,8 @@ class TransactionBuffer:
               timestamp_ms: int | None) -> Verdict:
         kind, txn_id = classify_headers(headers)
         if kind is RecordKind.PLAIN:
+            if headers:
+                self._plain_delay(offset, offset, headers, timestamp_ms)
             return Verdict.PLAIN
         assert txn_id is not None
         if kind is RecordKind.MARKER:
@@ -241,7 +253,7 @@ class TransactionBuffer:
                 raise CorruptRecordError(
                     f"marker header says {txn_id} but its value says {marker.txn_id}")
             self._hide(offset)
-            self._end(txn_id, marker.kind)
+            self._end(txn_id, marker.kind, timestamp_ms)
             self._raise_lwm(txn_id.tc_id, marker.lwm)
             return Verdict.MARKER
         if not self._is_member(offset, txn_id, headers):
@@ -252,7 +264,7 @@ class TransactionBuffer:
                 "that txn's txn.tag here, so it is no member of it (a forged or copied "
                 "txn.id); it ends, blocks and joins nothing", self.tp, offset, txn_id)
             return Verdict.JUNK
-        return self._fold_txn_record(offset, txn_id, timestamp_ms)
+        return self._fold_txn_record(offset, txn_id, timestamp_ms, headers)
 
     @property
     def checks_membership(self) -> bool:
@@ -283,7 +295,8 @@ class TransactionBuffer:
             return True  # written before membership: judged by the rules of its time
         return membership.is_member(txn_id, self.tp, tag)
 
-    def _fold_txn_record(self, offset: int, txn_id: TxnID, timestamp_ms: int | None) -> Verdict:
+    def _fold_txn_record(self, offset: int, txn_id: TxnID, timestamp_ms: int | None,
+                         headers: Headers = None) -> Verdict:
         if self._has_ended(txn_id):
             self._hide(offset)
             lwm = self.lwm.get(txn_id.tc_id, 0)
@@ -294,20 +307,40 @@ class TransactionBuffer:
             return Verdict.STRAGGLER
         entry = self.ongoing.get(txn_id)
         if entry is None:
-            self.ongoing[txn_id] = OngoingTxn(offset, OffsetRuns((offset,)), timestamp_ms)
+            entry = self.ongoing[txn_id] = OngoingTxn(offset, OffsetRuns((offset,)),
+                                                      timestamp_ms)
         else:
             entry.offsets.append(offset)
+        if len(headers or ()) > 1 and (delay := delay_of(headers)) is not None:
+            if entry.delays is None:
+                entry.delays = PendingDelays()
+            entry.delays.add(offset, offset, *delay)
         return Verdict.TXN_PENDING
+
+    def _plain_delay(self, first: int, last: int, headers: Headers, ts: int | None) -> None:
+        if (delay := delay_of(headers)) is not None and (
+                due := due_at(*delay, ts or 0, ts or 0)) > (ts or 0):
+            self._add_delayed([(first, last, due)])
+
+    def _add_delayed(self, runs: list[tuple[int, int, int]]) -> None:
+        for first, last, due in runs:
+            if last >= self.trimmed_below:
+                self.delayed.add(max(first, self.trimmed_below), last, due)
+                if self.journal is not None:
+                    self.journal.delayed.append((first, last, due))
 
     def _has_ended(self, txn_id: TxnID) -> bool:
         tc, seq = txn_id.tc_id, txn_id.least_bits
         return seq < self.lwm.get(tc, 0) or seq in self.ended.get(tc, ())
 
-    def _end(self, txn_id: TxnID, kind: MarkerKind) -> None:
+    def _end(self, txn_id: TxnID, kind: MarkerKind, marker_ms: int | None = None) -> None:
         if self._has_ended(txn_id):
             return  # first marker wins
         self.ended.setdefault(txn_id.tc_id, set()).add(txn_id.least_bits)
         entry = self.ongoing.pop(txn_id, None)
+        if kind is MarkerKind.COMMIT and entry is not None and entry.delays is not None:
+            first_ms = entry.first_timestamp_ms or 0
+            self._add_delayed(entry.delays.resolve(marker_ms or first_ms, first_ms))
         if kind is MarkerKind.ABORT and entry is not None:
             self.mark_aborted(txn_id, entry.offsets)
             if self.journal is not None:
@@ -402,6 +435,8 @@ class TransactionBuffer:
         while by_last and by_last[0][0] < below:
             _, txn_id = heapq.heappop(by_last)
             aborted.pop(txn_id, None)
+        if self.delayed:
+            self.delayed.trim(below)
 
     def stats(self, now_ms: int | None = None) -> BufferStats:
         """Ongoing/aborted counts and the txn that blocks the partition, if any."""
@@ -443,7 +478,9 @@ class TransactionBuffer:
             verdict = self.fold(first, headers, value, ts if ts > 0 else None)
             if last == first:
                 continue
-            if headers is None:  # a plain run: nothing in it to judge
+            if headers is None or verdict is Verdict.PLAIN:  # nothing in it to judge
+                if headers is not None:  # all delayed alike
+                    self._plain_delay(first + 1, last, headers, ts if ts > 0 else None)
                 self.last_offset = last
                 self._advance()
                 continue
@@ -453,13 +490,11 @@ class TransactionBuffer:
                 if same > first:
                     raw = split_headers(headers)[0]
                     assert raw is not None
-                    self.ongoing[TxnID.from_bytes(raw)].offsets.append_range(first + 1, same)
+                    entry = self.ongoing[TxnID.from_bytes(raw)]
+                    entry.offsets.append_range(first + 1, same)
+                    if entry.delays is not None and entry.delays.runs[-1][1] == first:
+                        entry.delays.extend_to(same)
                     self.last_offset = first = same
             for offset in range(first + 1, last + 1):
                 self.fold(offset, headers, None, None)
         return n
-
-    def fold_all(self, records: Iterable[tuple[int, Headers, bytes | None]]) -> None:
-        """Fold many ``(offset, headers, value)`` records."""
-        for offset, headers, value in records:
-            self.fold(offset, headers, value)
