@@ -26,13 +26,17 @@ class TxnStreamPartition(InputPartition):
     task only compares positions: ``hidden`` offsets (markers, stragglers, undecodable
     records; packed, see :func:`_pack_offsets`) and ``aborted`` spans, raw ``txn.id``
     header -> ``(first, last)`` offset of an aborted txn: its records in the span are
-    not delivered (Kafka's aborted-transaction index).
+    not delivered (Kafka's aborted-transaction index). ``exclude``: spans of records
+    deferred for their time (:mod:`txnstream_spark.deferred`), not delivered here;
+    ``only``: the range reads deferred records released since, and delivers nothing else.
     """
 
     def __init__(self, config: Config, topic: str, partition: int, start: int, end: int,
                  hidden: Sequence[int] = (), aborted: Iterable[tuple[bytes, int, int]] = (),
                  value_schema: str | None = None, plain: bool = False,
-                 latest_high: int | None = None, fail_on_data_loss: bool = True) -> None:
+                 latest_high: int | None = None, fail_on_data_loss: bool = True,
+                 exclude: Sequence[tuple[int, int]] = (),
+                 only: Sequence[tuple[int, int]] | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.plain = plain
         """No txn ever registered the partition (planned without served state)."""
@@ -51,6 +55,8 @@ class TxnStreamPartition(InputPartition):
         self.end = end
         self.hidden = _pack_offsets(hidden)
         self.aborted = {raw: (first, last) for raw, first, last in aborted}
+        self.exclude = tuple(exclude)
+        self.only = tuple(only) if only is not None else None
 
 
 def _pack_offsets(offsets: Sequence[int]) -> tuple[int, str, bytes]:

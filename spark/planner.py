@@ -19,6 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from txnstream.errors import ConfigError
 from txnstream.types import TopicPartition
 
+from .deferred import released_partitions
 from .log_epochs import replaced, split
 from .options import EARLIEST, LATEST, Offsets, SourceOptions, Timestamps, named_offsets
 from .partition import TxnStreamPartition
@@ -407,7 +408,11 @@ class Planner:
                                   f"at offset {s}, after its ending offset {e}{why}")
             start[tp], end[tp] = s, e
         latest = {tp: self.marks[tp][1] for tp in self.tps if ending[tp] == LATEST}
-        return self.partitions(self._json(start), self._json(end), clamp=True, latest=latest)
+        now = int(time.time() * 1000)  # what is not due now is not read (deferred)
+        defer = {tp: v.delays_in(start[tp], end[tp], now) for tp in self.tps
+                 if (v := self.follower.views.get(tp)) is not None}
+        return self.partitions(self._json(start), self._json(end), clamp=True, latest=latest,
+                               defer=defer)
 
     def trim(self, below: Offsets) -> None:
         """Forget served state below ``below`` (JSON offsets): no batch starts there again."""
@@ -421,9 +426,15 @@ class Planner:
                 view.trim(int(at))
 
     def partitions(self, start: Offsets, end: Offsets, clamp: bool,
-                   latest: dict[TopicPartition, int] | None = None
+                   latest: dict[TopicPartition, int] | None = None,
+                   defer: dict[TopicPartition, list[tuple[int, int, int]]] | None = None,
+                   released: dict[TopicPartition, list[tuple[int, int]]] | None = None
                    ) -> list[TxnStreamPartition]:
         """The input partitions of ``[start, end)``, each with its skip info.
+
+        ``defer``: runs not delivered (not due: :mod:`txnstream_spark.deferred`);
+        ``released``: spans deferred before, read by tasks of their own (not on a
+        partition whose log was replaced since).
 
         ``latest``: partitions whose end is ``latest`` -> their high watermark when
         planned; each is planned even if its range is empty (see :meth:`plan_batch`).
@@ -444,8 +455,10 @@ class Planner:
             e = int(end.get(tp.topic, {}).get(str(tp.partition), s))
             if tp in began and ends_on.get(tp, -1) > began[tp]:  # a new log (new_logs)
                 s = self._restart_from.pop(tp, self.marks.get(tp, (0, 0))[0])
+                released = {k: v for k, v in (released or {}).items() if k != tp}
             elif e < s and tp in self._restart_from:  # a new log (moved_back)
                 s = self._restart_from[tp]
+                released = {k: v for k, v in (released or {}).items() if k != tp}
             elif e >= s:
                 self._restart_from.pop(tp, None)
             ranges[tp] = s, max(s, e)
@@ -475,11 +488,13 @@ class Planner:
                 view = self.follower.views.get(tp)
                 hidden, aborted = view.skip_in(s, e) if view is not None and e > s \
                     else ([], [])
+                skip = [(f, la) for f, la, _ in (defer or {}).get(tp, ()) if la >= s and f < e]
                 parts.append(TxnStreamPartition(self.opts.config, tp.topic, tp.partition, s,
                                                 max(s, e), hidden, aborted,
                                                 self.opts.value_schema, plain=view is None,
                                                 latest_high=high,
-                                                fail_on_data_loss=self.opts.fail_on_data_loss))
-        return parts
+                                                fail_on_data_loss=self.opts.fail_on_data_loss,
+                                                exclude=skip))
+        return parts + released_partitions(self.opts, self.follower.views, released or {})
 
 

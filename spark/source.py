@@ -29,7 +29,9 @@ from txnstream.errors import message_error
 from txnstream.kafka.fetch import KafkaRecord, read_to
 from txnstream.types import TopicPartition
 
+from . import deferred
 from .avro import ValueSchema
+from .deferred import RunGate
 from .log_epochs import join, split
 from .options import Offsets, SourceOptions
 from .partition import TxnStreamPartition, _unpack_offsets
@@ -75,8 +77,10 @@ def replan_latest(p: TxnStreamPartition, c: Consumer) -> TxnStreamPartition:
         if end <= p.end:
             return p
         at = {p.topic: {str(p.partition): p.start}}
+        view = planner.follower.views.get(tp)
+        defer = {tp: view.delays_in(p.start, end, int(time.time() * 1000))} if view else {}
         again = planner.partitions(at, {p.topic: {str(p.partition): end}}, clamp=True,
-                                   latest={tp: high})
+                                   latest={tp: high}, defer=defer)
     finally:
         planner.close()
     return again[0] if again and again[0].end > p.end else p
@@ -149,6 +153,9 @@ class _Rows(RowColumns):
         """Whether txn records in this range (planned plain) are junk; None: not asked."""
         self.junk = 0
         """Junk txn records skipped (see :meth:`_unregistered`)."""
+        self.gate = RunGate(p.only, True) if p.only is not None else \
+            RunGate(p.exclude, False) if p.exclude else None
+        """Deferred records (not delivered here), or released ones (only those)."""
 
     def _txn_name(self, raw: bytes) -> str | None:
         """The text form of a ``txn.id`` header; None if it does not parse (not delivered)."""
@@ -201,7 +208,7 @@ class _Rows(RowColumns):
         ours = (TXN_TAG_HEADER, DELIVER_AT_HEADER, DELIVER_AFTER_HEADER)
 
         end, skip, spans, names = self.p.end, self.skip, self.spans, self.txn_names
-        plain = self.p.plain
+        plain, gate = self.p.plain, self.gate
         keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
         stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
         stamp_types = self.timestamp_types.append
@@ -213,7 +220,7 @@ class _Rows(RowColumns):
             if off >= end:
                 return end
             pos = off + 1
-            if off in skip:
+            if off in skip or (gate is not None and gate.blocks(off)):
                 continue
             h = m.headers()
             if plain and h and any(k in (TXN_ID_HEADER, TXN_MARKER_HEADER) for k, _ in h):
@@ -303,6 +310,8 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """When ``minOffsetsPerTrigger`` last let a micro-batch through (0: never)."""
         self._planner_: Planner | None = None
         self._initial: Offsets | None = None
+        self._bounded: set[TopicPartition] = set()
+        """Partitions said to wait at the deferred-runs bound (warned once)."""
         # No Kafka client yet: Spark also builds a stream reader in its planning worker,
         # only to ship read() to the tasks. The query's source runner meets a bad option
         # (an unknown topic) at its first call, initialOffset or latestOffset.
@@ -337,7 +346,8 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         planner = self._planner
-        given, (start, noted) = start, split(start)
+        given, (start, carried) = start, deferred.split(start)
+        start, noted = split(start)
         planner.refresh()
         # a topic recreated since ``start`` (a log that ends below the query: Kafka's
         # words; or its partitions served on a newer log): fails under failOnDataLoss,
@@ -365,7 +375,33 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return given
         if isinstance(limit, ReadMaxRows):
             ends = _rate_limit(begin, ends, limit.max_rows)
-        return join(ends, planner.log_epochs())  # the log each end is of, beside it
+        ends, later = self._defer(begin, ends, carried)
+        # the log each end is of, and what each defers for its time, beside it
+        return deferred.join(join(ends, planner.log_epochs()), later)
+
+    def _defer(self, begin: Offsets, ends: Offsets,
+               carried: dict[TopicPartition, list[tuple[int, int, int]]]
+               ) -> tuple[Offsets, dict[TopicPartition, list[tuple[int, int, int]]]]:
+        """The ends, cut where a partition defers too much, and what each defers.
+
+        Deferred runs of a partition on a new log since are of the old one: dropped.
+        """
+        planner, now = self._planner, int(time.time() * 1000)
+        later: dict[TopicPartition, list[tuple[int, int, int]]] = {}
+        out: Offsets = {}
+        for t, parts in ends.items():
+            for p, e in parts.items():
+                tp = TopicPartition(t, int(p))
+                s = int(begin.get(t, {}).get(p, e))
+                view = planner.follower.views.get(tp)
+                found = view.delays_in(s, e, now) if view is not None and e > s else []
+                keep = [] if planner.restarted(tp) else carried.get(tp, [])
+                later[tp], out.setdefault(t, {})[p] = deferred.defer(keep, found, e, now)
+                if out[t][p] < e and tp not in self._bounded:
+                    self._bounded.add(tp)
+                    log.warning("%s defers %d runs of delayed records: the partition waits at "
+                                "offset %d until some fall due", tp, len(later[tp]), out[t][p])
+        return out, later
 
     def _delays(self, start: Offsets, ends: Offsets) -> bool:
         """Whether ``minOffsetsPerTrigger`` holds this micro-batch back, as in Kafka's source.
@@ -392,7 +428,12 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return False
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
-        return self._planner.partitions(start, end, clamp=False)
+        (start, was), (end, now) = deferred.split(start), deferred.split(end)
+        released = {tp: deferred.subtract([(f, la) for f, la, _ in runs],
+                                          [(f, la) for f, la, _ in now.get(tp, ())])
+                    for tp, runs in was.items()}
+        return self._planner.partitions(start, end, clamp=False, defer=now,
+                                        released={tp: r for tp, r in released.items() if r})
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, TxnStreamPartition):
@@ -401,8 +442,9 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def commit(self, end: Offsets) -> None:
         # Offsets live in Spark's checkpoint; nothing to release in Kafka. Later batches
         # start at or after ``end``, so the planner's views forget what lies below.
-        if self._planner_ is not None:
-            self._planner_.trim(end)
+        if self._planner_ is not None:  # not below what is deferred: read once due
+            end, later = deferred.split(end)
+            self._planner_.trim(deferred.offsets_floor(split(end)[0], later))
 
     def stop(self) -> None:
         if self._planner_ is not None:

@@ -21,7 +21,7 @@ from txnstream.lifecycle import DeadLetters
 from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer
 from txnstream.transaction import Transaction
-from txnstream.types import TxnID, TxnStatus
+from txnstream.types import TopicPartition, TxnID, TxnStatus
 
 __all__ = ["Client"]
 
@@ -68,6 +68,8 @@ class Client:
         self._registrations = RequestPipeline()
         self._made: weakref.WeakSet[Producer | Consumer] = weakref.WeakSet()
         """Producers and consumers made here and not collected: :meth:`close` closes them."""
+        self._served: set[str] = set()
+        """Topics this client had served for a delayed plain send (:meth:`_serve`)."""
         self.admin = Admin(config, lambda: self.tc)
 
     @property
@@ -201,9 +203,21 @@ class Client:
         Closed by :meth:`close` if not closed before.
         """
         self._check_open()
-        producer = Producer(self.config, topic, **kafka)
+        producer = Producer(self.config, topic, serve=self._serve, **kafka)
         self._made.add(producer)
         return producer
+
+    def _serve(self, tp: TopicPartition) -> None:
+        """Have the buffer owners serve ``tp``'s topic, before a delayed plain send to it.
+
+        Readers that plan ahead (the Spark source) learn a record's due time from the
+        served state; a topic no txn wrote to is not served. One empty txn registers it
+        (once per client and topic; its COMMIT marker is all it writes).
+        """
+        if tp.topic not in self._served:
+            with self.transaction() as txn:
+                txn.register_partitions([tp])
+            self._served.add(tp.topic)
 
     def subscribe(self, topics: str | Sequence[str], subscription: str,
                   initial_position: str = "earliest", **options: Any) -> Consumer:

@@ -154,8 +154,12 @@ class Producer:
     from), as Kafka refuses them for a transactional producer.
     """
 
-    def __init__(self, config: Config, topic: str, **kafka: object) -> None:
+    def __init__(self, config: Config, topic: str,
+                 serve: Callable[[TopicPartition], None] | None = None, **kafka: object
+                 ) -> None:
         self.topic = topic
+        self._serve = serve
+        """Has the topic served before a delayed plain send (``Client._serve``)."""
         check_txn_producer(kafka, f"given to create_producer({topic!r})")
         self._kafka = KafkaProducer(config.producer(**kafka))
         self._closed = False
@@ -212,11 +216,14 @@ class Producer:
             for name, _ in headers:
                 if name in RESERVED_HEADERS:
                     raise ConfigError(f"header {name!r} is reserved for txnstream")
+        delay = None
         if deliver_after is not None or deliver_at is not None:
             delay = delay_header(deliver_after, deliver_at, txn is not None,
                                  int(time.time() * 1000))
             headers = [*(headers or ()), delay]  # type: ignore[list-item]
         if txn is None:
+            if delay is not None and self._serve is not None:
+                self._serve(TopicPartition(self.topic, part))
             self._kafka.produce(self.topic, value, kbytes, partition=part,
                                 headers=list(headers) if headers else None)
             self._kafka.poll(0)
