@@ -8,18 +8,19 @@ holds it back until then:
 * ``txn.deliver.at``: epoch milliseconds, ASCII decimal. Written for ``deliver_at``, and
   for ``deliver_after`` outside a txn (the send time plus the delay).
 * ``txn.deliver.after``: milliseconds after the commit of the txn that wrote the record
-  (``deliver_after`` in a txn, as Pulsar's PR #17548 asks). The reader takes the commit
-  time from the txn's marker in the same partition: it always follows the txn's records
-  there, and the reader reads it anyway to skip it. The marker's timestamp is taken
-  between the record's own and the reader's clock (:func:`commit_ms`), so a marker
-  forged by a writer of the topic moves a due time only within what an honest commit
-  could have given it.
+  (``deliver_after`` in a txn, as Pulsar's PR #17548 asks). The commit time is the
+  timestamp of the txn's marker in the same partition. The buffer owner resolves it
+  when it folds that marker (a marker counts only if a worker wrote it) and publishes
+  the due time with the served state (:mod:`txnstream.buffer.delays`), where readers
+  take it; without it (an owner of an older release) the reader takes the marker's
+  timestamp itself when it meets the marker, between the record's own and the reader's
+  clock (:func:`commit_ms`).
 
 The reader (:mod:`txnstream.ingest`) holds a record that is not due in memory, not
 delivered, and keeps the subscription's cursor below it while what lies behind it goes
 on; once due it is delivered (ahead of records fetched later, as a nacked record is). A
 consumer that restarts reads it again from the log and holds it again: the log is the
-index, so nothing about a delay is written anywhere else.
+index (the served state repeats the due times, for readers that plan ahead).
 
 Bounds (stated, and what happens past them):
 
@@ -29,10 +30,11 @@ Bounds (stated, and what happens past them):
 * a partition holds at most :data:`MAX_HELD` records, a consumer at most
   :data:`MAX_HELD_BYTES` of their keys and values: past either, the partition pauses
   at the next record until a held one falls due, so a flood of delayed records costs
-  latency behind it, not memory. The exception: records delayed from their txn's commit
-  are held until the reader meets its marker, which lies ahead of them, so a partition
-  holding some reads on past the bound (one txn's delayed records there cost memory
-  until its marker);
+  latency behind it, not memory. A record delayed from its txn's commit takes its time
+  from the served state (:mod:`txnstream.buffer.delays`: the owner resolved it at the
+  commit marker), so the bound holds for it too; only where the state does not say (an
+  owner of an older release) is it held until the reader meets its marker, which lies
+  ahead of it, and a partition holding such records reads on past the bound;
 * a header that does not parse (a writer outside txnstream) delays nothing: the record
   is delivered at once and the reader logs it (nothing is lost).
 """

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from txnstream import metrics
-from txnstream.buffer.served import ServeStatus
+from txnstream.buffer.served import BufferView, ServeStatus
 from txnstream.buffer.unregistered import Judgement, UnregisteredRecords
 from txnstream.delayed import MAX_HELD, MAX_HELD_BYTES, after_ms, commit_ms, due_ms
 from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, verdict
@@ -135,7 +135,7 @@ class Ingest:
                     ids[txn_raw] = txn_id
             msg = Message(topic, part, off, m.key(), m.value(), tuple(user), m.timestamp()[1],
                           txn_id)
-            if delay is not None and self._delayed(r, msg, delay, txn_raw):
+            if delay is not None and self._delayed(r, msg, delay, txn_raw, view):
                 continue
             if quiet and (r.handle is None or off >= r.handle.cursor):
                 ready.append(msg)
@@ -145,13 +145,16 @@ class Ingest:
                 ready.append(given)
 
     def _delayed(self, r: PartitionDelivery, msg: Message, delay: Delay,
-                 txn_raw: bytes | None) -> bool:
+                 txn_raw: bytes | None, view: BufferView | None = None) -> bool:
         """Whether ``msg`` (``r.deliver_pos`` past it) is held or waited at, not delivered now.
 
         Held if its time has not come; waited at (the partition paused there, fetched
         again once a held record falls due) if ``r`` or the consumer holds all it may.
         One already acked, or held back by an earlier owner's txn, is the handle's as
-        any record is (:meth:`PartitionDelivery.offer`).
+        any record is (:meth:`PartitionDelivery.offer`). A record delayed from its
+        txn's commit takes its time from the served ``view`` (the owner resolved it at
+        the commit marker: :mod:`txnstream.buffer.delays`); only where the view does
+        not say (an owner of an older release) does it wait for the marker.
         """
         assert delay is not None
         h, off = r.handle, msg.offset
@@ -164,6 +167,8 @@ class Ingest:
             self._bad_delays.warning("delay", "%s: %s@%d delivered now: %s", self.member_id,
                                      r.tp, off, exc)
             return False
+        if due is None and view is not None:
+            due = view.delayed.due_of(off)
         if due is not None and due <= now:
             return False
         if (len(r.delayed) >= MAX_HELD or self._queue.held.bytes >= MAX_HELD_BYTES) \

@@ -260,3 +260,33 @@ def test_a_consumer_holding_all_it_may_waits_and_loses_nothing(
     assert most_held == 3, f"held {most_held} records, the bound is 3"
     assert sorted(got) == sorted([f"d{i}".encode() for i in range(6)] + [b"plain-0", b"plain-1"])
     assert len(got) == len(set(got)), f"delivered twice: {got}"
+
+
+def test_records_delayed_from_their_commit_are_held_within_the_bound_too(
+        config, worker, client, monkeypatch):
+    """Their time comes from the served state (the owner resolved it at the commit), not
+    from the marker ahead of them: the consumer pauses at the bound, holding no more."""
+    monkeypatch.setattr("txnstream.ingest.MAX_HELD", 3)
+    topic = make_topic(config, 1, "dlytxnbound")
+    p = client.create_producer(topic)
+    c = client.subscribe(topic, subscription=sub(), **SESSION)
+    joined(c)
+    with client.transaction() as txn:
+        for i in range(8):
+            p.send(f"d{i}".encode(), partition=0, txn=txn, deliver_after=DELAY_S)
+        p.send(b"plain-0", partition=0, txn=txn)
+    committed = time.time()
+    tp = TopicPartition(topic, 0)
+    early, most_held = [], 0
+    while time.time() < committed + DELAY_S - 0.5:
+        if (m := c.receive(timeout_s=0.2)) is not None:
+            early.append(m.value)
+        most_held = max(most_held, len(c._readers[tp].delayed))  # noqa: SLF001
+    got = [(t, m.value) for t, m in receive_all(c, quiet_s=3)]
+    c.close()
+    assert early == [], f"records came before their time or past the bound: {early}"
+    assert most_held == 3, f"held {most_held} records, the bound is 3"
+    values = [v for _, v in got]
+    assert sorted(values) == sorted([f"d{i}".encode() for i in range(8)] + [b"plain-0"])
+    assert len(values) == len(set(values)), f"delivered twice: {values}"
+    assert min(t for t, v in got if v.startswith(b"d")) >= committed + DELAY_S - CLOCK_SLACK_S
