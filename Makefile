@@ -46,6 +46,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	tools/fetch-prometheus
+	tools/fetch-postgres
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m "not chaos and not alone" -n $(TEST_WORKERS) \
 		--dist loadgroup --durations=25 tests
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m "alone and not chaos" tests
