@@ -16,7 +16,13 @@ from txnstream.config import Config, KafkaSettings
 from txnstream.consumer import Consumer
 from txnstream.coordinator.protocol import TcOp
 from txnstream.coordinator.tc_client import TransactionCoordinatorClient
-from txnstream.errors import ConfigError, InvalidTxnStatusError, TxnStreamError
+from txnstream.errors import (
+    ConfigError,
+    InvalidTxnStatusError,
+    RequestTimeoutError,
+    TransactionOutcomeUnknownError,
+    TxnStreamError,
+)
 from txnstream.lifecycle import DeadLetters
 from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer
@@ -82,15 +88,28 @@ class Client:
             return self._tc
 
     def new_transaction(self, timeout_s: float | None = None, tc_id: int | None = None,
-                        group_key: str | None = None) -> Transaction:
+                        group_key: str | None = None,
+                        max_prepared_s: float | None = None) -> Transaction:
         """Open a transaction on the next coordinator (round-robin), or on ``tc_id``.
 
         ``group_key`` names the group commit (``END_GROUP``) it is meant for: when that
         group ends, the coordinator aborts every txn of the key left OPEN outside it.
         ``timeout_s`` (default ``Config.default_txn_timeout_s``) is a number of seconds
         from 0.001 (the coordinator counts whole ms) to ``Config.max_txn_timeout_s``;
-        ``ConfigError`` naming the argument otherwise, before anything is taken.
+        ``max_prepared_s`` (default ``Config.default_max_prepared_s``) how long it may
+        stay prepared (``txn.prepare()``) before the coordinator aborts it, up to
+        ``Config.max_prepared_s``; ``ConfigError`` naming the argument otherwise, before
+        anything is taken.
         """
+        prepared = None if max_prepared_s is None else validate.timeout_seconds(
+            max_prepared_s, "max_prepared_s", maximum=self.config.max_prepared_s,
+            cap="Config.max_prepared_s")
+        txn = self._new_transaction(timeout_s, tc_id, group_key)
+        txn.max_prepared_s = prepared
+        return txn
+
+    def _new_transaction(self, timeout_s: float | None, tc_id: int | None,
+                         group_key: str | None) -> Transaction:
         timeout = self._txn_timeout(timeout_s)
         if tc_id is not None:
             tc_id = validate.whole_number(tc_id, "tc_id")  # its range: request() checks
@@ -151,6 +170,31 @@ class Client:
         return Transaction(self.tc, tid, info.timeout_ms / 1000, attached=True,
                            opened_at=time.monotonic() - age_s + ATTACH_CLOCK_SKEW_S,
                            pipeline=self._registrations, key=_first_key(reply.txn_keys))
+
+    def complete_transaction(self, txn_id: TxnID | str, commit: bool,
+                             timeout_s: float | None = None) -> TxnStatus:
+        """Commit or abort a prepared transaction from any process of its owner (or an admin).
+
+        The second phase of ``txn.prepare()`` (docs/api.md, *Prepared transactions*):
+        ``txn_id`` as a ``TxnID`` or its text form ``"(tc,seq)"``. Idempotent: completing
+        it again the same way returns the same status. Returns COMMITTED or ABORTED once
+        the decision is durable. ``TransactionTimeoutError`` if it was aborted at its
+        maximum prepared age (a commit is refused), ``InvalidTxnStatusError`` if it ended
+        the other way, ``TransactionNotFoundError`` if its coordinator does not know it,
+        ``TransactionOutcomeUnknownError`` if unanswered (ask again). A txn not prepared
+        yet is ended by the usual rules (its opener's flush tells it where its records
+        landed).
+        """
+        tid = validate.txn_id(txn_id, "txn_id")
+        validate.flag(commit, "commit")
+        try:
+            self.tc.request(TcOp.END, tid.tc_id, timeout_s=_request_timeout(timeout_s),
+                            txn_seq=tid.least_bits, commit=commit)
+        except RequestTimeoutError as exc:
+            raise TransactionOutcomeUnknownError(
+                f"completing {tid} got no answer: call complete_transaction again to learn "
+                "its outcome", tid) from exc
+        return TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
 
     def end_group(self, tc_id: int, group_key: str, txn_seqs: Sequence[int],
                   commit: bool = True, timeout_s: float | None = None) -> bool:

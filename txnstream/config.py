@@ -297,6 +297,11 @@ class Config:
     """Pulsar's client default; long enough for a batch, short enough to unblock readers."""
     max_txn_timeout_s: float = 3600.0
     """Cap a client cannot exceed: an open txn blocks its partitions for committed readers."""
+    default_max_prepared_s: float = 600.0
+    """How long a prepared txn may wait for its completion (``txn.prepare()``) unless
+    ``new_transaction(max_prepared_s=)`` says: it blocks its partitions' readers meanwhile."""
+    max_prepared_s: float = 86_400.0
+    """Cap on a prepared txn's age a client cannot exceed (the coordinator aborts it after)."""
     request_timeout_s: float = 30.0
     """Deadline for one coordinator request including retries; covers a failover
     (session timeout + log replay) so a client rides through an owner crash."""
@@ -318,7 +323,7 @@ class Config:
         if self.tc_secret is not None and not self.tc_secret:
             raise ConfigError("tc_secret is empty: give a secret, or None for no secret")
         for name in ("default_txn_timeout_s", "max_txn_timeout_s", "request_timeout_s",
-                     "admin_timeout_s"):
+                     "admin_timeout_s", "default_max_prepared_s", "max_prepared_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value) or value <= 0:
@@ -327,6 +332,9 @@ class Config:
         if self.default_txn_timeout_s > self.max_txn_timeout_s:
             raise ConfigError(f"default_txn_timeout_s ({self.default_txn_timeout_s:g}) is "
                               f"over max_txn_timeout_s ({self.max_txn_timeout_s:g})")
+        if self.default_max_prepared_s > self.max_prepared_s:
+            raise ConfigError(f"default_max_prepared_s ({self.default_max_prepared_s:g}) is "
+                              f"over max_prepared_s ({self.max_prepared_s:g})")
 
     @property
     def admins(self) -> frozenset[str]:

@@ -17,6 +17,7 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 __all__ = ["TXN_ENDED", "TXN_DURATION_SECONDS", "REQUESTS", "REQUEST_SECONDS", "TURN_SECONDS",
            "TCS_SERVED", "INVALID_RECORDS", "OPEN_TXNS", "RESERVED_TXNS", "OLDEST_OPEN_TXN_SECONDS",
+           "PREPARED_TXNS", "OLDEST_PREPARED_TXN_SECONDS",
            "PENDING_ACK_SUBSCRIPTIONS", "TC_OWNERSHIP_CHANGES", "BUFFER_SLOTS",
            "BUFFER_PARTITIONS", "BUFFER_DELTAS", "BUFFER_RECORDS_FOLDED", "BUFFER_BLOCKED",
            "BUFFER_BLOCKED_SECONDS", "BUFFER_LAG", "BUFFER_READ_LAG", "BUFFER_FOLD_LAG",
@@ -52,6 +53,12 @@ OLDEST_OPEN_TXN_SECONDS = Gauge("txnstream_oldest_open_txn_age_seconds",
                                 "Age of the oldest transaction not yet final, from its hand-out "
                                 "(0: none; reserved TxnIDs not handed out are not counted)",
                                 ["tc"])
+PREPARED_TXNS = Gauge("txnstream_prepared_txns",
+                      "Prepared transactions waiting for their completion (each blocks its "
+                      "partitions' committed-only readers)", ["tc"])
+OLDEST_PREPARED_TXN_SECONDS = Gauge("txnstream_oldest_prepared_txn_age_seconds",
+                                    "How long the oldest prepared transaction has waited for "
+                                    "its completion (0: none)", ["tc"])
 PENDING_ACK_SUBSCRIPTIONS = Gauge("txnstream_pending_ack_subscriptions",
                                   "Subscription partitions with acks pending in transactions "
                                   "not yet final", ["tc"])

@@ -49,7 +49,7 @@ __all__ = ["AckRow", "Sample", "TcRow", "PartitionRow", "View", "build_view", "r
 
 COMMITTED_KEY = f"ended.{TxnStatus.COMMITTED.value}"
 ABORTED_KEY = f"ended.{TxnStatus.ABORTED.value}"
-UNFINISHED = (TxnStatus.OPEN, TxnStatus.COMMITTING, TxnStatus.ABORTING)
+UNFINISHED = (TxnStatus.OPEN, TxnStatus.PREPARED, TxnStatus.COMMITTING, TxnStatus.ABORTING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,8 @@ class TcRow:
     abort_rate: float | None
     oldest_txn: TxnID | None
     oldest_age_s: float | None
+    prepared_txns: int = 0
+    """Prepared txns waiting for their completion (each blocks its partitions)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +145,8 @@ def build_view(prev: Sample | None, cur: Sample) -> View:
             _rate(before.get(c.tc_id), c, COMMITTED_KEY, dt),
             _rate(before.get(c.tc_id), c, ABORTED_KEY, dt),
             oldest.txn_id if oldest else None,
-            max(0.0, (cur.now_ms - oldest.open_time_ms) / 1000) if oldest else None))
+            max(0.0, (cur.now_ms - oldest.open_time_ms) / 1000) if oldest else None,
+            c.stats.get(f"status.{TxnStatus.PREPARED.value}", 0)))
     parts = []
     for tp in sorted(cur.buffers, key=lambda tp: (tp.topic, tp.partition)):
         st = cur.buffers[tp]
@@ -170,10 +173,11 @@ def _fmt(v: float | None, unit: str = "") -> str:
 def render(view: View, selected: int | None = None, footer: str = "") -> RenderableType:
     """The screen: a coordinator table, a partition table, and the key line."""
     tcs = Table(title="coordinators", expand=True)
-    for col in ("tc", "owner", "open", "commits/s", "aborts/s", "oldest open txn", "age"):
+    for col in ("tc", "owner", "open", "prepared", "commits/s", "aborts/s", "oldest open txn",
+                "age"):
         tcs.add_column(col)
     for c in view.coordinators:
-        tcs.add_row(str(c.tc_id), c.owner or "(none)", str(c.open_txns),
+        tcs.add_row(str(c.tc_id), c.owner or "(none)", str(c.open_txns), str(c.prepared_txns),
                     _fmt(c.commit_rate), _fmt(c.abort_rate),
                     str(c.oldest_txn) if c.oldest_txn else "-", _fmt(c.oldest_age_s, "s"))
     parts = Table(title="partitions of unfinished txns", expand=True)

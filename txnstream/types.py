@@ -84,6 +84,11 @@ class TxnStatus(enum.Enum):
     """Transaction status, as Pulsar's ``TxnStatus`` (plus the client's TIMED_OUT)."""
 
     OPEN = "OPEN"
+    PREPARED = "PREPARED"
+    """``txn.prepare()`` logged it: it can no longer change, its timeout clock stopped
+    (its own maximum prepared age runs instead), and any process of its owner completes
+    it (``client.complete_transaction``). Not Pulsar's: docs/api.md, *Prepared
+    transactions*."""
     COMMITTING = "COMMITTING"
     COMMITTED = "COMMITTED"
     ABORTING = "ABORTING"
@@ -109,7 +114,10 @@ class TxnStatus(enum.Enum):
 
 
 _ALLOWED: dict[TxnStatus, frozenset[TxnStatus]] = {
-    TxnStatus.OPEN: frozenset({TxnStatus.OPEN, TxnStatus.COMMITTING, TxnStatus.ABORTING}),
+    TxnStatus.OPEN: frozenset({TxnStatus.OPEN, TxnStatus.PREPARED, TxnStatus.COMMITTING,
+                               TxnStatus.ABORTING}),
+    TxnStatus.PREPARED: frozenset({TxnStatus.PREPARED, TxnStatus.COMMITTING,
+                                   TxnStatus.ABORTING}),
     TxnStatus.COMMITTING: frozenset({TxnStatus.COMMITTING, TxnStatus.COMMITTED}),
     TxnStatus.ABORTING: frozenset({TxnStatus.ABORTING, TxnStatus.ABORTED}),
     TxnStatus.COMMITTED: frozenset({TxnStatus.COMMITTED}),
@@ -119,7 +127,7 @@ _ALLOWED: dict[TxnStatus, frozenset[TxnStatus]] = {
 
 COORDINATOR_STATUSES: tuple[TxnStatus, ...] = (
     TxnStatus.OPEN, TxnStatus.COMMITTING, TxnStatus.COMMITTED, TxnStatus.ABORTING,
-    TxnStatus.ABORTED)
+    TxnStatus.ABORTED, TxnStatus.PREPARED)
 """The statuses a coordinator keeps and logs (``schemas/txn_log_entry.avsc``); TIMED_OUT
 is the client's alone."""
 

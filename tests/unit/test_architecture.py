@@ -45,14 +45,15 @@ LAYERS: dict[str, int] = {
     # 5. server roles (the rest of coordinator/ and buffer/)
     "txnstream.coordinator": 5, "txnstream.buffer": 5,
     # 6. client API
-    "txnstream.pipeline": 6, "txnstream.fate": 6, "txnstream.transaction": 6,
+    "txnstream.pipeline": 6, "txnstream.fate": 6, "txnstream.txn_handle": 6,
+    "txnstream.transaction": 6,
     "txnstream.producer": 6,
     "txnstream.consumer_group": 6, "txnstream.predecessors": 6, "txnstream.consumer_txns": 6,
     "txnstream.consumer": 6, "txnstream.lifecycle": 6, "txnstream.ingest": 6,
     "txnstream.admin": 6, "txnstream.arrow": 6,
     # 7. composition; 8-9. tools
     "txnstream": 7, "txnstream.client": 7,
-    "txnstream.processor": 8, "txnstream.top": 8,
+    "txnstream.processor": 8, "txnstream.top": 8, "txnstream.two_phase": 8,
     "txnstream.cli": 9, "txnstream.demo": 9,
 }
 

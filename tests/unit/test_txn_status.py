@@ -1,4 +1,5 @@
-"""Every TxnStatus transition, allowed and refused (Pulsar's TransactionUtil table)."""
+"""Every TxnStatus transition, allowed and refused (Pulsar's TransactionUtil table, and
+PREPARED)."""
 
 import itertools
 
@@ -14,6 +15,9 @@ ALLOWED = {
     (S.COMMITTING, S.COMMITTING), (S.COMMITTING, S.COMMITTED),
     (S.ABORTING, S.ABORTING), (S.ABORTING, S.ABORTED),
     (S.COMMITTED, S.COMMITTED), (S.ABORTED, S.ABORTED),
+    # issue 39: OPEN -> PREPARED -> COMMITTING | ABORTING, never back to OPEN
+    (S.OPEN, S.PREPARED), (S.PREPARED, S.PREPARED), (S.PREPARED, S.COMMITTING),
+    (S.PREPARED, S.ABORTING),
 }
 
 

@@ -8,6 +8,7 @@ from txnstream.cli import console
 from txnstream.cli._common import add_topic_flags, config_from_args, fmt_age, table
 from txnstream.client import Client
 from txnstream.coordinator.protocol import TxnInfo
+from txnstream.types import TxnStatus
 
 _COLUMNS = ("txn", "status", "age", "timeout", "partitions", "subscriptions", "reason")
 
@@ -21,6 +22,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         q = ts.add_parser(name, help=hlp)
         add_topic_flags(q)
         q.set_defaults(handler=fn)
+        if name == "list":
+            q.add_argument("--prepared", action="store_true",
+                           help="only prepared transactions, with how long each has waited "
+                                "and its maximum prepared age")
     for name, fn, hlp in (("show", _show, "one transaction"),
                           ("abort", _abort, "abort an open transaction"),
                           ("force-end", _force_end,
@@ -49,6 +54,15 @@ def _client(args: argparse.Namespace) -> Client:
 def _list(args: argparse.Namespace) -> int:
     with _client(args) as c:
         txns = c.admin.list_transactions()
+    if args.prepared:
+        txns = [t for t in txns if t.status is TxnStatus.PREPARED]
+        console.print(table(f"{len(txns)} prepared transactions",
+                            ("txn", "prepared for", "max prepared", "partitions",
+                             "subscriptions", "owner"),
+                            [(t.txn_id, fmt_age(t.prepared_at_ms),
+                              f"{t.max_prepared_ms / 1000:g}s", ", ".join(t.partitions),
+                              ", ".join(t.subscriptions), t.owner) for t in txns]))
+        return 0
     console.print(table(f"{len(txns)} transactions", _COLUMNS, map(_row, txns)))
     return 0
 

@@ -21,6 +21,7 @@ from txnstream.coordinator.transport import (
     IoLoop,
     _Conn,
     _read_frame,
+    line_mismatch,
     log,
 )
 from txnstream.errors import ConfigError, CoordinatorAuthError, WorkerIdentityError
@@ -58,8 +59,8 @@ class ClientConnection(_Conn):
             try:
                 hello = await reader.readexactly(len(MAGIC) + NONCE_BYTES)
                 if hello[:len(MAGIC)] != MAGIC:
-                    raise ConnectionError(f"{endpoint} is not a txnstream worker (or runs "
-                                          "another version of the line)")
+                    raise ConnectionError(f"{endpoint}: "
+                                          f"{line_mismatch(hello[:len(MAGIC)], 'worker')}")
                 sn, cn = hello[len(MAGIC):], os.urandom(NONCE_BYTES)
                 writer.write(MAGIC + cn + bytes([len(name)]) + name
                              + handshake_proof(secret, b"client", sn, cn, name))

@@ -12,6 +12,7 @@ import time
 
 from txnstream import metrics
 from txnstream.coordinator.ownership import TcOwnership
+from txnstream.types import TxnStatus
 
 __all__ = ["METRICS_EXPORT_S", "TcGauges"]
 
@@ -54,8 +55,14 @@ class TcGauges:
                 0.0 if oldest is None else max(0.0, (now_ms - oldest) / 1000))
             metrics.PENDING_ACK_SUBSCRIPTIONS.labels(label).set(
                 sum(len(m.subscriptions) for m in live))
+            prepared = [m.prepared_at_ms for m in live if m.status is TxnStatus.PREPARED
+                        and m.prepared_at_ms is not None]
+            metrics.PREPARED_TXNS.labels(label).set(len(prepared))
+            metrics.OLDEST_PREPARED_TXN_SECONDS.labels(label).set(
+                max(0.0, (now_ms - min(prepared)) / 1000) if prepared else 0.0)
         gone = [(str(tc_id),) for tc_id in self._exported_tcs - served]
         for gauge in (metrics.OPEN_TXNS, metrics.RESERVED_TXNS, metrics.OLDEST_OPEN_TXN_SECONDS,
-                      metrics.PENDING_ACK_SUBSCRIPTIONS):
+                      metrics.PENDING_ACK_SUBSCRIPTIONS, metrics.PREPARED_TXNS,
+                      metrics.OLDEST_PREPARED_TXN_SECONDS):
             metrics.remove_series(gauge, gone)
         self._exported_tcs = served

@@ -123,6 +123,7 @@ class TcRequestHandler:
             TcOp.ADD_PARTITIONS: self._add_partitions,
             TcOp.ADD_SUBSCRIPTIONS: self._add_subscriptions,
             TcOp.END: self._end,
+            TcOp.PREPARE: self._prepare,
             TcOp.END_GROUP: self._end_group,
             TcOp.GET: self._get,
             TcOp.LIST: self._list,
@@ -138,7 +139,8 @@ class TcRequestHandler:
         """
         op = self._ops[req.op]
         try:
-            check_request(req, self._max_timeout_ms, MAX_RESERVE)
+            check_request(req, self._max_timeout_ms, MAX_RESERVE,
+                          int(self.config.max_prepared_s * 1000))
             return op(tc, req, now_ms, caller)
         except TxnStreamError as exc:
             return TcReply.failure(req, exc, self.worker_id)
@@ -279,15 +281,13 @@ class TcRequestHandler:
              caller: Caller) -> TcReply | None:
         if req.reason == FORCE_END:
             return self._force_end(tc, req, now_ms, caller)
+        # a prepared txn's records were vouched for by its owner at PREPARE: an admin may
+        # complete it either way (recovery tooling); an open one only abort
         meta = self._owned(tc, req.txn_seq, caller, "commit" if req.commit else "abort",
-                           admin_may=not req.commit)
+                           admin_may=not req.commit or tc.store.get(req.txn_seq).status
+                           is TxnStatus.PREPARED)
         if req.commit and meta.status is TxnStatus.OPEN:
-            # What the client's pipeline may not have confirmed yet: applied (and logged)
-            # before the decision, with the checks of their own requests.
-            if req.open_time_ms and meta.reserved:
-                self._activate(tc, req, now_ms, caller)
-            if req.partitions:
-                self._add_partitions(tc, req, now_ms, caller)
+            self._carried(tc, req, meta, now_ms, caller)
         reason = ABORT_ADMIN if req.reason == ABORT_ADMIN and caller.admin else ABORT_CLIENT
         res = tc.store.end_txn(req.txn_seq, req.commit, now_ms, reason, req.request_id)
         # Answered once the decision reads back (the worker sends no reply before its
@@ -297,6 +297,31 @@ class TcRequestHandler:
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
                        owner_id=self.worker_id,
                        already=res.meta.decided_by != req.request_id)
+
+    def _carried(self, tc: TcIncarnation, req: TcRequest, meta: TxnMeta, now_ms: int,
+                 caller: Caller) -> None:
+        """Apply what a commit or prepare carries, before the decision.
+
+        What the client's pipeline may not have confirmed yet: applied (and logged) with
+        the checks of their own requests.
+        """
+        if req.open_time_ms and meta.reserved:
+            self._activate(tc, req, now_ms, caller)
+        if req.partitions:
+            self._add_partitions(tc, req, now_ms, caller)
+
+    def _prepare(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
+                 caller: Caller) -> TcReply:
+        """Log the txn PREPARED (its carried registrations first), answered once durable.
+
+        Its owner's only: an admin may complete a prepared txn, never vouch for one.
+        """
+        meta = self._owned(tc, req.txn_seq, caller, "prepare", admin_may=False)
+        if meta.status is TxnStatus.OPEN:
+            self._carried(tc, req, meta, now_ms, caller)
+        max_ms = req.max_prepared_ms or int(self.config.default_max_prepared_s * 1000)
+        tc.store.prepare(req.txn_seq, max_ms, now_ms, req.request_id)
+        return self._ok(tc, req)
 
     def _force_end(self, tc: TcIncarnation, req: TcRequest, now_ms: int,
                    caller: Caller) -> TcReply:

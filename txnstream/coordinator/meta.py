@@ -41,6 +41,17 @@ class TxnMeta:
     """The request id of the END that moved it to COMMITTING or ABORTING (None: another
     way, or not known): an END of another request finds it decided elsewhere, and its
     writer checks where its records landed (:mod:`txnstream.fate`)."""
+    prepared_at_ms: int | None = None
+    """When it was PREPARED (None: never)."""
+    max_prepared_ms: int = 0
+    """How long it may stay PREPARED: the coordinator aborts it after."""
+
+    @property
+    def prepared_deadline_ms(self) -> int | None:
+        """When the coordinator aborts it if still PREPARED (None: not prepared)."""
+        if self.prepared_at_ms is None:
+            return None
+        return self.prepared_at_ms + self.max_prepared_ms
 
     @property
     def deadline_ms(self) -> int:

@@ -22,6 +22,7 @@ Two ways in, one state (the :class:`~txnstream.coordinator.txn_table.TxnMetaTabl
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from txnstream.coordinator.meta import TxnMeta
 from txnstream.coordinator.txn_table import (
     ABORT_CLIENT,
     ABORT_GROUP,
+    ABORT_PREPARED,
     ABORT_TIMEOUT,
     RESERVED,
 )
@@ -42,6 +44,8 @@ from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
 from txnstream.types import ANONYMOUS, COORDINATOR_STATUSES, TopicPartition, TxnID, TxnStatus
 
 __all__ = ["TransactionMetadataStore", "EndResult", "GroupEndResult", "StoreStats"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +250,32 @@ class TransactionMetadataStore(EpochFencedTable):
         self._apply_new(entry, now_ms)
         return entry
 
+    def prepare(self, seq: int, max_prepared_ms: int, now_ms: int,
+                request_id: str | None = None) -> TransactionLogEntry | None:
+        """Log the txn PREPARED: it can no longer change, and may stay so ``max_prepared_ms``.
+
+        Its timeout stops; its maximum prepared age runs from now (logged, so a new owner
+        after failover keeps the same deadline). Repeating it is idempotent (no entry).
+        An OPEN txn past its deadline is aborted (reason ``timeout``) and
+        ``TransactionTimeoutError`` raised, as a commit would; one that is not OPEN
+        raises ``InvalidTxnStatusError``.
+        """
+        meta = self.get(seq)
+        if meta.status is TxnStatus.PREPARED:
+            return None
+        if meta.status is TxnStatus.OPEN and now_ms >= meta.deadline_ms:
+            self.end_txn(seq, False, now_ms, ABORT_TIMEOUT)
+            raise TransactionTimeoutError(
+                f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms before it "
+                "was prepared; it was aborted", meta.txn_id)
+        self._check_alive(meta, now_ms)
+        meta.check_open("prepare")
+        entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
+                            status=TxnStatus.PREPARED, open_time_ms=now_ms,
+                            timeout_ms=max_prepared_ms)
+        self._apply_new(entry, now_ms)
+        return entry
+
     def end_txn(self, seq: int, commit: bool, now_ms: int, reason: str = ABORT_CLIENT,
                 request_id: str | None = None) -> EndResult:
         """Decide a txn's outcome: log COMMITTING or ABORTING.
@@ -264,7 +294,12 @@ class TransactionMetadataStore(EpochFencedTable):
             raise TransactionTimeoutError(
                 f"transaction {meta.txn_id} timed out after {meta.timeout_ms} ms; it was aborted",
                 meta.txn_id)
-        if meta.status is TxnStatus.OPEN:
+        deadline = meta.prepared_deadline_ms
+        if commit and meta.status is TxnStatus.PREPARED and deadline is not None \
+                and now_ms >= deadline:
+            self.end_txn(seq, False, now_ms, ABORT_PREPARED)
+            raise TransactionTimeoutError(_prepared_too_long(meta), meta.txn_id)
+        if meta.status in (TxnStatus.OPEN, TxnStatus.PREPARED):
             entry = self._entry(kind=LogEntryKind.TXN, request_id=request_id, txn_seq=seq,
                                 status=target, reason=None if commit else reason)
             self._apply_new(entry, now_ms)
@@ -277,6 +312,8 @@ class TransactionMetadataStore(EpochFencedTable):
             raise TransactionTimeoutError(
                 f"transaction {meta.txn_id} was aborted at its timeout of {meta.timeout_ms} ms",
                 meta.txn_id)
+        if commit and meta.abort_reason == ABORT_PREPARED:
+            raise TransactionTimeoutError(_prepared_too_long(meta), meta.txn_id)
         raise InvalidTxnStatusError(
             meta.txn_id, TxnStatus.OPEN, meta.status,
             f"cannot {'commit' if commit else 'abort'} transaction {meta.txn_id}: "
@@ -365,14 +402,22 @@ class TransactionMetadataStore(EpochFencedTable):
         return entry
 
     def expire(self, now_ms: int) -> list[TransactionLogEntry]:
-        """Abort every OPEN txn past its deadline (reason ``timeout``)."""
+        """Abort every OPEN txn past its deadline, and every PREPARED one past its age.
+
+        Reasons ``timeout`` and ``prepared-age`` (the latter logged: it blocked its
+        partitions' readers all along).
+        """
         out = []
         for seq in self.timeouts.pop_expired(now_ms):
             meta = self.txns.get(seq)
-            if meta is not None and meta.status is TxnStatus.OPEN:
-                res = self.end_txn(seq, False, now_ms, ABORT_TIMEOUT)
-                if res.entry is not None:
-                    out.append(res.entry)
+            if meta is None or meta.status not in (TxnStatus.OPEN, TxnStatus.PREPARED):
+                continue
+            prepared = meta.status is TxnStatus.PREPARED
+            if prepared:
+                log.warning("tc %d: %s; aborting it", self.tc_id, _prepared_too_long(meta))
+            res = self.end_txn(seq, False, now_ms, ABORT_PREPARED if prepared else ABORT_TIMEOUT)
+            if res.entry is not None:
+                out.append(res.entry)
         return out
 
     def checkpoint_entry(self) -> TransactionLogEntry:
@@ -391,3 +436,8 @@ class TransactionMetadataStore(EpochFencedTable):
         oldest = None if opened is None else now_ms - opened
         return StoreStats(self.tc_id, self.epoch_offset, self.epoch_owner, self.next_sequence,
                           self.low_watermark, by, self.invalid_records, oldest)
+
+
+def _prepared_too_long(meta: TxnMeta) -> str:
+    return (f"transaction {meta.txn_id} stayed PREPARED past its maximum prepared age of "
+            f"{meta.max_prepared_ms} ms without being completed; it was aborted")

@@ -66,6 +66,9 @@ class TcOp(enum.Enum):
     """Open ``count`` txns at once, each with the lease ``timeout_ms`` (TxnIDs in blocks)."""
     ACTIVATE = "ACTIVATE"
     """A reserved txn handed out: its deadline is ``open_time_ms`` + ``timeout_ms``."""
+    PREPARE = "PREPARE"
+    """Log the txn PREPARED (carrying, as END does, what the pipeline has not confirmed):
+    it may stay so for ``max_prepared_ms``, then any process of its owner ends it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,7 @@ class TcRequest:
     count: int = 0
     open_time_ms: int = 0
     after_seq: int = -1
+    max_prepared_ms: int = 0
 
     def encode(self) -> bytes:
         """Version byte + Avro."""
@@ -104,6 +108,7 @@ class TcRequest:
             "group_key": self.group_key, "group_seqs": list(self.group_seqs),
             "min_age_ms": self.min_age_ms, "count": self.count,
             "open_time_ms": self.open_time_ms, "after_seq": self.after_seq,
+            "max_prepared_ms": self.max_prepared_ms,
         })
 
     @classmethod
@@ -118,7 +123,7 @@ class TcRequest:
                 tuple(SubscriptionRef(s["topic"], s["partition"], s["subscription"])
                       for s in r["subscriptions"]),
                 r["group_key"], tuple(r["group_seqs"]), r["min_age_ms"], r["count"],
-                r["open_time_ms"], r["after_seq"],
+                r["open_time_ms"], r["after_seq"], r["max_prepared_ms"],
             )
         except (ValueError, KeyError) as exc:
             raise CorruptRecordError(f"tc_request: {exc!r}") from exc
@@ -138,6 +143,10 @@ class TxnInfo:
     group_key: str | None = None
     owner: str | None = None
     """The principal that opened it."""
+    prepared_at_ms: int = -1
+    """When it was prepared (-1: never)."""
+    max_prepared_ms: int = 0
+    """How long it may stay prepared (the coordinator aborts it after)."""
 
     @classmethod
     def of(cls, meta: TxnMeta) -> TxnInfo:
@@ -145,7 +154,9 @@ class TxnInfo:
         return cls(meta.txn_id, meta.status, meta.open_time_ms, meta.timeout_ms,
                    tuple(sorted(str(p) for p in meta.partitions)),
                    tuple(sorted(str(s) for s in meta.subscriptions)),
-                   meta.abort_reason, unscoped_group_key(meta.group_key), meta.owner)
+                   meta.abort_reason, unscoped_group_key(meta.group_key), meta.owner,
+                   -1 if meta.prepared_at_ms is None else meta.prepared_at_ms,
+                   meta.max_prepared_ms)
 
     def to_avro(self) -> dict[str, Any]:
         """Avro dict."""
@@ -153,14 +164,16 @@ class TxnInfo:
                 "status": self.status.value, "open_time_ms": self.open_time_ms,
                 "timeout_ms": self.timeout_ms, "partitions": list(self.partitions),
                 "subscriptions": list(self.subscriptions), "abort_reason": self.abort_reason,
-                "group_key": self.group_key, "owner": self.owner}
+                "group_key": self.group_key, "owner": self.owner,
+                "prepared_at_ms": self.prepared_at_ms, "max_prepared_ms": self.max_prepared_ms}
 
     @classmethod
     def from_avro(cls, r: dict[str, Any]) -> TxnInfo:
         """Inverse of :meth:`to_avro`."""
         return cls(TxnID(r["tc_id"], r["seq"]), TxnStatus(r["status"]), r["open_time_ms"],
                    r["timeout_ms"], tuple(r["partitions"]), tuple(r["subscriptions"]),
-                   r["abort_reason"], r["group_key"], r["owner"])
+                   r["abort_reason"], r["group_key"], r["owner"], r["prepared_at_ms"],
+                   r["max_prepared_ms"])
 
 
 @dataclass(frozen=True, slots=True)

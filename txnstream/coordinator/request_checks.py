@@ -31,14 +31,16 @@ MAX_SUBSCRIPTION_CHARS = 255
 MAX_SEQ = (1 << 62) - 1
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 """Kafka's legal topic names."""
-_WITH_TXN = {TcOp.ACTIVATE, TcOp.ADD_PARTITIONS, TcOp.ADD_SUBSCRIPTIONS, TcOp.END, TcOp.GET}
+_WITH_TXN = {TcOp.ACTIVATE, TcOp.ADD_PARTITIONS, TcOp.ADD_SUBSCRIPTIONS, TcOp.END, TcOp.GET,
+             TcOp.PREPARE}
 
 
 def _bad(req: TcRequest, field: str, why: str) -> InvalidRequestError:
     return InvalidRequestError(f"{req.op.value} request refused: {field} {why}")
 
 
-def check_request(req: TcRequest, max_timeout_ms: int, max_reserve: int) -> None:
+def check_request(req: TcRequest, max_timeout_ms: int, max_reserve: int,
+                  max_prepared_ms: int = 86_400_000) -> None:
     """Raise ``InvalidRequestError`` naming the first field out of bounds."""
     if not 0 < len(req.request_id) <= MAX_ID_CHARS:
         raise _bad(req, "request_id", f"must be 1-{MAX_ID_CHARS} characters")
@@ -46,13 +48,18 @@ def check_request(req: TcRequest, max_timeout_ms: int, max_reserve: int) -> None
         raise _bad(req, "client_id", f"is over {MAX_ID_CHARS} characters")
     if req.op in _WITH_TXN and not 0 <= req.txn_seq <= MAX_SEQ:
         raise _bad(req, "txn_seq", f"must be a TxnID sequence 0..{MAX_SEQ}, got {req.txn_seq}")
-    if req.op in (TcOp.NEW, TcOp.RESERVE, TcOp.ACTIVATE, TcOp.END) and not (
+    if req.op is TcOp.PREPARE and not (
+            req.max_prepared_ms == 0 or 1 <= req.max_prepared_ms <= max_prepared_ms):
+        raise _bad(req, "max_prepared_ms", f"must be 1..{max_prepared_ms} ms (the "
+                   f"coordinator's max_prepared_s), or 0 for its default; got "
+                   f"{req.max_prepared_ms}")
+    if req.op in (TcOp.NEW, TcOp.RESERVE, TcOp.ACTIVATE, TcOp.END, TcOp.PREPARE) and not (
             req.timeout_ms == 0 or 1 <= req.timeout_ms <= max_timeout_ms):
         raise _bad(req, "timeout_ms", f"must be 1..{max_timeout_ms} ms (the coordinator's "
                    f"max_txn_timeout_s), or 0 for its default; got {req.timeout_ms}")
     if req.op is TcOp.RESERVE and not 1 <= req.count <= max_reserve:
         raise _bad(req, "count", f"must be 1..{max_reserve}, got {req.count}")
-    if req.op in (TcOp.ACTIVATE, TcOp.END) and req.open_time_ms < 0:
+    if req.op in (TcOp.ACTIVATE, TcOp.END, TcOp.PREPARE) and req.open_time_ms < 0:
         raise _bad(req, "open_time_ms", f"must be >= 0, got {req.open_time_ms}")
     if req.reason is not None and len(req.reason) > MAX_REASON_CHARS:
         raise _bad(req, "reason", f"is over {MAX_REASON_CHARS} characters")

@@ -62,12 +62,21 @@ __all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "IoLoop",
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TXNS4"
-"""The line's version: 4 since replies carry txn keys (a version-3 client would write
-records without ``txn.tag``, junk to a version-4 buffer owner); 3 since a commit's END
-carries its unconfirmed registrations. Different versions refuse each other."""
+MAGIC = b"TXNS5"
+"""The line's version: 5 since PREPARE (a version-4 worker cannot read it); 4 since
+replies carry txn keys (a version-3 client would write records without ``txn.tag``, junk
+to a version-4 buffer owner); 3 since a commit's END carries its unconfirmed
+registrations. Different versions refuse each other."""
 FRAME = struct.Struct(">I")
 NONCE_BYTES = 16
+
+
+def line_mismatch(magic: bytes, peer: str) -> str:
+    """Why a peer whose hello starts with ``magic`` is refused, naming both versions."""
+    if magic[:4] == MAGIC[:4] and magic[4:].isdigit():
+        return (f"the {peer} speaks line version {magic[4:].decode()}, this side "
+                f"{MAGIC[4:].decode()}: run the same txnstream release on clients and workers")
+    return f"not a txnstream {peer}"
 MAX_FRAME_BYTES = 8 << 20
 """A request or reply larger than this is refused (the largest, a LIST of many open
 txns, is far smaller); the bound keeps a garbage length from allocating gigabytes."""
@@ -385,8 +394,8 @@ class Listener:
         writer.write(MAGIC + sn)
         head = await reader.readexactly(len(MAGIC) + NONCE_BYTES + 1)
         if head[:len(MAGIC)] != MAGIC:
-            self._warn.warning("refuse magic", "refused a connection from %s: not a "
-                               "txnstream client (or an older one)", peer)
+            self._warn.warning("refuse magic", "refused a connection from %s: %s", peer,
+                               line_mismatch(head[:len(MAGIC)], "client"))
             return None
         cn = head[len(MAGIC):len(MAGIC) + NONCE_BYTES]
         claimed = await reader.readexactly(head[-1])

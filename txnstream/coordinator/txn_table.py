@@ -30,6 +30,7 @@ __all__ = [
     "ABORT_ADMIN",
     "ABORT_CLIENT",
     "ABORT_GROUP",
+    "ABORT_PREPARED",
     "ABORT_TIMEOUT",
     "MAX_REMEMBERED_REQUESTS",
     "RESERVED",
@@ -45,6 +46,8 @@ ABORT_TIMEOUT = "timeout"
 ABORT_CLIENT = "client"
 ABORT_ADMIN = "admin"
 ABORT_GROUP = "group"
+ABORT_PREPARED = "prepared-age"
+"""A PREPARED txn not completed within its maximum prepared age."""
 
 
 class TxnMetaTable:
@@ -145,9 +148,11 @@ class TxnMetaTable:
         if entry.subscriptions:
             meta.subscriptions |= set(entry.subscriptions)
         if entry.status is not None and entry.status is not meta.status:
-            if meta.status is TxnStatus.OPEN and entry.status in (TxnStatus.COMMITTING,
-                                                                  TxnStatus.ABORTING):
+            if meta.status in (TxnStatus.OPEN, TxnStatus.PREPARED) and entry.status in (
+                    TxnStatus.COMMITTING, TxnStatus.ABORTING):
                 meta.decided_by = entry.request_id
+            if entry.status is TxnStatus.PREPARED:
+                meta.prepared_at_ms, meta.max_prepared_ms = entry.open_time_ms, entry.timeout_ms
             self._move(meta, entry.status, entry.reason, now_ms)
 
     def _move(self, meta: TxnMeta, status: TxnStatus, reason: str | None,
@@ -157,7 +162,8 @@ class TxnMetaTable:
                         self.tc_id, meta.txn_id, meta.status.value, status.value)
             return
         was = state_of(meta)
-        if meta.status is TxnStatus.OPEN and status is not TxnStatus.OPEN:
+        held = (TxnStatus.OPEN, TxnStatus.PREPARED)  # what a principal's limit counts
+        if meta.status in held and status not in held:
             left = self.open_by_owner[meta.owner] - 1
             if left > 0:
                 self.open_by_owner[meta.owner] = left
@@ -171,7 +177,9 @@ class TxnMetaTable:
                 if not opened:
                     del self._open_by_group[meta.group_key]
         meta.status = status
-        if status is not TxnStatus.OPEN:
+        if status is TxnStatus.PREPARED and meta.prepared_deadline_ms is not None:
+            self.timeouts.track(meta.txn_id.least_bits, meta.prepared_deadline_ms)
+        elif status is not TxnStatus.OPEN:
             self.timeouts.untrack(meta.txn_id.least_bits)
         if status is TxnStatus.ABORTING and reason:
             meta.abort_reason = reason
@@ -214,7 +222,7 @@ class TxnMetaTable:
     # ----------------------------------------------------------------- queries
 
     def live(self) -> list[TxnMeta]:
-        """Txns not yet final (OPEN, reserved, COMMITTING, ABORTING)."""
+        """Txns not yet final (OPEN, reserved, PREPARED, COMMITTING, ABORTING)."""
         return [self.txns[s] for s in self._live if s in self.txns]
 
     def handed_out(self) -> list[TxnMeta]:

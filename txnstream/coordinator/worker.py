@@ -355,9 +355,9 @@ class CoordinatorWorker:
                     f"coordinator {tc.tc_id} could not handle this {req.op.value} request "
                     f"({type(exc).__name__}); it was not applied"), self.worker_id))
                 continue
-            if req.op is TcOp.END and req.partitions and (
+            if req.op in (TcOp.END, TcOp.PREPARE) and req.partitions and (
                     reply is None or reply.error_kind is None):
-                carried.update(req.partitions)  # registered by the commit (handlers)
+                carried.update(req.partitions)  # registered by the commit/prepare (handlers)
             if reply is not None and reply.error_kind is None and req.op in _WATCHED:
                 seq = reply.txn_seq if req.op is TcOp.NEW else req.txn_seq
                 if (m := tc.store.txns.get(seq)) is None or not m.status.is_final:
