@@ -8,6 +8,7 @@ prepared age the coordinator aborts it and says so.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import uuid
 
 import pytest
 
-from tests.integration.coordinator.conftest import make_topic, owners, wait_until
+from tests.integration.coordinator.conftest import TXNSTREAM_BIN, make_topic, owners, wait_until
 from tests.integration.coordinator.test_coordinator_faults import all_served_by
 from txnstream import Client
 from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
@@ -43,10 +44,12 @@ def complete_elsewhere(config, txn_id: str, commit: bool) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def read_committed(client: Client, topic: str, quiet_s: float) -> list[bytes]:
+def read_committed(client: Client, topic: str, quiet_s: float, expect: int = 0) -> list[bytes]:
+    """Committed records of ``topic``: up to a minute for ``expect`` of them (a buffer
+    owner may be taking over), then until none comes for ``quiet_s``."""
     c = client.subscribe(topic, subscription=f"prep-{uuid.uuid4().hex[:6]}")
-    got = []
-    while (m := c.receive(timeout_s=quiet_s)) is not None:
+    got: list[bytes] = []
+    while (m := c.receive(timeout_s=60 if len(got) < expect else quiet_s)) is not None:
         got.append(m.value)
         c.acknowledge(m)
     c.close()
@@ -68,9 +71,17 @@ def test_a_prepared_txn_outlives_its_timeout_and_another_process_commits_it(
     # twice its timeout: readers see none of it, and the coordinator keeps it
     assert read_committed(client, topic, quiet_s=4.0) == []
     assert client.admin.get_transaction(txn.id).status is TxnStatus.PREPARED
+    listed = subprocess.run(
+        [TXNSTREAM_BIN, "--bootstrap", config.bootstrap_servers, "txn",
+         "list", "--prepared", "--prefix", config.topics.prefix],  # 4 coordinators, as here
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "prepared transactions" in listed.stdout and str(txn.id) in listed.stdout
+    assert "120s" in listed.stdout, listed.stdout  # its maximum prepared age
     assert complete_elsewhere(config, str(txn.id), True) == "COMMITTED"
     assert complete_elsewhere(config, str(txn.id), True) == "COMMITTED"  # idempotent
-    assert sorted(read_committed(client, topic, quiet_s=3.0)) == [b"a", b"b"]
+    assert sorted(read_committed(client, topic, quiet_s=3.0, expect=2)) == [b"a", b"b"]
     with pytest.raises(InvalidTxnStatusError):
         client.complete_transaction(txn.id, False)  # it committed: no abort now
 
@@ -86,7 +97,7 @@ def test_a_prepared_txn_aborted_by_another_process_is_never_read(config, worker,
     assert complete_elsewhere(config, str(txn.id), False) == "ABORTED"
     with client.transaction() as after:
         p.send(b"after", txn=after)
-    assert read_committed(client, topic, quiet_s=3.0) == [b"before", b"after"]
+    assert read_committed(client, topic, quiet_s=3.0, expect=2) == [b"before", b"after"]
 
 
 def test_past_its_maximum_prepared_age_it_is_aborted_and_reported(config, worker, client):
@@ -122,4 +133,4 @@ def test_a_prepared_txn_survives_its_coordinators_kill9(config, worker_procs, cl
     time.sleep(4)  # past its timeout on the new owner too
     assert client.admin.get_transaction(txn.id).status is TxnStatus.PREPARED
     assert complete_elsewhere(config, str(txn.id), True) == "COMMITTED"
-    assert sorted(read_committed(client, topic, quiet_s=3.0)) == [b"p0", b"p1"]
+    assert sorted(read_committed(client, topic, quiet_s=3.0, expect=2)) == [b"p0", b"p1"]

@@ -39,10 +39,13 @@ def run_app(config, dsn: str, topic_in: str, topic_out: str, sub: str, crash_at:
          crash_at], capture_output=True, text=True, timeout=180, cwd=ROOT)
 
 
-def outputs(client: Client, topic: str) -> list[bytes]:
+def outputs(client: Client, topic: str, expect: int = 0) -> list[bytes]:
+    """The committed records of ``topic``: waiting up to a minute for ``expect`` of them
+    (a buffer owner killed with the coordinator is taken over first), then until nothing
+    more comes for 3 s (a duplicate would come as fast)."""
     c = client.subscribe(topic, subscription=f"chk-{uuid.uuid4().hex[:6]}")
-    got = []
-    while (m := c.receive(timeout_s=3)) is not None:
+    got: list[bytes] = []
+    while (m := c.receive(timeout_s=60 if len(got) < expect else 3)) is not None:
         got.append(m.value)
         c.acknowledge(m)
     c.close()
@@ -83,7 +86,7 @@ def check_run(config, client, postgres, crash_at: str, kill_coordinator=None) ->
         rows = [bytes(r[0]) for r in conn.execute("SELECT v FROM rows").fetchall()]
         left = conn.execute("SELECT count(*) FROM txnstream_outcomes WHERE outcome = "
                             "'commit'").fetchone()[0]
-    out = outputs(client, topic_out)
+    out = outputs(client, topic_out, expect=len(rows))
     again = redelivered(client, topic_in, sub)
     assert not [t for t in client.admin.list_transactions()
                 if t.status is TxnStatus.PREPARED and wrote(t, topic_out)]
