@@ -55,6 +55,7 @@ test: $(STAMP)
 # that every intruder was refused); CI runs it after `make test`.
 chaos-test: $(STAMP)
 	tools/fetch-prometheus
+	tools/fetch-postgres
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m chaos tests/fault/test_chaos.py
 
 # The compose stack for real, on stand-ins for the public images (docs/compose.md):
@@ -77,6 +78,7 @@ bench: $(BENCH_STAMP)
 # Soak: $(PY) -m chaos --profile hostile-soak --minutes 30
 CHAOS_PROFILE ?= hostile
 chaos: $(STAMP)
+	tools/fetch-postgres
 	$(PY) -m chaos --profile $(CHAOS_PROFILE)
 
 lint: $(STAMP)

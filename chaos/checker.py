@@ -96,6 +96,13 @@ MAPS_TO = {
                       "was accepted, a worker kept a connection that never handshook or "
                       "sent garbage, a client talked to an impostor, a group replay "
                       "committed twice)",
+    "twophase_not_atomic": "issue 39 (a prepared txn completed against the database's "
+                           "decision: recovery, the age abort or a lost connection)",
+    "twophase_duplicate": "issue 39 (an input processed twice: its ack held by a prepared "
+                          "txn was released, or a row written twice)",
+    "twophase_lost": "issue 39 (an input acked with nothing written for it)",
+    "twophase_told_committed": "issue 39 (complete() said COMMITTED, the rows or records "
+                               "are not there)",
     "flood_latency": "issue 34 item 2/3/7 (honest commit p99 in the flood phase over 2x "
                      "the quiet phase's: a principal or a socket holder slows others)",
     "subscription_cursor_behind": "item 10 (acks not kept: a restart redelivers what was "

@@ -22,16 +22,18 @@ from pathlib import Path
 from txnstream import Config
 from txnstream.workers_key import generate_key_file
 
-__all__ = ["Credentials", "WORKER", "HARNESS", "STRANGER", "FLOODER", "GROUPS"]
+__all__ = ["Credentials", "WORKER", "HARNESS", "STRANGER", "FLOODER", "GROUPS", "TWOPHASE"]
 
 WORKER = "chaos-worker"
 HARNESS = "chaos-harness"
 STRANGER = "chaos-stranger"
 FLOODER = "chaos-flooder"
 GROUPS = "chaos-groups"
-ROLE_PRINCIPALS = ("chaos-producer", "chaos-processor", "chaos-consumer")
+TWOPHASE = "chaos-twophase"
+ROLE_PRINCIPALS = ("chaos-producer", "chaos-processor", "chaos-consumer", TWOPHASE)
 """Producers share one principal: each co-writes into its peer's txns (attach by
-principal). Processors and consumers have their own."""
+principal). Processors, consumers and the two-phase writers have their own (the writers'
+recovery completes every prepared txn its principal may see)."""
 
 
 @dataclass(frozen=True, slots=True)

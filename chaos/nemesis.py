@@ -5,7 +5,10 @@ Faults (kind, target role):
 - ``kill9`` of a coordinator worker, processor or consumer, restarted after a moment;
 - ``pause`` (SIGSTOP, SIGCONT after ``pause_s``, longer than the session timeout, so the
   group moves the member's partitions and the member comes back as a zombie);
-- ``broker_kill9``: kill -9 of one of the three brokers, restarted after a few seconds.
+- ``broker_kill9``: kill -9 of one of the three brokers, restarted after a few seconds;
+- with two-phase writers (:mod:`chaos.twophase`): ``kill9`` and ``pause`` of a writer,
+  and ``postgres_kill9``: the database's postmaster and backends killed at once,
+  restarted (crash recovery) after a moment.
 
 Every ``fault_gap_s`` a new fault starts on a role that has none running: at most one
 fault per role at a time (so one coordinator worker always runs, and one broker at most
@@ -26,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from chaos.cluster import ChaosCluster
+from chaos.postgres import PostgresServer
 from chaos.profile import Profile
 from chaos.supervisor import Supervisor
 
-__all__ = ["Nemesis", "Fault", "FAULTS"]
+__all__ = ["Nemesis", "Fault", "FAULTS", "TWOPHASE_FAULTS"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +41,9 @@ FAULTS: tuple[tuple[str, str], ...] = (
     ("kill9", "worker"), ("kill9", "processor"), ("kill9", "consumer"),
     ("pause", "worker"), ("pause", "processor"), ("pause", "consumer"),
     ("broker_kill9", "broker"),
+)
+TWOPHASE_FAULTS: tuple[tuple[str, str], ...] = (
+    ("kill9", "twophase"), ("pause", "twophase"), ("postgres_kill9", "postgres"),
 )
 
 
@@ -72,7 +79,8 @@ class Nemesis(threading.Thread):
     """Injects faults until :meth:`halt`; :attr:`faults` lists what it did."""
 
     def __init__(self, sup: Supervisor, cluster: ChaosCluster, profile: Profile, seed: int,
-                 on_fault: Callable[[Fault], None] | None = None) -> None:
+                 on_fault: Callable[[Fault], None] | None = None,
+                 postgres: PostgresServer | None = None) -> None:
         super().__init__(name="nemesis", daemon=True)
         self.sup = sup
         self.cluster = cluster
@@ -80,6 +88,8 @@ class Nemesis(threading.Thread):
         self.rng = random.Random(seed)
         self.faults: list[Fault] = []
         self.on_fault = on_fault
+        self.postgres = postgres
+        self.kinds = FAULTS + (TWOPHASE_FAULTS if postgres is not None else ())
         self._halt = threading.Event()
         self._t0 = time.monotonic()
         self._active: dict[str, _Active] = {}
@@ -100,7 +110,7 @@ class Nemesis(threading.Thread):
         if not self.profile.faults:
             self._halt.wait()
             return
-        deck = list(FAULTS)
+        deck = list(self.kinds)
         self.rng.shuffle(deck)
         next_at = time.monotonic() + self.rng.uniform(*self.profile.fault_gap_s)
         try:
@@ -127,7 +137,7 @@ class Nemesis(threading.Thread):
         for i, (_kind, role) in enumerate(deck):
             if role not in busy:
                 return deck.pop(i)
-        free = [f for f in FAULTS if f[1] not in busy]
+        free = [f for f in self.kinds if f[1] not in busy]
         return self.rng.choice(free) if free else None
 
     def _inject(self, kind: str, role: str, deck: list[tuple[str, str]]) -> None:
@@ -141,6 +151,14 @@ class Nemesis(threading.Thread):
                 act = _Active(kind, role, f"broker-{node}", pid, now,
                               now + self.rng.uniform(*p.broker_down_s),
                               lambda: self.cluster.start_node(node), background=True)
+            elif kind == "postgres_kill9":
+                pg = self.postgres
+                assert pg is not None
+                pid = pg.pid
+                pg.kill9()
+                act = _Active(kind, role, "postgres", pid, now,
+                              now + self.rng.uniform(*p.restart_delay_s), pg.start,
+                              background=True)
             else:
                 name = self.rng.choice(self.sup.names(role))
                 if kind == "kill9":

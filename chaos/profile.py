@@ -101,6 +101,12 @@ class Profile:
     """No txn may stay un-ended past its timeout plus this (failover + finalization)."""
     drain_s: float = 75.0
     """After the workload: the longest wait for processors and consumers to catch up."""
+    twophase_writers: int = 2
+    """Two-phase writers (issue 39, :mod:`chaos.twophase`): one txn across Kafka and
+    PostgreSQL per input; two, so one recovers what the other leaves (a paused one's too)."""
+    twophase_rate: float = 2.0
+    """Their inputs a second: a share of the producers' rate, which the two keep up with
+    through faults, so the drain can require every input processed."""
     bounds: Bounds = Bounds()
     hostile: bool = False
     """Add the hostile actors (issues 19/20): an intruder process on the line."""

@@ -3,8 +3,9 @@
 1. **cluster**: a 3-broker LocalCluster on free ports in the run dir; internal and data
    topics at RF 3, min ISR 2.
 2. **roles**: coordinator workers (TC + buffer roles) as ``txnstream worker`` processes;
-   once every TC is served, committed-only consumers, exactly-once processors and
-   producers, each a ``python -m chaos.roles`` process in its own session.
+   once every TC is served, committed-only consumers, exactly-once processors,
+   producers and two-phase writers (with a PostgreSQL of the run's own,
+   :mod:`chaos.twophase`), each a ``python -m chaos.roles`` process in its own session.
 3. **workload**: the producers write; the monitor aborts some txns through the admin
    API and watches for stuck txns and worker memory; the nemesis injects faults.
 4. **drain**: the nemesis stops and heals, every process runs again, the producers end
@@ -35,7 +36,7 @@ from rich.console import Console
 
 from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
-from chaos.credentials import FLOODER, HARNESS, Credentials
+from chaos.credentials import FLOODER, HARNESS, TWOPHASE, Credentials
 from chaos.hostile import hostile_roles
 from chaos.latency import summarize
 from chaos.monitor import Monitor
@@ -52,6 +53,10 @@ from chaos.runinfo import (
 )
 from chaos.supervisor import TXNSTREAM_BIN, Supervisor
 from chaos.truth import TruthLog
+from chaos.twophase import IN_TOPIC as TWOPHASE_IN
+from chaos.twophase import OUT_TOPIC as TWOPHASE_OUT
+from chaos.twophase import SUBSCRIPTION as TWOPHASE_SUBSCRIPTION
+from chaos.twophase import TwoPhase
 from txnstream import Client, Config, TxnStatus
 
 __all__ = ["ChaosRun", "IN_TOPIC", "OUT_TOPIC"]
@@ -86,6 +91,7 @@ class ChaosRun:
         self.cluster = ChaosCluster(workdir / "cluster", coordinators=profile.coordinators,
                                     kafka_logger=file_logger(workdir / "logs" / "harness.log"))
         self.creds = Credentials.create(workdir / "secrets")
+        self.twophase = TwoPhase(profile, workdir / "logs")
         self.phases: dict[str, float] = {}
         self.nemesis: Nemesis | None = None
         self.monitor: Monitor | None = None
@@ -108,13 +114,16 @@ class ChaosRun:
         """The harness's client settings (an admin principal on the line)."""
         return self.creds.config(self.cluster.config(), HARNESS)
 
-    def _role_argv(self, role: str, name: str, spec: dict[str, Any]) -> Any:
+    def _role_argv(self, role: str, name: str, spec: dict[str, Any],
+                   truth: Path | None = None) -> Any:
+        """``truth``: the folder of its truth files (default the checker's)."""
         boot, prefix = self.cluster.bootstrap, self.cluster.topics.prefix
+        truth = truth or self.truth_dir
 
         def argv(n: int) -> list[str]:
             return [sys.executable, "-m", "chaos.roles", role, "--bootstrap", boot,
                     "--prefix", prefix, "--name", name, "--incarnation", str(n),
-                    "--truth", str(self.truth_dir / f"{name}.{n}.jsonl"),
+                    "--truth", str(truth / f"{name}.{n}.jsonl"),
                     "--seed", str(self.seed), "--spec", json.dumps(spec)]
 
         return argv
@@ -126,9 +135,14 @@ class ChaosRun:
             return [TXNSTREAM_BIN, "--bootstrap", boot, "worker", "--prefix", prefix,
                     "--id", f"{name}.{n}", "--session-timeout-ms",
                     str(self.p.session_timeout_ms), "--buffer-topics",
-                    f"{IN_TOPIC},{OUT_TOPIC},{DLQ_TOPIC},{RETRY_TOPIC}"]
+                    ",".join(self._data_topics())]
 
         return argv
+
+    def _data_topics(self) -> list[str]:
+        """The topics the workers serve buffers of from the start."""
+        two = [TWOPHASE_IN, TWOPHASE_OUT] if self.twophase.enabled else []
+        return [IN_TOPIC, OUT_TOPIC, DLQ_TOPIC, RETRY_TOPIC, *two]
 
     # ------------------------------------------------------------------ phases
 
@@ -141,6 +155,8 @@ class ChaosRun:
                 DLQ_TOPIC: 2, RETRY_TOPIC: 2}
         if self.p.hostile:
             data[DOOMED_TOPIC] = 2
+        if self.twophase.enabled:
+            data |= {TWOPHASE_IN: 2, TWOPHASE_OUT: 2}
         isr = self.cluster.create_topics(data)
         self.summary["min_insync_replicas"] = isr
         self.log(f"cluster {self.cluster.bootstrap} up in {secs:.0f} s; topics RF 3, min ISR "
@@ -191,7 +207,15 @@ class ChaosRun:
         for name, role, spec, principal in hostile_roles(p, self.creds, [IN_TOPIC, OUT_TOPIC]):
             self.sup.add(name, role, self._role_argv(role, name, spec),
                          env=self.creds.env(principal))
-        for role in ("consumer", "processor", "producer", *HOSTILE):
+        if self.twophase.enabled:
+            self.twophase.start(self.client)
+            self.log(f"PostgreSQL {self.twophase.pg.dsn if self.twophase.pg else '?'} up")
+        for i in range(p.twophase_writers):
+            name = f"twophase-{i}"
+            self.sup.add(name, "twophase", self._role_argv(
+                "twophase", name, self.twophase.spec(), self.truth_dir / "twophase"),
+                env=self.creds.env(TWOPHASE))
+        for role in ("consumer", "processor", "producer", "twophase", *HOSTILE):
             for name in self.sup.names(role):
                 self.sup.start(name)
         self._phase("roles", t0)
@@ -220,15 +244,20 @@ class ChaosRun:
         self.monitor = Monitor(self.sup, self.client, self.p,
                                TruthLog(self.truth_dir / "harness-admin.jsonl"), self.seed)
         self.monitor.start()
-        self.nemesis = Nemesis(self.sup, self.cluster, self.p, self.seed, self._on_fault)
+        self.nemesis = Nemesis(self.sup, self.cluster, self.p, self.seed, self._on_fault,
+                               postgres=self.twophase.pg)
         self.nemesis.start()
         end = t0 + self.p.workload_s
         phases = TruthLog(self.truth_dir / "harness-phases.jsonl")  # chaos.latency
         phases.write({"e": "phase", "phase": "quiet", "t": time.time()})
         next_note = t0 + 30
         doom_at = t0 + self.p.workload_s / 2 if self.p.hostile else None
+        fed_at = time.monotonic()
         while time.monotonic() < end:
             time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            if self.twophase.enabled:
+                self.twophase.feed(self.config, time.monotonic() - fed_at)
+                fed_at = time.monotonic()
             if doom_at is not None and time.monotonic() >= doom_at:
                 doom_at = None
                 self._delete_doomed()
@@ -239,6 +268,7 @@ class ChaosRun:
                          f"{len(self.sup.exits)}, admin aborts {self.monitor.admin_aborts}")
         phases.write({"e": "phase", "phase": "end", "t": time.time()})
         phases.close()
+        self.twophase.close_feed()
         self.log("workload over: halting the nemesis")
         self.nemesis.halt()
         self.nemesis.join(180)
@@ -284,7 +314,8 @@ class ChaosRun:
             aborted = self.monitor.abort_left_by(FLOODER)  # its stop could not end them
             self.summary["flooder_txns_aborted_at_drain"] = \
                 self.summary.get("flooder_txns_aborted_at_drain", 0) + aborted
-            if state["eo_lag"] == 0 and state["read_lag"] == 0 and state["open_txns"] == 0:
+            if state["eo_lag"] == 0 and state["read_lag"] == 0 and state["open_txns"] == 0 \
+                    and state["twophase_lag"] == 0:
                 stable += 1
                 if stable >= 2:
                     break
@@ -307,8 +338,10 @@ class ChaosRun:
             open_txns = -1
         eo = self._lags(EO_SUBSCRIPTION, [IN_TOPIC, RETRY_TOPIC])
         read = self._lags(READ_SUBSCRIPTION, [IN_TOPIC, OUT_TOPIC])
+        two = self._lags(TWOPHASE_SUBSCRIPTION, [TWOPHASE_IN]) if self.twophase.enabled else {}
         return {"eo_lag": -1 if eo is None else sum(v[1] - v[0] for v in eo.values()),
                 "read_lag": -1 if read is None else sum(v[1] - v[0] for v in read.values()),
+                "twophase_lag": -1 if two is None else sum(v[1] - v[0] for v in two.values()),
                 "open_txns": open_txns, "eo_behind": eo, "read_behind": read}
 
     def _lags(self, group: str, topics: list[str]) -> dict[str, list[int]] | None:
@@ -368,7 +401,8 @@ class ChaosRun:
         self.monitor.join(30)
         self.sup.reap_unexpected(restart=False)
         self.log("stopping processors and consumers; reading raw and committed-only")
-        self.sup.stop(self.sup.names("processor") + self.sup.names("consumer"))
+        self.sup.stop(self.sup.names("processor") + self.sup.names("consumer")
+                      + self.sup.names("twophase"))
         topics = [IN_TOPIC, OUT_TOPIC, DLQ_TOPIC, RETRY_TOPIC]
         raw = read_raw(self.config, topics, check=self._marker_check())
         targets = {tp: rp.last_expected_visible() for tp, rp in raw.items()}
@@ -379,6 +413,12 @@ class ChaosRun:
                     {"processors": drain.get("eo_behind"), "consumers": drain.get("read_behind")},
                     dlq_topic=DLQ_TOPIC, retry_topic=RETRY_TOPIC)
         an = res.anomalies
+        if self.twophase.enabled:
+            found, self.summary["twophase"] = self.twophase.check(
+                self.config, self._marker_check(), self.truth_dir / "twophase",
+                bool(drain.get("open_txns") == 0 and drain.get("twophase_lag") == 0))
+            for kind, detail, sub in found:
+                an.add(kind, detail, sub=sub)
         for s in self.monitor.stuck.values():
             an.add("txn_open_past_timeout", vars(s))
         for ex in self.sup.exits:
@@ -474,7 +514,8 @@ class ChaosRun:
                 by_kind[f.kind] += 1
                 by_role[f.kind][f.role] += 1
         self.summary["faults"] = {
-            "by_kind": {k: by_kind.get(k, 0) for k in ("kill9", "pause", "broker_kill9")},
+            "by_kind": {k: by_kind.get(k, 0) for k in ("kill9", "pause", "broker_kill9",
+                                                       "postgres_kill9")},
             "by_role": {k: dict(v) for k, v in by_role.items()},
             "failed": sum(1 for f in faults if f.error),
             "log": self.nemesis.as_dicts() if self.nemesis else []}
@@ -488,6 +529,10 @@ class ChaosRun:
         if self.nemesis is not None and self.nemesis.is_alive():
             self.nemesis.join(30)
         self.sup.cleanup()
+        try:
+            self.twophase.close()
+        except Exception:  # noqa: BLE001 - teardown goes on
+            pass
         if self.client is not None:
             try:
                 self.client.close()

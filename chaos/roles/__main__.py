@@ -18,6 +18,8 @@ def main(argv: list[str]) -> int:
         from chaos.roles.intruder import run
     elif args.role == "flooder":
         from chaos.roles.flooder import run
+    elif args.role == "twophase":
+        from chaos.roles.twophase import run
     else:
         from chaos.roles.consumer import run
     return run(args)

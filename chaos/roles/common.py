@@ -41,7 +41,8 @@ class RoleArgs:
 def parse_args(argv: list[str]) -> RoleArgs:
     """Parse ``ROLE --bootstrap ... --spec JSON``."""
     ap = argparse.ArgumentParser(prog="python -m chaos.roles")
-    ap.add_argument("role", choices=("producer", "processor", "consumer", "intruder", "flooder"))
+    ap.add_argument("role", choices=("producer", "processor", "consumer", "intruder", "flooder",
+                                     "twophase"))
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--prefix", default="__txn")
     ap.add_argument("--name", required=True)

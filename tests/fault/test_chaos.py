@@ -2,12 +2,14 @@
 
 Runs ``python -m chaos --profile hostile`` as a real process (its own 3-broker cluster,
 coordinator workers, producers, processors and consumers on an authenticated line, kill
--9 / SIGSTOP / broker kill at random, and an intruder: a stranger principal sending
+-9 / SIGSTOP / broker kill at random, two-phase writers with a PostgreSQL that is killed
+-9 too, and an intruder: a stranger principal sending
 requests about the honest txns, clients without valid credentials, raw connections)
 and asserts on its JSON summary: every fault kind was injected, every intruder kind
 was refused, forged markers, txn.ids and endpoint records were written, a co-writer
-committed txns from another process while their openers still wrote (issue 33), work
-was done and checked, and the checker counted 0 anomalies (none of the forged records
+committed txns from another process while their openers still wrote (issue 33), the
+two-phase writers wrote rows and records and their inputs were all processed (issue
+39), work was done and checked, and the checker counted 0 anomalies (none of the forged records
 delivered; every writer's in/out answer what readers deliver).
 """
 
@@ -61,9 +63,9 @@ def test_hostile_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
     assert summary_path.exists(), f"no summary; exit {code}:\n{output[-6000:]}"
     s = json.loads(summary_path.read_text())
     assert s["error"] is None, s["error"]
-    for kind in ("kill9", "pause", "broker_kill9"):
+    for kind in ("kill9", "pause", "broker_kill9", "postgres_kill9"):
         assert s["faults"]["by_kind"][kind] > 0, f"no {kind} fault injected: {s['faults']}"
-    for role in ("worker", "processor", "consumer"):
+    for role in ("worker", "processor", "consumer", "twophase"):
         for kind in ("kill9", "pause"):
             assert s["faults"]["by_role"].get(kind, {}).get(role, 0) > 0, \
                 f"no {kind} of a {role}: {s['faults']['by_role']}"
@@ -78,6 +80,9 @@ def test_hostile_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
     assert s["records"]["checked"] > 0, s["records"]
     assert s["records"]["visible_out"] > 0, s["records"]
     assert s["notes"]["foreign_commits"] > 0, s["notes"]  # the co-writer committed some
+    two = s["twophase"]  # every input fed got its row and record (judged: 0 anomalies)
+    assert two["drain_complete"] and two["rows"] == two["fed"] > 0, two
+    assert two["records"] == two["rows"], two
     assert s["notes"]["foreign_records_sent_after"] > 0, s["notes"]  # and openers wrote on
     assert all(b["ok"] for b in s["bounds"].values()), s["bounds"]
     anomalies = {k: (a["count"], a["examples"][:1]) for k, a in s["anomalies"].items()}
