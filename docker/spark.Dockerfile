@@ -2,12 +2,21 @@
 # in one container: Java 17 for Spark, txnstream[spark] from the project's wheel.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
+# A C compiler for the buffer owner's native scan (txnstream/_native.c, docs/architecture.md
+# "Native code"): the wheel carries it built. The extension is optional to pip, so the
+# last line fails the build if the wheel has none, rather than ship the Python path.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY txnstream ./txnstream
 COPY spark ./spark
 RUN pip install --no-cache-dir build==1.2.2.post1 \
-    && python -m build --wheel --outdir /dist
+    && python -m build --wheel --outdir /dist \
+    && python -c "import glob, sys, zipfile; sys.exit(not any(n.startswith('txnstream/_native') \
+       for n in zipfile.ZipFile(glob.glob('/dist/*.whl')[0]).namelist()))"
 
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \

@@ -4,6 +4,8 @@
 # Differences from the real image: Debian's CPython 3.11.2 in /usr/bin (not 3.11.x built
 # into /usr/local), Debian's pip; and pip trusts the CA bundle of the machine that built
 # it (ca-certificates.crt from the build context), which this machine needs to reach PyPI.
+# CPython's headers are there as in the real image (which ships them in /usr/local/include):
+# the project's build stage compiles its C extension against them.
 ARG BASE_IMAGE=txnstream-standin/debian:bookworm
 FROM ${BASE_IMAGE}
 COPY ca-certificates.crt /usr/local/share/ca-certificates-build/ca-certificates.crt
@@ -12,7 +14,7 @@ COPY ca-certificates.crt /usr/local/share/ca-certificates-build/ca-certificates.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-pip python3-venv \
-       python-is-python3 ca-certificates \
+       python-is-python3 libpython3-dev ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && rm -f /usr/lib/python3*/EXTERNALLY-MANAGED
 ENV PIP_CERT=/usr/local/share/ca-certificates-build/ca-certificates.crt \
