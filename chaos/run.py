@@ -323,6 +323,9 @@ class ChaosRun:
                 stable = 0
             time.sleep(2.0)
         self.summary["drain"] = state | {"complete": stable >= 2}
+        if stable < 2:  # what the readers behind were doing: their stacks, in their logs
+            self.sup.dump_stacks([n for r in ("processor", "consumer", "twophase")
+                                  for n in self.sup.names(r)])
         self.log(f"drain: lag {state.get('eo_lag')} ({EO_SUBSCRIPTION}), "
                  f"{state.get('read_lag')} ({READ_SUBSCRIPTION}); open txns "
                  f"{state.get('open_txns')}")

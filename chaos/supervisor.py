@@ -158,6 +158,20 @@ class Supervisor:
             p.paused = True
             return p.pid
 
+    def dump_stacks(self, names: list[str]) -> None:
+        """SIGUSR1 to each running role process of ``names``: its threads' stacks, logged.
+
+        Each writes them to its log (``faulthandler``, :func:`chaos.roles.common.run_role`).
+        """
+        with self._lock:
+            for n in names:
+                p = self.procs[n]
+                if p.alive() and p.popen is not None and not p.paused:
+                    try:
+                        os.kill(p.popen.pid, signal.SIGUSR1)
+                    except ProcessLookupError:
+                        pass
+
     def resume(self, name: str) -> None:
         """SIGCONT ``name``."""
         with self._lock:

@@ -76,7 +76,7 @@ class TwoPhase:
         """Start PostgreSQL and create the tables."""
         from txnstream.two_phase import OutcomeTable
 
-        self.pg = PostgresServer(self.logs, db="chaos")
+        self.pg = PostgresServer(self.logs, db="chaos", settings={"log_lock_waits": "on"})
         self.pg.start()
         with self.pg.connect() as conn:
             conn.execute(f"CREATE TABLE {ROWS} (id BIGSERIAL PRIMARY KEY, input TEXT NOT NULL, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -103,7 +104,11 @@ def commit_outcome(txn: Any, exc: BaseException | None) -> str:
 
 
 def run_role(make_role: Any, args: RoleArgs) -> int:
-    """Run ``make_role(args, client, stop).loop()`` until SIGTERM; close it and the client."""
+    """Run ``make_role(args, client, stop).loop()`` until SIGTERM; close it and the client.
+
+    SIGUSR1 writes every thread's stack to the log (the harness asks when a drain stalls).
+    """
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = install_stop()
     client = make_client(args)
     role = make_role(args, client, stop)
