@@ -51,6 +51,9 @@ ROWS = "chaos_twophase"
 a second row for one input is seen, not refused."""
 OUTCOMES = "chaos_outcomes"
 """The :class:`~txnstream.two_phase.OutcomeTable` of the writers."""
+IDLE_REPORT_S = 30.0
+"""No input for this long: the writer logs its readers' state (a diagnosis of a stall, read
+with the stacks the harness asks for when its drain does not complete)."""
 FINAL_RECOVERY_S = 60.0
 """When stopped: how long the writer keeps recovering leftovers (a txn is recovered once
 it is ``stale_s`` old; a coordinator failover may delay the answers)."""
@@ -133,6 +136,7 @@ class TwoPhaseRole:
 
     def loop(self) -> None:
         """Input after input until stopped; then recover what is left."""
+        idle_since = time.monotonic()
         while not self.stop.is_set():
             if time.monotonic() >= self.next_recovery:
                 self._recover()
@@ -140,9 +144,25 @@ class TwoPhaseRole:
             msg = self.consumer.receive(timeout_s=0.5)
             if msg is not None:
                 self._one(msg)
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_REPORT_S:
+                log.warning("no input for %.0f s; readers: %s",
+                            time.monotonic() - idle_since, self._readers())
+                idle_since = time.monotonic()
         deadline = time.monotonic() + FINAL_RECOVERY_S
         while self._recover() and time.monotonic() < deadline:
             time.sleep(1.0)
+
+    def _readers(self) -> str:
+        """Each assigned partition's delivery state (the consumer's, read for the log)."""
+        out = []
+        for tp, r in list(self.consumer._readers.items()):  # noqa: SLF001 - a diagnosis
+            h = r.handle
+            out.append(f"{tp}: {r.status.value} deliver {r.deliver_pos} cursor {r.cursor()} "
+                       f"wait_at {r.wait_at} unacked {len(r.unacked)} inflight "
+                       f"{len(r.inflight)} held_back {len(r.held_back)} pending "
+                       f"{len(h.pending) if h is not None else '-'}")
+        return "; ".join(out) or "none assigned"
 
     def _one(self, msg: Message) -> None:
         v = decode_value(msg.value)
