@@ -13,9 +13,12 @@ A failure before the prepare aborts the txn (its ack comes back through the abor
 input is delivered again). A duplicate key at step 2 means recovery decided first (the
 txn is aborted by it): the database rolls back. A lost connection at step 2 leaves the
 decision unknown: the writer connects again and lets recovery decide this txn by the
-table. Every ``recover_every_s`` it recovers the principal's txns prepared more than
-``stale_s`` ago (its dead incarnations', its peer's: a paused peer's txn too, whose
-database commit then fails on the abort row); when stopped, until none is left.
+table. A thread of its own (with its own connection) recovers, at start and every
+``recover_every_s``, the principal's txns prepared more than ``stale_s`` ago (its dead
+incarnations', its peer's: a paused peer's txn too, whose database commit then fails on
+the abort row); when stopped, the writer recovers until none is left. Recovery asks every
+coordinator (a LIST), which can take a while when one fails over; so it runs beside the
+inputs, as an application's recovery sweeper would, not in their way.
 
 Between the steps it waits ``step_s`` (uniform; the application's own work), so the
 nemesis's kill -9, its pause past the session timeout and its kill of PostgreSQL fall
@@ -75,31 +78,40 @@ class TwoPhaseRole:
         self.writer = args.writer
         self.truth = TruthLog(args.truth)
         self.table = OutcomeTable(client, OUTCOMES)
-        self.conn: Any = None
+        self.conns: dict[str, Any] = {}
+        """The inputs' connection (``main``) and recovery's (``recovery``)."""
         self.consumer = client.subscribe(sp["input"], subscription=sp["subscription"], **{
             "session.timeout.ms": sp["session_timeout_ms"], "heartbeat.interval.ms": 1000})
         self.producer = client.create_producer(sp["output"])
         self.ids = itertools.count()
-        self.next_recovery = 0.0
         lo, hi = sp.get("step_s", (0.0, 0.0))
         self.step_s = (float(lo), float(hi))
         self.rng = random.Random(f"{args.seed}/{args.writer}")
 
     # ------------------------------------------------------------ the database
 
-    def _db(self) -> Any:
-        """The connection, connected again (until stopped) after PostgreSQL went away."""
-        while self.conn is None or self.conn.closed or self.conn.broken:
+    def _db(self, use: str = "main") -> Any:
+        """The ``use`` connection, connected again (until stopped) after PostgreSQL went away."""
+        while (conn := self.conns.get(use)) is None or conn.closed or conn.broken:
             try:
-                self.conn = psycopg.connect(self.dsn, connect_timeout=3)
+                self.conns[use] = psycopg.connect(self.dsn, connect_timeout=3)
             except psycopg.OperationalError as exc:
                 if self.stop.is_set():
                     raise
                 log.warning("connecting to the database: %s", exc)
                 self.stop.wait(0.5)
-        return self.conn
+        return conn
 
-    def _recover(self, only_txn: str | None = None) -> int:
+    def _rollback(self, use: str) -> None:
+        """End a failed database transaction on a connection still open (else nothing)."""
+        conn = self.conns.get(use)
+        if conn is not None and not conn.closed and not conn.broken:
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                pass
+
+    def _recover(self, only_txn: str | None = None, use: str = "main") -> int:
         """Recover the stale prepared txns (or ``only_txn``, now); how many were left.
 
         The database decides each: commit if its commit row is there, else abort.
@@ -117,10 +129,11 @@ class TwoPhaseRole:
         while True:
             left = 0
             try:
-                done = self.table.recover(self._db(), only=mine)
+                done = self.table.recover(self._db(use), only=mine)
                 break
             except psycopg.OperationalError as exc:
                 log.warning("recovery: the database went away: %s", exc)
+                self._rollback(use)
                 if self.stop.is_set() and only_txn is None:
                     return 1
                 time.sleep(0.5)  # a txn whose outcome is unknown: until the database is back
@@ -136,11 +149,10 @@ class TwoPhaseRole:
 
     def loop(self) -> None:
         """Input after input until stopped; then recover what is left."""
+        sweeper = threading.Thread(target=self._sweeper, daemon=True, name="recovery")
+        sweeper.start()
         idle_since = time.monotonic()
         while not self.stop.is_set():
-            if time.monotonic() >= self.next_recovery:
-                self._recover()
-                self.next_recovery = time.monotonic() + self.recover_every_s
             msg = self.consumer.receive(timeout_s=0.5)
             if msg is not None:
                 self._one(msg)
@@ -149,9 +161,21 @@ class TwoPhaseRole:
                 log.warning("no input for %.0f s; readers: %s",
                             time.monotonic() - idle_since, self._readers())
                 idle_since = time.monotonic()
+        sweeper.join(FINAL_RECOVERY_S)
         deadline = time.monotonic() + FINAL_RECOVERY_S
         while self._recover() and time.monotonic() < deadline:
             time.sleep(1.0)
+
+    def _sweeper(self) -> None:
+        """Recover stale prepared txns now and every ``recover_every_s`` until stopped."""
+        while True:
+            try:
+                self._recover(use="recovery")
+            except Exception:  # noqa: BLE001 - logged; the next turn tries again
+                log.exception("recovery")
+                self._rollback("recovery")
+            if self.stop.wait(self.recover_every_s):
+                return
 
     def _readers(self) -> str:
         """Each assigned partition's delivery state (the consumer's, read for the log)."""
@@ -228,6 +252,7 @@ class TwoPhaseRole:
             # Committed or not: the table knows. Recovery asks it, for this txn now.
             log.warning("%s: the database went away in its transaction: %s", tid, exc)
             self.truth.write({"e": "db_unknown", "txn": tid, "error": str(exc)[:300]})
+            self._rollback("main")
             self._recover(only_txn=tid)
             return False
         except TxnStreamError as exc:  # record() refused it: past its share of the age
@@ -240,8 +265,8 @@ class TwoPhaseRole:
     def close(self) -> None:
         """Leave the group, close the database and the truth file."""
         self.consumer.close()
-        if self.conn is not None:
-            self.conn.close()
+        for conn in self.conns.values():
+            conn.close()
         self.truth.close()
 
 
