@@ -123,6 +123,9 @@ class Monitor(threading.Thread):
     def check_stuck(self, txns: list[Any]) -> list[StuckTxn]:
         """Txns not ended past timeout + grace (recorded once each, worst age kept).
 
+        A PREPARED txn's timeout stopped at its prepare: it is held to its maximum
+        prepared age since then (past it, its coordinator aborts it).
+
         Ages are taken at the time the LIST was asked (:attr:`asked_ms`), a lower bound of
         each txn's age when its coordinator answered: a txn flagged was surely still open
         that long (one ended just after its coordinator answered is not flagged late).
@@ -132,9 +135,12 @@ class Monitor(threading.Thread):
         for t in txns:
             if t.status in (TxnStatus.COMMITTED, TxnStatus.ABORTED):
                 continue
-            age = (now_ms - t.open_time_ms) / 1000
-            if age > t.timeout_ms / 1000 + self.profile.grace_s:
-                s = StuckTxn(str(t.txn_id), t.status.value, round(age, 1), t.timeout_ms / 1000,
+            since, limit_ms = t.open_time_ms, t.timeout_ms
+            if t.status is TxnStatus.PREPARED:  # its timeout stopped; its prepared age runs
+                since, limit_ms = t.prepared_at_ms, t.max_prepared_ms
+            age = (now_ms - since) / 1000
+            if age > limit_ms / 1000 + self.profile.grace_s:
+                s = StuckTxn(str(t.txn_id), t.status.value, round(age, 1), limit_ms / 1000,
                              list(t.partitions))
                 self.stuck[s.txn] = s
                 found.append(s)

@@ -59,3 +59,30 @@ def test_a_txn_open_past_its_bound_when_asked_is_flagged():
     stuck = m.check_stuck(listed)
     assert [(s.txn, s.status) for s in stuck] == [("(0,927)", "OPEN")]
     assert stuck[0].age_s >= bound
+
+
+def prepared(opened_s: float, timeout_s: float, prepared_s: float, max_prepared_s: float
+             ) -> SimpleNamespace:
+    t = txn(opened_s, timeout_s, TxnStatus.PREPARED)
+    t.prepared_at_ms = time.time() * 1000 - prepared_s * 1000
+    t.max_prepared_ms = max_prepared_s * 1000
+    return t
+
+
+def test_a_prepared_txn_is_held_to_its_maximum_prepared_age_not_its_timeout():
+    # PREPARED stops the timeout clock (issue 39): a txn opened long ago and prepared
+    # within its maximum prepared age is not stuck (soak seed 36 flagged two such).
+    p = profile("short")
+    m = monitor(SlowList([prepared(opened_s=70.0, timeout_s=15.0, prepared_s=60.0,
+                                   max_prepared_s=300.0)], delay_s=0.0))
+    listed = m.list_txns()
+    assert listed is not None
+    assert m.check_stuck(listed) == []
+    m = monitor(SlowList([prepared(opened_s=400.0, timeout_s=15.0,
+                                   prepared_s=300.0 + p.grace_s + 1, max_prepared_s=300.0)],
+                         delay_s=0.0))
+    listed = m.list_txns()
+    assert listed is not None
+    stuck = m.check_stuck(listed)
+    assert [(s.txn, s.status) for s in stuck] == [("(0,927)", "PREPARED")]
+    assert stuck[0].timeout_s == 300.0
