@@ -417,8 +417,9 @@ class ChaosRun:
                     dlq_topic=DLQ_TOPIC, retry_topic=RETRY_TOPIC)
         an = res.anomalies
         if self.twophase.enabled:
+            assert self.client is not None
             found, self.summary["twophase"] = self.twophase.check(
-                self.config, self._marker_check(), self.truth_dir / "twophase",
+                self.client, self._marker_check(), self.truth_dir / "twophase",
                 bool(drain.get("open_txns") == 0 and drain.get("twophase_lag") == 0))
             for kind, detail, sub in found:
                 an.add(kind, detail, sub=sub)

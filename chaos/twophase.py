@@ -34,6 +34,7 @@ from chaos.reader import MarkerCheck, read_committed, read_raw
 from chaos.roles.twophase import OUTCOMES, ROWS
 from chaos.truth import encode_value, read_events
 from txnstream import Client, Config
+from txnstream.errors import TxnStreamError
 
 __all__ = ["IN_TOPIC", "OUT_TOPIC", "PRINCIPAL", "SUBSCRIPTION", "TwoPhase", "judge"]
 
@@ -124,12 +125,26 @@ class TwoPhase:
 
     # ------------------------------------------------------------ the check
 
-    def check(self, config: Config, markers: MarkerCheck, truth_dir: Path,
+    def check(self, client: Client, markers: MarkerCheck, truth_dir: Path,
               complete: bool) -> tuple[list[tuple[str, dict[str, Any], str]], dict[str, Any]]:
-        """The anomalies (kind, detail, sub) and notes; ``complete``: the drain was."""
+        """The anomalies (kind, detail, sub) and notes; ``complete``: the drain was.
+
+        The writers are stopped. First the harness recovers what they left prepared (a
+        drain that did not complete can leave some), as the recipe's recovery does: the
+        database decides each. Then it reads the table and the output.
+        """
+        from txnstream.two_phase import OutcomeTable
+
         assert self.pg is not None
+        config = client.config
         self.pg.start()  # up again if the nemesis's last kill left it down
         with self.pg.connect() as conn:
+            try:
+                done = OutcomeTable(client, OUTCOMES).recover(
+                    conn, only=lambda info: info.owner == PRINCIPAL)
+                left_prepared: Any = {str(t): s.value for t, s in done.items()}
+            except TxnStreamError as exc:  # judged as they are: may show as not atomic
+                left_prepared = f"recovery failed: {exc}"
             rows = conn.execute(f"SELECT input, txn FROM {ROWS}").fetchall()
             left = dict(conn.execute(f"SELECT outcome, count(*) FROM {OUTCOMES} "
                                      "GROUP BY outcome").fetchall())
@@ -144,7 +159,8 @@ class TwoPhase:
         recovered = Counter(ev["status"] for ev in events if ev.get("e") == "recovered")
         notes = {"fed": len(self.delivered), "rows": len(rows), "records": len(records),
                  "events": dict(kinds), "recovered": dict(recovered),
-                 "outcome_rows_left": left, "drain_complete": complete}
+                 "outcome_rows_left": left, "drain_complete": complete,
+                 "recovered_by_harness": left_prepared}
         return found, notes
 
     def close(self) -> None:

