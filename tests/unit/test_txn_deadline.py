@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from txnstream import pipeline as pipeline_module
 from txnstream.coordinator.protocol import TcOp
 from txnstream.errors import InvalidTxnStatusError, TransactionTimeoutError
 from txnstream.pipeline import RequestPipeline
@@ -224,10 +225,16 @@ def test_a_failed_pipelined_registration_aborts_the_commit_with_its_error():
         pipeline.close()
 
 
-def test_a_commit_carries_the_registrations_not_confirmed_and_their_refusal_aborts_it():
+def test_a_commit_carries_the_registrations_not_confirmed_and_their_refusal_aborts_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit sent before a pipelined registration's reply carries it in its END; the
     coordinator applies it with the same checks, so a refusal fails the END (the stub
-    refuses it as the coordinator would) and the txn is aborted, not committed."""
+    refuses it as the coordinator would) and the txn is aborted, not committed.
+
+    The linger is made long: with its 5 ms the commit came after it on a loaded CI
+    machine (stop 50), the registration was confirmed first, and there was none to carry.
+    """
+    monkeypatch.setattr(pipeline_module, "LINGER_S", 30.0)  # the commit comes within it
     tc, clock = StubTc(), Clock()
     pipeline = RequestPipeline()
     try:
