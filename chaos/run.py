@@ -407,7 +407,8 @@ class ChaosRun:
         self.sup.stop(self.sup.names("processor") + self.sup.names("consumer")
                       + self.sup.names("twophase"))
         topics = [IN_TOPIC, OUT_TOPIC, DLQ_TOPIC, RETRY_TOPIC]
-        raw = read_raw(self.config, topics, check=self._marker_check())
+        markers = self._marker_check()
+        raw = read_raw(self.config, topics, check=markers)
         targets = {tp: rp.last_expected_visible() for tp, rp in raw.items()}
         delivered = read_committed(self.config, topics, targets)
         truth = load_truth(self.truth_dir)
@@ -419,7 +420,7 @@ class ChaosRun:
         if self.twophase.enabled:
             assert self.client is not None
             found, self.summary["twophase"] = self.twophase.check(
-                self.client, self._marker_check(), self.truth_dir / "twophase",
+                self.client, markers, self.truth_dir / "twophase",
                 bool(drain.get("open_txns") == 0 and drain.get("twophase_lag") == 0))
             for kind, detail, sub in found:
                 an.add(kind, detail, sub=sub)
