@@ -630,12 +630,86 @@ static PyTypeObject ScanType = {
     .tp_methods = Scan_methods,
 };
 
+/* Kafka's murmur2 (Java's Utils.murmur2, as txnstream/kafka/partitioning.py transcribes it). */
+static uint32_t murmur2(const unsigned char *data, size_t len) {
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)len;
+    size_t words = len & ~(size_t)3;
+    for (size_t i = 0; i < words; i += 4) {
+        uint32_t k = (uint32_t)data[i] | (uint32_t)data[i + 1] << 8 |
+                     (uint32_t)data[i + 2] << 16 | (uint32_t)data[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (len & 3) {
+    case 3:
+        h ^= (uint32_t)data[words + 2] << 16; /* fall through */
+    case 2:
+        h ^= (uint32_t)data[words + 1] << 8; /* fall through */
+    case 1:
+        h ^= (uint32_t)data[words];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+/* murmur2_partitions(keys, n) -> list: each key's partition of n, -1 for None. */
+static PyObject *murmur2_partitions(PyObject *self, PyObject *args) {
+    PyObject *keys;
+    long n;
+    if (!PyArg_ParseTuple(args, "Ol", &keys, &n))
+        return NULL;
+    if (n < 1 || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "murmur2_partitions: %ld partitions", n);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(keys, "murmur2_partitions: keys must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        long part = -1;
+        if (items[i] != Py_None) {
+            Py_buffer view;
+            if (PyObject_GetBuffer(items[i], &view, PyBUF_SIMPLE) < 0) {
+                PyErr_Format(PyExc_TypeError, "key %zd is %s: expected bytes or None", i,
+                             Py_TYPE(items[i])->tp_name);
+                goto fail;
+            }
+            part = (long)((murmur2(view.buf, (size_t)view.len) & 0x7fffffffu) % (uint32_t)n);
+            PyBuffer_Release(&view);
+        }
+        PyObject *p = PyLong_FromLong(part);
+        if (p == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, p);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS,
      "load(path, consumer_type) -> version: open librdkafka at path, for consumers of the type"},
     {"coalesce", coalesce, METH_O,
      "coalesce(records) -> entries: the scan's rules on (topic, partition, offset, headers, "
      "value, timestamp) records"},
+    {"murmur2_partitions", murmur2_partitions, METH_VARARGS,
+     "murmur2_partitions(keys, n) -> list: Kafka's default partition of each key (-1: None)"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "txnstream._native",

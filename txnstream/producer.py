@@ -36,7 +36,7 @@ from txnstream.config import check_txn_producer
 from txnstream.delayed import delay_header
 from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.kafka.clients import close_producer
-from txnstream.kafka.partitioning import murmur2_partition
+from txnstream.kafka.partitioning import murmur2_partition, murmur2_partitions
 from txnstream.markers import RESERVED_HEADERS
 from txnstream.membership import txn_headers
 from txnstream.types import TopicPartition
@@ -179,7 +179,7 @@ class Producer:
                 raise self._no_partition(partition)
             return partition
         if key is not None:
-            return murmur2_partition(key, self.num_partitions)
+            return murmur2_partitions((key,), self.num_partitions)[0]
         return next(self._rr) % self.num_partitions
 
     def partitions_for(self, keys: Sequence[bytes | None]) -> list[int]:
@@ -189,7 +189,10 @@ class Producer:
         in turn.
         """
         n, rr = self.num_partitions, self._rr
-        return [next(rr) % n if k is None else murmur2_partition(k, n) for k in keys]
+        parts = murmur2_partitions(keys, n)
+        if -1 in parts:  # keyless: each the next in turn
+            parts = [next(rr) % n if p < 0 else p for p in parts]
+        return parts
 
     def _no_partition(self, partition: int) -> ConfigError:
         return ConfigError(f"partition {partition} does not exist: {self.topic} has "

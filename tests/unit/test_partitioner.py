@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from txnstream.kafka import partitioning
 from txnstream.kafka.partitioning import murmur2 as _murmur2
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream_spark.partitioner import murmur2_hashes, partitions_for
@@ -103,3 +108,56 @@ def test_string_keys_hash_as_their_utf8_bytes():
 
 def test_no_keys_is_round_robin_from_the_given_position():
     assert partitions_for(None, 5, 3, 4) == ([1, 2, 0, 1, 2], 9)
+
+
+native_partitions = partitioning._native_partitions()
+
+
+def test_the_native_batch_partitioner_is_built():
+    """Built wherever the package installed with a compiler; the Python one otherwise."""
+    if os.environ.get("TXNSTREAM_NATIVE") == "0":
+        assert native_partitions is None
+        return
+    assert native_partitions is not None
+    assert partitioning.murmur2_partitions is native_partitions
+
+
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=60),
+       st.integers(1, 2**31 - 1))
+@settings(max_examples=500, deadline=None)
+def test_native_batch_partitions_equal_python_and_java(keys, num_partitions):
+    """The C loop gives every key Java's partition (-1: None), as the Python one does."""
+    expected = partitioning._python_partitions(keys, num_partitions)
+    assert expected == [-1 if k is None else (_java_murmur2(k) & 0x7FFFFFFF) % num_partitions
+                        for k in keys]
+    if native_partitions is not None:
+        assert native_partitions(keys, num_partitions) == expected
+        assert native_partitions(tuple(keys), num_partitions) == expected
+
+
+def test_the_known_vectors_through_the_batch_partitioner():
+    keys = list(JAVA) + list(MORE)
+    want = [(JAVA.get(k, 0) & 0xFFFFFFFF if k in JAVA else MORE[k]) & 0x7FFFFFFF for k in keys]
+    for n in (1, 7, 2**31 - 1):
+        assert partitioning.murmur2_partitions(keys, n) == [w % n for w in want]
+
+
+@pytest.mark.parametrize("keys, n, error", [
+    ([b"a", "b"], 3, TypeError), ([b"a", 5], 3, TypeError), ([b"a"], 0, ValueError)])
+def test_the_native_batch_partitioner_names_what_it_refuses(keys, n, error):
+    if native_partitions is None:
+        pytest.skip("the native partitioner is not built (TXNSTREAM_NATIVE=0)")
+    with pytest.raises(error, match="key 1|partitions"):
+        native_partitions(keys, n)
+
+
+def test_a_producer_keeps_keyless_records_in_turn_among_keyed_ones():
+    """partitions_for: keys by murmur2, None by the next in turn, in the keys' order."""
+    from types import SimpleNamespace
+
+    from txnstream.producer import Producer
+
+    fake = SimpleNamespace(num_partitions=5, _rr=itertools.count(3))
+    keys = [None, b"abc", None, b"21", None]
+    got = Producer.partitions_for(fake, keys)  # type: ignore[arg-type]
+    assert got == [3, murmur2_partition(b"abc", 5), 4, murmur2_partition(b"21", 5), 0]
