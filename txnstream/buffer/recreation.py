@@ -36,15 +36,19 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
-from txnstream.buffer.publisher import ServedPartition
 from txnstream.buffer.snapshot import TransactionBufferSnapshot, restore
 from txnstream.buffer.transaction_buffer import TransactionBuffer
 from txnstream.types import TopicPartition
+
+if TYPE_CHECKING:  # readers (the Spark source's planner) use TopicIds without the owner's
+    # publisher, whose metrics import prometheus_client
+    from txnstream.buffer.publisher import ServedPartition
 
 __all__ = ["LogIdentity", "LogRestarts", "Restart", "TopicIds", "CONFIRM_CHECKS",
            "RECREATION_CHECK_S", "fresh_state"]
