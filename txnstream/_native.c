@@ -33,6 +33,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
@@ -702,12 +703,168 @@ fail:
     return NULL;
 }
 
+/* ---- the consumer's per-record helpers (txnstream/message.py) ---- */
+
+/* split_headers(headers) -> (txn.id value or None, has txn.marker, user headers, delay):
+ * txnstream.message._split_headers' rule, in C. */
+static PyObject *split_headers(PyObject *self, PyObject *headers) {
+    PyObject *txn_raw = Py_None, *delay = Py_None, *user = PyList_New(0), *out = NULL;
+    int marker = 0;
+    if (user == NULL)
+        return NULL;
+    Py_INCREF(txn_raw);
+    Py_INCREF(delay);
+    if (headers != Py_None) {
+        PyObject *seq = PySequence_Fast(headers, "headers must be a sequence of (name, value)");
+        if (seq == NULL)
+            goto done;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        PyObject **items = PySequence_Fast_ITEMS(seq);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *item = items[i], *k, *v;
+            if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 2) {
+                Py_INCREF(item);
+            } else {
+                PyObject *pair = PySequence_Tuple(item);
+                if (pair == NULL) {
+                    Py_DECREF(seq);
+                    goto done;
+                }
+                if (PyTuple_GET_SIZE(pair) != 2) {
+                    PyErr_Format(PyExc_ValueError, "header %zd has %zd items, not (name, value)",
+                                 i, PyTuple_GET_SIZE(pair));
+                    Py_DECREF(pair);
+                    Py_DECREF(seq);
+                    goto done;
+                }
+                item = pair;
+            }
+            k = PyTuple_GET_ITEM(item, 0);
+            v = PyTuple_GET_ITEM(item, 1);
+            int named = PyUnicode_Check(k);
+            if (named && PyUnicode_CompareWithASCIIString(k, "txn.id") == 0) {
+                Py_INCREF(v);
+                Py_SETREF(txn_raw, v);
+            } else if (named && PyUnicode_CompareWithASCIIString(k, "txn.marker") == 0) {
+                marker = 1;
+            } else if (named && PyUnicode_CompareWithASCIIString(k, "txn.tag") == 0) {
+                ;
+            } else if (named && (PyUnicode_CompareWithASCIIString(k, "txn.deliver.at") == 0 ||
+                                 PyUnicode_CompareWithASCIIString(k, "txn.deliver.after") == 0)) {
+                Py_INCREF(item);
+                Py_SETREF(delay, item);
+            } else if (PyList_Append(user, item) < 0) {
+                Py_DECREF(item);
+                Py_DECREF(seq);
+                goto done;
+            }
+            Py_DECREF(item);
+        }
+        Py_DECREF(seq);
+    }
+    out = PyTuple_Pack(4, txn_raw, marker ? Py_True : Py_False, user, delay);
+done:
+    Py_DECREF(txn_raw);
+    Py_DECREF(delay);
+    Py_DECREF(user);
+    return out;
+}
+
+/* Maker(cls, names): a callable that makes an instance of a class with __slots__ (a
+ * frozen slotted dataclass: txnstream.message.Message) from one positional value per
+ * name, stored in its slots directly: the dataclass's __init__ sets each field through
+ * object.__setattr__ (3 µs for Message's nine). */
+#define MAX_SLOTS 16
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyTypeObject *cls;
+    Py_ssize_t n;
+    Py_ssize_t offsets[MAX_SLOTS];
+} Maker;
+
+static PyObject *Maker_call(PyObject *self, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames) {
+    Maker *mk = (Maker *)self;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if ((kwnames != NULL && PyTuple_GET_SIZE(kwnames)) || n != mk->n) {
+        PyErr_Format(PyExc_TypeError, "%s maker takes %zd positional arguments, %zd given",
+                     mk->cls->tp_name, mk->n, n);
+        return NULL;
+    }
+    PyObject *obj = mk->cls->tp_alloc(mk->cls, 0);
+    if (obj == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(args[i]);
+        *(PyObject **)((char *)obj + mk->offsets[i]) = args[i];
+    }
+    return obj;
+}
+
+static PyObject *Maker_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *cls, *names;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &cls, &PyTuple_Type, &names))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    PyTypeObject *t = (PyTypeObject *)cls;
+    if (n > MAX_SLOTS || t->tp_itemsize != 0 || t->tp_alloc == NULL) {
+        PyErr_Format(PyExc_TypeError, "Maker: %s cannot be made here", t->tp_name);
+        return NULL;
+    }
+    Maker *mk = (Maker *)type->tp_alloc(type, 0);
+    if (mk == NULL)
+        return NULL;
+    mk->vectorcall = Maker_call;
+    mk->n = n;
+    Py_INCREF(cls);
+    mk->cls = t;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttr(cls, PyTuple_GET_ITEM(names, i));
+        if (d == NULL) {
+            Py_DECREF(mk);
+            return NULL;
+        }
+        int ok = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                 ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
+                 PyType_IsSubtype(t, PyDescr_TYPE(d));
+        if (ok)
+            mk->offsets[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "Maker: %R of %s is not a slot",
+                         PyTuple_GET_ITEM(names, i), t->tp_name);
+            Py_DECREF(mk);
+            return NULL;
+        }
+    }
+    return (PyObject *)mk;
+}
+
+static void Maker_dealloc(Maker *mk) {
+    Py_XDECREF(mk->cls);
+    Py_TYPE(mk)->tp_free((PyObject *)mk);
+}
+
+static PyTypeObject MakerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "txnstream._native.Maker",
+    .tp_basicsize = sizeof(Maker),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Maker(cls, names): makes cls instances from one value per slot name.",
+    .tp_new = Maker_new,
+    .tp_dealloc = (destructor)Maker_dealloc,
+    .tp_vectorcall_offset = offsetof(Maker, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS,
      "load(path, consumer_type) -> version: open librdkafka at path, for consumers of the type"},
     {"coalesce", coalesce, METH_O,
      "coalesce(records) -> entries: the scan's rules on (topic, partition, offset, headers, "
      "value, timestamp) records"},
+    {"split_headers", split_headers, METH_O,
+     "split_headers(headers) -> (txn_raw, marker, user, delay): txnstream.message's rule"},
     {"murmur2_partitions", murmur2_partitions, METH_VARARGS,
      "murmur2_partitions(keys, n) -> list: Kafka's default partition of each key (-1: None)"},
     {NULL}};
@@ -717,12 +874,13 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "txnstream._native",
                                     -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&ScanType) < 0)
+    if (PyType_Ready(&ScanType) < 0 || PyType_Ready(&MakerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Scan", (PyObject *)&ScanType) < 0) {
+    if (PyModule_AddObjectRef(m, "Scan", (PyObject *)&ScanType) < 0 ||
+        PyModule_AddObjectRef(m, "Maker", (PyObject *)&MakerType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -19,7 +19,7 @@ from txnstream.buffer.unregistered import Judgement, UnregisteredRecords
 from txnstream.delayed import MAX_HELD, MAX_HELD_BYTES, after_ms, commit_ms, due_ms
 from txnstream.delivery import PartitionDelivery, ReadyQueue, Verdict, verdict
 from txnstream.errors import message_error
-from txnstream.message import Delay, Message, split_headers
+from txnstream.message import Delay, Message, make_message, split_headers
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
@@ -91,8 +91,8 @@ class Ingest:
             if r.status is ServeStatus.PLAIN:
                 if txn_raw is None and not marker:
                     r.deliver_pos = off + 1
-                    msg = Message(topic, part, off, m.key(), m.value(), tuple(user),
-                                  m.timestamp()[1], None)
+                    msg = make_message(topic, part, off, m.key(), m.value(), tuple(user),
+                                       m.timestamp()[1], None, 0)
                     if delay is not None and self._delayed(r, msg, delay, None):
                         continue
                     if (given := r.offer(msg)) is not None:
@@ -133,8 +133,8 @@ class Ingest:
                     if len(ids) >= TXN_ID_CACHE:
                         ids.clear()
                     ids[txn_raw] = txn_id
-            msg = Message(topic, part, off, m.key(), m.value(), tuple(user), m.timestamp()[1],
-                          txn_id)
+            msg = make_message(topic, part, off, m.key(), m.value(), tuple(user),
+                               m.timestamp()[1], txn_id, 0)
             if delay is not None and self._delayed(r, msg, delay, txn_raw, view):
                 continue
             if quiet and (r.handle is None or off >= r.handle.cursor):

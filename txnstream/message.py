@@ -10,14 +10,15 @@ reserved headers out, the user's headers kept in their order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 
+from txnstream.native import native
 from txnstream.types import TopicPartition, TxnID
 
 __all__ = ["DELIVER_AFTER_HEADER", "DELIVER_AT_HEADER", "Headers", "Message",
            "RESERVED_HEADERS", "TXN_ID_HEADER", "TXN_MAC_HEADER", "TXN_MARKER_HEADER",
-           "TXN_TAG_HEADER", "split_headers"]
+           "TXN_TAG_HEADER", "make_message", "split_headers"]
 
 TXN_ID_HEADER = "txn.id"
 TXN_MARKER_HEADER = "txn.marker"
@@ -40,13 +41,16 @@ Delay = tuple[str, bytes | None] | None
 """A record's delayed-delivery header as sent (its name and raw value), if it has one."""
 
 
-def split_headers(headers: Headers
-                  ) -> tuple[bytes | None, bool, list[tuple[str, bytes]], Delay]:
+SplitHeaders = tuple[bytes | None, bool, list[tuple[str, bytes]], Delay]
+
+
+def _split_headers(headers: Headers) -> SplitHeaders:
     """``(txn.id value or None, has a txn.marker header, the user's headers, delay)``.
 
     The values are not parsed here: a reader that needs the TxnID parses (and caches)
     it, and the buffer's fold has already hidden a record whose ``txn.id`` is garbage;
-    a delay header is read by :func:`txnstream.delayed.due_ms`.
+    a delay header is read by :func:`txnstream.delayed.due_ms`. (:func:`split_headers`
+    is this rule in C where ``txnstream._native`` is built.)
     """
     txn_raw: bytes | None = None
     marker = False
@@ -89,3 +93,26 @@ class Message:
     def tp(self) -> TopicPartition:
         """Where it came from."""
         return TopicPartition(self.topic, self.partition)
+
+
+split_headers: Callable[[Headers], SplitHeaders] = getattr(
+    native(), "split_headers", _split_headers)
+"""The header rule (:func:`_split_headers`), in C where ``txnstream._native`` is built:
+every record a consumer reads passes through it."""
+
+MessageMaker = Callable[[str, int, int, bytes | None, bytes | None,
+                         tuple[tuple[str, bytes], ...], int, TxnID | None, int], Message]
+
+
+def _message_maker() -> MessageMaker:
+    maker = getattr(native(), "Maker", None)
+    if maker is None:
+        return Message
+    return maker(Message, tuple(f.name for f in fields(Message)))  # type: ignore[no-any-return]
+
+
+make_message: MessageMaker = _message_maker()
+"""``Message(...)`` from every field, positionally (``redelivery_count`` too): the
+consumer's fetch loop makes one per record. In C where ``txnstream._native`` is built,
+which stores the fields in the slots at once (``Message``'s own ``__init__``, frozen,
+sets each through ``object.__setattr__``: 3 µs for nine); else ``Message`` itself."""

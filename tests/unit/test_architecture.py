@@ -17,7 +17,7 @@ LAYERS: dict[str, int] = {
     "txnstream.types": 0, "txnstream.errors": 0, "txnstream.config": 0,
     "txnstream.validate": 0, "txnstream.codec": 0, "txnstream.ratelog": 0,
     "txnstream.metrics": 0, "txnstream.message": 0, "txnstream.markers": 0,
-    "txnstream.membership": 0, "txnstream.workers_key": 0,
+    "txnstream.membership": 0, "txnstream.workers_key": 0, "txnstream.native": 0,
     # 1. Kafka
     "txnstream.kafka": 1, "txnstream.cluster": 1,
     # 2. pure state

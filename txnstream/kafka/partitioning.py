@@ -7,9 +7,10 @@ is built (``TXNSTREAM_NATIVE=0``: never), else in Python: the same answers
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable, Sequence
+
+from txnstream.native import native
 
 __all__ = ["murmur2", "murmur2_partition", "murmur2_partitions"]
 
@@ -51,13 +52,7 @@ def _python_partitions(keys: Sequence[bytes | None], num_partitions: int) -> lis
 
 
 def _native_partitions() -> Callable[[Sequence[bytes | None], int], list[int]] | None:
-    if os.environ.get("TXNSTREAM_NATIVE", "1") == "0":
-        return None
-    try:
-        from txnstream import _native  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return getattr(_native, "murmur2_partitions", None)
+    return getattr(native(), "murmur2_partitions", None)
 
 
 murmur2_partitions: Callable[[Sequence[bytes | None], int], list[int]] = (
