@@ -30,7 +30,6 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
@@ -40,6 +39,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.buffer.runs import Entry, runs_of
 from txnstream.errors import message_error
 from txnstream.kafka.fetch import KafkaRecord, drain
+from txnstream.kafka.librdkafka import NATIVE_ENV, librdkafka_path, native_allowed
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 
@@ -48,39 +48,21 @@ __all__ = ["DataScan", "native_scan"]
 log = logging.getLogger(__name__)
 _rate_limited = RateLimitedLog(log)
 
-NATIVE_ENV = "TXNSTREAM_NATIVE"
-"""``0``: the native scan is never loaded, and the buffer owner folds through Python;
-anything else (or unset): it reads natively where the scan loads.
-
-It was opt-in until the forward was made again every ``REFORWARD_S``: with it on, a
-recreation test (``test_recreated_topic.py``) saw no record of the new log within 45 s
-after the owner restarted the partition, in 3 of 6 parallel runs of the buffer's
-integration suite (a forward undone by the old assignment's stop, above)."""
+# NATIVE_ENV (txnstream.kafka.librdkafka): ``0`` and the buffer owner folds through Python.
+# It was opt-in until the forward was made again every ``REFORWARD_S``: with it on, a
+# recreation test (``test_recreated_topic.py``) saw no record of the new log within 45 s
+# after the owner restarted the partition, in 3 of 6 parallel runs of the buffer's
+# integration suite (a forward undone by the old assignment's stop, above).
 
 REFORWARD_S = 0.2
 """How often every partition read natively has its fetch queue forwarded again (at most
 this long a partition restarted at once goes unread; a forward costs about a µs)."""
 
 
-def _librdkafka_path() -> str | None:
-    """The file of the librdkafka this process loaded for confluent-kafka (Linux)."""
-    import confluent_kafka.cimpl  # noqa: F401  # maps its librdkafka
-
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-        if Path(path).name.startswith("librdkafka"):
-            return path
-    return None
-
-
 @functools.cache
 def native_scan() -> ModuleType | None:
     """``txnstream._native`` loaded over confluent-kafka's librdkafka, or None (why: logged)."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
+    if not native_allowed():
         return None
     try:
         from txnstream import _native  # type: ignore[attr-defined]
@@ -89,7 +71,7 @@ def native_scan() -> ModuleType | None:
         return None
     import confluent_kafka
 
-    path = _librdkafka_path()
+    path = librdkafka_path()
     if path is None:
         log.info("no librdkafka found mapped: the buffer folds through Python")
         return None

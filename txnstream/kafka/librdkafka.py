@@ -1,0 +1,38 @@
+"""The librdkafka confluent-kafka loaded, for txnstream's C extensions, and the switch.
+
+Both extensions (``txnstream._native``: the buffer owner's scan; ``txnstream._native_send``:
+``Producer.send_batch``'s sends) declare the part of librdkafka's public ABI they use and
+resolve it with ``dlopen`` of the very library confluent-kafka mapped into this process:
+no librdkafka headers or library at build time, and one librdkafka per process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["NATIVE_ENV", "librdkafka_path", "native_allowed"]
+
+NATIVE_ENV = "TXNSTREAM_NATIVE"
+"""``0``: no native code is loaded (the buffer owner folds through Python, ``send_batch``
+sends through confluent-kafka); anything else (or unset): native where it loads."""
+
+
+def native_allowed() -> bool:
+    """False if ``TXNSTREAM_NATIVE=0`` turns the native paths off."""
+    return os.environ.get(NATIVE_ENV, "1") != "0"
+
+
+def librdkafka_path() -> str | None:
+    """The file of the librdkafka this process loaded for confluent-kafka (Linux)."""
+    import confluent_kafka.cimpl  # noqa: F401  # maps its librdkafka
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if Path(path).name.startswith("librdkafka"):
+            return path
+    return None
