@@ -15,7 +15,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 venv: $(STAMP)
 
 # pip's and the build backend's output goes to .venv/install.log, shown if the install fails.
-$(STAMP): pyproject.toml setup.py txnstream/_native.c
+$(STAMP): pyproject.toml setup.py txnstream/_native.c txnstream/_native_send.c
 	@echo "installing txnstream and its dependencies into $(VENV) (log: $(VENV)/install.log)"
 	$(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --upgrade pip > $(VENV)/install.log 2>&1 || \
