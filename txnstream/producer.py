@@ -12,10 +12,14 @@ per transaction, and ``Transaction.commit()`` waits only for its own. A failed s
 its transaction abort-only.
 
 The per-record cost is kept close to a plain ``produce()``: each transaction's sends
-through a producer share one :class:`_TxnSends` (its ``txn.id`` header list, one delivery
+through a producer share one :class:`TxnSends` (its ``txn.id`` header list, one delivery
 callback, the partitions already registered), so a send builds no closure and no header
 list, skips ``register_partitions`` for a known partition, and takes the producer's lock
-once (to count itself); a delivery report only appends to a list.
+once (to count itself); a delivery report only appends to a list. ``send_batch`` goes
+further where the native send loads: the whole batch is handed to a librdkafka handle of
+txnstream's own in one C call, and its delivery reports are counted in C
+(:mod:`txnstream.send_paths`, which also keeps each partition's order between the two
+handles).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -38,7 +41,14 @@ from txnstream.errors import ConfigError, TxnStreamError
 from txnstream.kafka.clients import close_producer
 from txnstream.kafka.partitioning import murmur2_partition, murmur2_partitions
 from txnstream.markers import RESERVED_HEADERS
-from txnstream.membership import txn_headers
+from txnstream.send_paths import (
+    FLUSH_SLICE_S,
+    POLL_EVERY,
+    QUEUE_FULL_TIMEOUT_S,
+    KafkaHeaders,
+    SendPaths,
+    TxnSends,
+)
 from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -47,81 +57,14 @@ if TYPE_CHECKING:
 
 __all__ = ["Producer", "murmur2_partition"]
 
+_TxnSends = TxnSends  # its old name (tests)
+
 Headers = Sequence[tuple[str, bytes | None]] | None
 """A record's own headers; a None value is a header without a value, as Kafka allows."""
-KafkaHeaders = list[tuple[str, str | bytes | None]]
-"""Headers as confluent-kafka's ``produce`` takes them."""
 
 FLUSH_TIMEOUT_S = 30.0
 """How long commit() waits for a txn's sends; longer than librdkafka's delivery timeout
 would be pointless, shorter would abort healthy but slow transactions."""
-
-
-QUEUE_FULL_TIMEOUT_S = 30.0
-"""How long a send waits for room in librdkafka's queue before ``BufferError`` reaches
-the caller; as long as a commit would wait for the same sends."""
-
-POLL_EVERY = 256
-"""Serve delivery callbacks every this many transactional sends: poll() per send cost
-more than the produce itself, and commit() serves the rest while it waits."""
-
-FLUSH_SLICE_S = 0.005
-"""How long one wait of ``flush_transaction`` lasts before it counts the txn's sends again:
-short, since other txns' sends may keep librdkafka's queue from emptying."""
-
-
-class _TxnSends:
-    """One transaction's sends through one producer, and what each of them reuses.
-
-    ``sent`` counts the records handed to librdkafka (changed under the producer's
-    lock); each delivery report appends to ``acks`` (``list.append`` is atomic, so a
-    report takes no lock), and :meth:`outstanding` folds them into ``acked``.
-    """
-
-    __slots__ = ("headers", "registered", "sent", "acked", "acks", "offsets", "delivered",
-                 "_topic", "_txn")
-
-    def __init__(self, topic: str, txn: Transaction) -> None:
-        self._topic, self._txn = topic, txn
-        self.headers: dict[int, KafkaHeaders] = {}
-        """Partition -> the txn's headers there (``txn.id``, ``txn.tag``): made once each."""
-        self.registered: set[int] = set()
-        """Partitions ``txn.register_partitions`` accepted: later sends skip the call."""
-        self.sent = 0
-        self.acked = 0
-        self.acks: list[KafkaError | None] = []
-        self.offsets: dict[int, array[int]] = {}
-        """Partition -> where each landed (txnstream.fate): made with its headers."""
-        ack, offsets = self.acks.append, self.offsets
-
-        def delivered(err: KafkaError | None, msg: Message) -> None:  # once per record
-            ack(err)
-            if err is None:
-                if (off := msg.offset()) is not None:
-                    offsets[msg.partition()].append(off)  # type: ignore[index]
-                else:  # a retried write the broker had taken: no offset given
-                    txn.delivered.unknown(topic, msg.partition())  # type: ignore[arg-type]
-            else:
-                txn.mark_abort_only(TxnStreamError(
-                    f"send to {topic}-{msg.partition()} failed: {err}", txn.id))
-
-        self.delivered = delivered
-
-    def headers_at(self, partition: int) -> KafkaHeaders:
-        """The txn's headers for a record at ``partition`` (made at its first record)."""
-        h = self.headers.get(partition)
-        if h is None:
-            txn = self._txn
-            self.offsets[partition] = txn.delivered.offsets_of(self._topic, partition)
-            h = self.headers[partition] = txn_headers(txn.id, txn.key, self._topic, partition)
-        return h
-
-    def outstanding(self) -> int:
-        """Sends not acknowledged yet (producer lock held); keeps ``acks`` short."""
-        n = len(self.acks)
-        del self.acks[:n]  # reports appended meanwhile stay, after the n deleted
-        self.acked += n
-        return self.sent - self.acked
 
 
 TOPIC_WAIT_S = 5.0
@@ -161,13 +104,16 @@ class Producer:
         self._serve = serve
         """Has the topic served before a delayed plain send (``Client._serve``)."""
         check_txn_producer(kafka, f"given to create_producer({topic!r})")
-        self._kafka = KafkaProducer(config.producer(**kafka))
+        self._settings = config.producer(**kafka)
+        self._kafka = KafkaProducer(self._settings)
         self._closed = False
+        self._lock = threading.Lock()
+        self._paths = SendPaths(self._settings, topic, self._lock)
+        """``send_batch``'s native way to librdkafka, and its order with ``send``."""
         self.num_partitions = _partitions_of(self._kafka, topic, config.admin_timeout_s,
                                              config.bootstrap_servers)
         self._rr = itertools.count()
-        self._lock = threading.Lock()
-        self._outstanding: dict[Transaction, _TxnSends] = {}
+        self._outstanding: dict[Transaction, TxnSends] = {}
         """Per transaction handle (an identity hash: cheaper than a TxnID's); dropped once
         all its sends are acknowledged, by its flush or by the next txn's first send."""
         self._sends = 0
@@ -224,6 +170,8 @@ class Producer:
             delay = delay_header(deliver_after, deliver_at, txn is not None,
                                  int(time.time() * 1000))
             headers = [*(headers or ()), delay]  # type: ignore[list-item]
+        if self._paths.used:
+            self._paths.wait_native()
         if txn is None:
             if delay is not None and self._serve is not None:
                 self._serve(TopicPartition(self.topic, part))
@@ -311,9 +259,25 @@ class Producer:
                 for i, p in enumerate(partitions)]
 
     def _send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
-                    keys: Sequence[bytes | None] | None, sends: _TxnSends, n: int,
+                    keys: Sequence[bytes | None] | None, sends: TxnSends, n: int,
                     delay: tuple[str, bytes] | None = None) -> None:
-        """Hand the ``n`` records, counted on ``sends``, to librdkafka."""
+        """Hand the ``n`` records, counted on ``sends``, to librdkafka.
+
+        Natively where the native send loads (:class:`~txnstream.send_paths.SendPaths`
+        says when, and how the order with :meth:`send` is kept), else through
+        confluent-kafka.
+        """
+        if self._paths.send(self._kafka, values, partitions, keys, sends, n, delay,
+                            partial(self._uncount, sends)):
+            return
+        if self._paths.used:
+            self._paths.wait_native()
+        self._send_python(values, partitions, keys, sends, n, delay)
+
+    def _send_python(self, values: Sequence[bytes | None], partitions: Sequence[int],
+                     keys: Sequence[bytes | None] | None, sends: TxnSends, n: int,
+                     delay: tuple[str, bytes] | None = None) -> None:
+        """The batch through confluent-kafka: a ``produce()`` and a report per record."""
         by_part, headers_at, delivered = sends.headers, sends.headers_at, sends.delivered
         if delay is not None:  # the txn's headers and the delay, made once per partition
             by_part = {p: [*headers_at(p), delay] for p in set(partitions)}
@@ -337,7 +301,7 @@ class Producer:
             self._uncount(sends, n - sent)  # never handed to librdkafka: not outstanding
             raise
 
-    def _count(self, txn: Transaction, n: int) -> _TxnSends:
+    def _count(self, txn: Transaction, n: int) -> TxnSends:
         """Count ``n`` sends of ``txn`` as outstanding (inside ``txn.sending()``)."""
         with self._lock:
             sends = self._outstanding.get(txn)
@@ -348,7 +312,7 @@ class Producer:
                     sends.outstanding()
                 return sends
             self._sweep()
-            sends = self._outstanding[txn] = _TxnSends(self.topic, txn)
+            sends = self._outstanding[txn] = TxnSends(self.topic, txn)
             sends.sent = n
             self._sends += n
         # Inside txn.sending(), so before any end runs the flushers: one per producer and
@@ -356,7 +320,7 @@ class Producer:
         txn.add_flusher(partial(self.flush_transaction, txn), key=self)
         return sends
 
-    def _uncount(self, sends: _TxnSends, n: int) -> None:
+    def _uncount(self, sends: TxnSends, n: int) -> None:
         with self._lock:
             sends.sent -= n
 
@@ -364,7 +328,7 @@ class Producer:
         """Drop the bookkeeping of txns whose sends are all acknowledged (lock held).
 
         So a txn that is never flushed (abandoned, timed out) leaves nothing behind. A
-        later send of such a txn counts itself on a new ``_TxnSends``: counting and
+        later send of such a txn counts itself on a new ``TxnSends``: counting and
         dropping both happen under the lock, so no send is counted on a dropped one.
         """
         for txn in [t for t, sends in self._outstanding.items() if not sends.outstanding()]:
@@ -389,12 +353,14 @@ class Producer:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                left = 0
+                left = native_left = 0
                 for handle, sends in list(self._outstanding.items()):
                     if handle.id == txn_id:
                         n = sends.outstanding()
                         if n:
                             left += n
+                            if sends.tally is not None:
+                                native_left += sends.tally.outstanding
                         else:
                             del self._outstanding[handle]
             if not left:
@@ -402,11 +368,15 @@ class Producer:
             if time.monotonic() > deadline:
                 raise TxnStreamError(f"{left} sends of {txn_id} to {self.topic} not "
                                      f"acknowledged within {timeout_s:.0f}s", txn_id)
-            self._kafka.flush(FLUSH_SLICE_S)
+            native = native_left > 0 and self._paths.flush_slice()
+            if left > native_left or not native:
+                self._kafka.flush(FLUSH_SLICE_S)
 
     def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Wait for every outstanding send."""
-        self._kafka.flush(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        self._paths.flush(timeout_s)
+        self._kafka.flush(max(0.0, deadline - time.monotonic()))
 
     def close(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Flush, then close the Kafka producer; a second call does nothing.
@@ -417,4 +387,6 @@ class Producer:
         if self._closed:
             return
         self._closed = True
-        close_producer(self._kafka, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        self._paths.close(timeout_s)
+        close_producer(self._kafka, max(0.0, deadline - time.monotonic()))
