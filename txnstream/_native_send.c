@@ -114,7 +114,8 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    rd_kafka_t *rk;
+    rd_kafka_t *rk;     /* NULL once close() began: no call starts using it */
+    rd_kafka_t *owned;  /* the handle until close() destroys it (the poll thread's) */
     rd_kafka_topic_t *rkt;
     pthread_t poller;
     int polling;
@@ -239,7 +240,7 @@ static void on_error(rd_kafka_t *h, int err, const char *reason, void *opaque) {
 static void *poll_loop(void *arg) {
     Sender *s = arg;
     while (!atomic_load(&s->closing))
-        rk.poll(s->rk, 100);
+        rk.poll(s->owned, 100);
     return NULL;
 }
 
@@ -338,13 +339,13 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_RuntimeError, "librdkafka made no handle for topic %s", topic);
         return -1;
     }
-    s->rk = h;
+    s->rk = s->owned = h;
     s->rkt = rkt;
     atomic_store(&s->closing, 0);
     if (pthread_create(&s->poller, NULL, poll_loop, s) != 0) {
         rk.topic_destroy(rkt);
         rk.destroy(h);
-        s->rk = NULL;
+        s->rk = s->owned = NULL;
         s->rkt = NULL;
         PyErr_SetString(PyExc_RuntimeError, "cannot start the delivery-report thread");
         return -1;
@@ -681,6 +682,7 @@ static PyObject *Sender_close(Sender *s, PyObject *args) {
     rk.destroy(h);
     Py_END_ALLOW_THREADS
     s->polling = 0;
+    s->owned = NULL;
     return PyLong_FromLong(left);
 }
 

@@ -117,6 +117,33 @@ def test_a_value_that_is_not_bytes_hands_nothing(sender):
     assert tally.outstanding == 0 and sender.pending() == 0
 
 
+@needs_native
+def test_tallies_dropped_or_closed_with_records_in_flight_leave_nothing_behind(sender):
+    import threading
+
+    dropped = sender.tally()
+    assert sender.produce(dropped, [b"a", b"b"], None, [0, 0], HEADERS, 0) == (2, 0)
+    del dropped  # its counts live on until its records are reported (then freed in C)
+    kept = sender.tally()
+    done = threading.Event()
+
+    def produce_while_closing() -> None:
+        try:
+            sender.produce(kept, [b"c"] * 10, None, [0] * 10, HEADERS, 0)
+        except RuntimeError:
+            pass  # closed before it began
+        done.set()
+
+    t = threading.Thread(target=produce_while_closing)
+    t.start()
+    sender.close(0)  # waits for a produce() using the handle; destroys it with records
+    t.join(10)
+    assert done.is_set()
+    with pytest.raises(RuntimeError, match="closed"):
+        sender.produce(kept, [b"d"], None, [0], HEADERS, 0)
+    assert sender.pending() == 0
+
+
 class FakeTally:
     """A tally whose reports a test gives, as the C one gathers them."""
 
