@@ -2,9 +2,10 @@
 # in one container: Java 17 for Spark, txnstream[spark] from the project's wheel.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
-# A C compiler for the buffer owner's native scan (txnstream/_native.c, docs/architecture.md
-# "Native code"): the wheel carries it built. The extension is optional to pip, so the
-# last line fails the build if the wheel has none, rather than ship the Python path.
+# A C compiler for the buffer owner's native scan and send_batch's native send
+# (txnstream/_native.c, txnstream/_native_send.c, docs/architecture.md "Native code"): the
+# wheel carries them built. They are optional to pip, so the last line fails the build if
+# the wheel lacks one, rather than ship the Python path.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
@@ -15,8 +16,9 @@ COPY txnstream ./txnstream
 COPY spark ./spark
 RUN pip install --no-cache-dir build==1.2.2.post1 \
     && python -m build --wheel --outdir /dist \
-    && python -c "import glob, sys, zipfile; sys.exit(not any(n.startswith('txnstream/_native') \
-       for n in zipfile.ZipFile(glob.glob('/dist/*.whl')[0]).namelist()))"
+    && python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/dist/*.whl')[0]) \
+       .namelist(); sys.exit(not all(any(n.startswith(f'txnstream/{m}.') for n in names) \
+       for m in ('_native', '_native_send')))"
 
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \
