@@ -120,7 +120,9 @@ typedef struct {
     pthread_t poller;
     int polling;
     atomic_int closing;
-    atomic_int busy; /* produce() and flush() calls using rk without the GIL */
+    atomic_int busy;     /* produce() and flush() calls using rk without the GIL */
+    atomic_int flushing; /* flush() calls running: the poll thread leaves the reports to
+                          * them, so the last report wakes the flush, not the thread */
     pthread_mutex_t mu; /* the tallies and the log lines */
     tally_t tallies;    /* a ring's head: every tally_t of this Sender */
     logline_t logs[MAX_LOGS];
@@ -237,10 +239,18 @@ static void on_error(rd_kafka_t *h, int err, const char *reason, void *opaque) {
     add_log(opaque, 3, "ERROR", reason);
 }
 
+/* Serves the reports while no flush() does. A flush serves them itself: rd_kafka_flush()
+ * returns when its own poll sees the last record reported, and waits out its timeout if
+ * this thread took that report instead (a commit would wait up to a flush slice more). */
 static void *poll_loop(void *arg) {
     Sender *s = arg;
-    while (!atomic_load(&s->closing))
-        rk.poll(s->owned, 100);
+    const struct timespec ms = {0, 1000000};
+    while (!atomic_load(&s->closing)) {
+        if (atomic_load(&s->flushing))
+            nanosleep(&ms, NULL);
+        else
+            rk.poll(s->owned, 10);
+    }
     return NULL;
 }
 
@@ -607,7 +617,9 @@ static PyObject *Sender_flush(Sender *s, PyObject *args) {
         return NULL;
     int left;
     Py_BEGIN_ALLOW_THREADS
+    atomic_fetch_add(&s->flushing, 1);
     rk.flush(h, timeout_ms);
+    atomic_fetch_sub(&s->flushing, 1);
     left = rk.outq_len(h);
     Py_END_ALLOW_THREADS
     sender_done(s);
