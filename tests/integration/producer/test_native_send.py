@@ -180,3 +180,21 @@ def test_a_txn_committed_after_native_sends_is_delivered_committed_only(
     for p in range(PARTITIONS):  # in send order within each partition
         assert [v for q, _, v in sorted(got) if q == p] == \
             [b"c" + v for v, q in zip(values, parts, strict=True) if q == p]
+
+
+@needs_native
+def test_a_batch_larger_than_librdkafkas_queue_waits_for_room_and_all_of_it_lands(
+        config, worker, client):
+    topic = make_topic(config, 2)
+    producer = client.create_producer(topic, **{"queue.buffering.max.messages": 50})
+    assert producer._paths.native(producer._kafka) is not None
+    txn = client.new_transaction(timeout_s=60)
+    values = [f"q{i}".encode() for i in range(1000)]
+    producer.send_batch(values, [i % 2 for i in range(1000)], txn)
+    txn.commit()
+    got = [m.value() for m in sorted(read_all(config, topic),
+                                     key=lambda m: (m.partition(), m.offset()))
+           if not any(n == "txn.marker" for n, _ in m.headers() or [])]
+    assert got == [v for i, v in enumerate(values) if i % 2 == 0] + \
+        [v for i, v in enumerate(values) if i % 2 == 1]
+    producer.close()
