@@ -16,13 +16,15 @@ from types import ModuleType
 __all__ = ["NATIVE_ENV", "native"]
 
 NATIVE_ENV = "TXNSTREAM_NATIVE"
-"""``0``: no native code is used; anything else (or unset): whatever is built is."""
+"""``0``: no native code is used (the buffer owner folds through Python, ``send_batch``
+sends through confluent-kafka, readers split headers and make messages in Python);
+anything else (or unset): whatever is built and loads is used."""
 
 
 @functools.cache
 def native() -> ModuleType | None:
     """``txnstream._native``, or None (not built, or ``TXNSTREAM_NATIVE=0``)."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":
+    if os.environ.get(NATIVE_ENV, "1") == "0":  # read at first use, as native_allowed()
         return None
     try:
         from txnstream import _native  # type: ignore[attr-defined]

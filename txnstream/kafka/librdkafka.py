@@ -11,11 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["NATIVE_ENV", "librdkafka_path", "native_allowed"]
+from txnstream.native import NATIVE_ENV
 
-NATIVE_ENV = "TXNSTREAM_NATIVE"
-"""``0``: no native code is loaded (the buffer owner folds through Python, ``send_batch``
-sends through confluent-kafka); anything else (or unset): native where it loads."""
+__all__ = ["NATIVE_ENV", "librdkafka_path", "native_allowed"]
 
 
 def native_allowed() -> bool:
