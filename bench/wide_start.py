@@ -76,12 +76,19 @@ def one_round(subscribe: Callable[[], Reader], send: Callable[[bytes, int], None
         close()
 
 
+def registered_topic(client: Client, cfg: Config, width: int, stem: str) -> str:
+    """A new ``width``-partition topic whose every partition one committed txn registered
+    (the worker serves them all from the start)."""
+    topic = make_topic(cfg, width, f"{stem}-{uuid.uuid4().hex[:6]}")
+    txn = client.new_transaction()
+    txn.register_partitions([TopicPartition(topic, p) for p in range(width)])
+    txn.commit()
+    return topic
+
+
 def txnstream_rounds(cfg: Config, width: int, rounds: int) -> list[tuple[float, float]]:
-    topic = make_topic(cfg, width, f"wide{width}-{uuid.uuid4().hex[:6]}")
     with Client(config=cfg) as client:
-        txn = client.new_transaction()
-        txn.register_partitions([TopicPartition(topic, p) for p in range(width)])
-        txn.commit()
+        topic = registered_topic(client, cfg, width, f"wide{width}")
         producer = client.create_producer(topic)
 
         def send(value: bytes, partition: int) -> None:

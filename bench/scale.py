@@ -1,0 +1,475 @@
+"""Issue 37: what a topic's width costs, txnstream beside plain Kafka, 4 to 1,024 partitions.
+
+``python -m bench.scale --partitions 4 64 256 1024 [--rounds 2] [--out FILE]``
+(``TXNSTREAM_BOOTSTRAP=host:port`` for an existing broker; else one local broker, KRaft,
+1 GB heap, is started for the run, and its JVM's CPU is measured too).
+
+Per width, on a fresh config (its own state topics) and, for txnstream, a fresh
+``txnstream worker`` (``bench.common.workers``), so what one width left behind is not
+counted at the next:
+
+1. **Kafka first**, with no worker running, so its broker CPU has nothing of ours in it:
+   the steady load (below) on a plain topic, an idempotent producer and a
+   ``read_committed`` group consumer; then ``bench.wide_start``'s rounds (subscribe at
+   latest, a record every ~50 ms, time to first delivery).
+2. **txnstream** on a topic whose every partition a txn registered first: the steady
+   load, then ``bench.wide_start``'s rounds on a topic of its own.
+
+The steady load: one writer sends a ``RECORDS_PER_TXN`` x 1 KB txn (Kafka: one record,
+flushed) to a random partition at ``TXNS_PER_S``, a consumer subscribed at earliest
+notes when each arrives. After the first delivery and ``WARMUP_S``, a ``window_s``
+window counts the txns sent, their produce-to-delivery latency (from just before the
+send) and the CPU of the worker with its children and of the broker JVM
+(:class:`bench.cpu.CpuMeter`'s samples). Then the writer stops, the consumer stays
+subscribed, and after ``SETTLE_S`` an at-rest window of ``rest_s`` measures the same
+processes' cores; the worker's RSS (its tree) is read at its end. CPU per txn is shown
+gross (the window's CPU / txns) and net (less the at-rest rate over the window: what
+the txns added).
+
+Not part of ``python -m bench``: run it on its own (several minutes per width).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka.admin import AdminClient
+from rich.console import Console
+
+from bench import wide_start
+from bench.__main__ import _md_table, _show
+from bench.buffer import CONSUME_BATCH, VALUE, kafka_batch, receive_batch
+from bench.common import fresh_config, goal_row, machine, make_topic, pct, ratio, workers
+from bench.cpu import CpuMeter, with_children
+from txnstream import Client, Config
+
+console = Console()
+
+TXNS_PER_S = 20
+"""The steady writer's rate: the issue's "a txn every ~50 ms"; a rate, not as fast as it
+can, so every width asks the same work of the worker and the broker."""
+RECORDS_PER_TXN = 1
+WARMUP_S = 3.0
+"""After the first delivery: the consumer's start-up is not in the window."""
+DRAIN_S = 15.0
+"""After the window: how long a txn sent in it may take to be delivered and counted."""
+SETTLE_S = 3.0
+"""After the writer stops: markers and folding done before the at-rest window."""
+POLL_S = 0.1
+WARMUP_WIDTH = 4
+PLOTS = Path("bench/plots")
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def window_latencies(sent: dict[int, float], seen: dict[int, float], lo: int,
+                     hi: int) -> tuple[list[float], int]:
+    """ms from send to delivery of txns ``lo``..``hi - 1``, and how many never came."""
+    lats = [(seen[s] - sent[s]) * 1000 for s in range(lo, hi) if s in seen and s in sent]
+    return lats, (hi - lo) - len(lats)
+
+
+def net_per_txn(cpu_s: float, rest_cores: float, window_s: float, txns: int) -> float:
+    """CPU seconds per txn beyond the at-rest rate: ``(cpu_s - rest_cores * window_s) /
+    txns`` (NaN with no txns)."""
+    return (cpu_s - rest_cores * window_s) / txns if txns else float("nan")
+
+
+# ------------------------------------------------------------------ steady load
+
+
+Send = Callable[[int, int], float]
+"""(txn seq, partition) -> when its first send began (perf_counter)."""
+Receive = Callable[[], list[bytes | None]]
+"""The keys (``seq``) of what has arrived."""
+
+
+def _cpu(meter: CpuMeter) -> dict[str, float]:
+    """Worker tree and broker CPU seconds so far (NaN: not measured)."""
+    s = meter.sample()
+    return {g: float("nan") if meter.roots[g] is None else sum(s[g].values())
+            for g in ("worker", "broker")}
+
+
+def _rss_mb(pids: list[int]) -> float:
+    total = 0
+    for pid in with_children(pids):
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
+def steady(send: Send, receive: Receive, width: int, meter: CpuMeter, window_s: float,
+           rest_s: float) -> dict:
+    """The steady load, then rest with the consumer still polling; one result row's
+    figures (see the module docstring)."""
+    sent: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    stop_w, stop_r = threading.Event(), threading.Event()
+    behind = [0.0]
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        rng, seq, next_at = random.Random(11), 0, time.monotonic()
+        try:
+            while not stop_w.is_set():
+                sent[seq] = send(seq, rng.randrange(width))
+                seq += 1
+                next_at += 1.0 / TXNS_PER_S
+                lag = next_at - time.monotonic()
+                if lag > 0:
+                    stop_w.wait(lag)
+                else:
+                    behind[0] = max(behind[0], -lag)
+        except BaseException as e:  # reported in the row
+            errors.append(e)
+
+    def read() -> None:
+        try:
+            while not stop_r.is_set():
+                keys = receive()
+                now = time.perf_counter()
+                for k in keys:
+                    seen.setdefault(int(k or b"-1"), now)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=read, daemon=True, name="scale-reader"),
+               threading.Thread(target=write, daemon=True, name="scale-writer")]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + wide_start.FIRST_TIMEOUT_S
+        while not seen and time.monotonic() < deadline and not errors:
+            time.sleep(0.1)
+        if not seen:
+            raise RuntimeError(f"nothing delivered in {wide_start.FIRST_TIMEOUT_S:.0f}s "
+                               f"({errors!r})")
+        time.sleep(WARMUP_S)
+        lo, c0, t0 = len(sent), _cpu(meter), time.monotonic()
+        time.sleep(window_s)
+        hi, c1, t1 = len(sent), _cpu(meter), time.monotonic()
+        stop_w.set()
+        threads[1].join(30)
+        deadline = time.monotonic() + DRAIN_S
+        while any(s not in seen for s in range(lo, hi)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lats, missing = window_latencies(sent, seen, lo, hi)
+        time.sleep(SETTLE_S)
+        r0, tr0 = _cpu(meter), time.monotonic()
+        time.sleep(rest_s)
+        r1, tr1 = _cpu(meter), time.monotonic()
+        rss = _rss_mb(meter.roots["worker"] or [])
+    finally:
+        stop_w.set()
+        stop_r.set()
+        for t in threads:
+            t.join(30)
+    txns, win = hi - lo, t1 - t0
+    out = {"txns": txns, "missing": missing, "behind_s": behind[0], "p50": pct(lats, 50),
+           "p99": pct(lats, 99), "rss_mb": rss, "errors": [repr(e) for e in errors]}
+    for g in ("worker", "broker"):
+        rest = (r1[g] - r0[g]) / (tr1 - tr0)
+        out[f"{g}_rest"] = rest
+        out[f"{g}_txn_ms"] = (c1[g] - c0[g]) / txns * 1000 if txns else float("nan")
+        out[f"{g}_net_ms"] = net_per_txn(c1[g] - c0[g], rest, win, txns) * 1000
+    return out
+
+
+def kafka_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
+                 rest_s: float) -> dict:
+    """The anchor: an idempotent producer (one record, flushed) and a ``read_committed``
+    group consumer on a plain topic."""
+    topic = make_topic(cfg, width, f"scale-plain{width}-{uuid.uuid4().hex[:6]}")
+    p = KafkaProducer(cfg.producer(**{"linger.ms": 0}))
+    c = KafkaConsumer(cfg.consumer(f"scale-{uuid.uuid4().hex[:6]}", **{
+        "isolation.level": "read_committed", "auto.offset.reset": "earliest"}))
+    c.subscribe([topic])
+
+    def send(seq: int, partition: int) -> float:
+        t0 = time.perf_counter()
+        p.produce(topic, VALUE, key=str(seq).encode(), partition=partition)
+        p.flush(10)
+        return t0
+
+    try:
+        return steady(send, lambda: [m.key() for m in kafka_batch(c, CONSUME_BATCH, POLL_S)
+                                     if m.error() is None], width, meter, window_s, rest_s)
+    finally:
+        c.close()
+
+
+def txnstream_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
+                     rest_s: float) -> dict:
+    """txnstream: ``RECORDS_PER_TXN``-record txns, a subscription at earliest."""
+    with Client(config=cfg) as client:
+        topic = wide_start.registered_topic(client, cfg, width, f"scale{width}")
+        producer = client.create_producer(topic)
+        c = client.subscribe(topic, subscription=f"scale-{uuid.uuid4().hex[:6]}",
+                             initial_position="earliest")
+
+        def send(seq: int, partition: int) -> float:
+            with client.transaction() as txn:
+                t0 = time.perf_counter()
+                for _ in range(RECORDS_PER_TXN):
+                    producer.send(VALUE, key=str(seq).encode(), partition=partition, txn=txn)
+            return t0
+
+        try:
+            return steady(send, lambda: [m.key for m in receive_batch(c, CONSUME_BATCH,
+                                                                      POLL_S)],
+                          width, meter, window_s, rest_s)
+        finally:
+            c.close()
+
+
+# ------------------------------------------------------------------ one width
+
+
+def _delete_new_topics(cfg: Config, before: set[str]) -> None:
+    """Delete the topics made since ``before`` (data and state alike), best effort."""
+    admin = AdminClient(cfg.admin())
+    new = [t for t in admin.list_topics(timeout=10).topics if t not in before]
+    if new:
+        for f in admin.delete_topics(new, operation_timeout=60).values():
+            try:
+                f.result(60)
+            except Exception:  # noqa: BLE001 - best effort: the next width has new names
+                pass
+
+
+def one_width(bootstrap: str, broker: list[int] | None, width: int, rounds: int,
+              window_s: float, rest_s: float) -> list[dict]:
+    """The two rows of one width: Kafka's, then txnstream's."""
+    cfg = fresh_config(bootstrap)
+    before = set(AdminClient(cfg.admin()).list_topics(timeout=10).topics)
+    rows = []
+    try:
+        with console.status(f"{width} partitions: Kafka ..."):
+            k = kafka_steady(cfg, width, CpuMeter([], broker), window_s, rest_s)
+            k["rounds"] = wide_start.kafka_rounds(cfg, width, rounds)
+        k["rss_mb"] = float("nan")
+        rows.append(_row(width, "Kafka read_committed", k))
+        with workers(cfg, 1) as pids, console.status(f"{width} partitions: txnstream ..."):
+            meter = CpuMeter(pids, broker)
+            t = txnstream_steady(cfg, width, meter, window_s, rest_s)
+            t["rounds"] = wide_start.txnstream_rounds(cfg, width, rounds)
+            t["rss_end_mb"] = _rss_mb(pids)
+        rows.append(_row(width, "txnstream", t))
+    finally:
+        _delete_new_topics(cfg, before)
+        time.sleep(SETTLE_S)  # the broker's deletions are not the next width's at-rest
+    for r in rows:
+        console.print({k: v for k, v in r.items() if k != "_m"})
+    return rows
+
+
+def _row(width: int, system: str, m: dict) -> dict:
+    rs = m["rounds"]
+    notes = []
+    if m["missing"]:
+        notes.append(f"{m['missing']} of {m['txns']} never delivered")
+    if m["behind_s"] > 1:
+        notes.append(f"writer fell {m['behind_s']:.1f} s behind")
+    if m["errors"]:
+        notes.append("errors: " + "; ".join(m["errors"])[:200])
+    if "rss_end_mb" in m:
+        notes.append(f"RSS after the rounds {m['rss_end_mb']:.0f} MB")
+
+    def f(v: float, fmt: str) -> str:
+        return "n/m" if v != v else format(v, fmt)
+
+    return {
+        "partitions": width, "system": system,
+        "first written s": f"{statistics.median(w for w, _ in rs):.2f}",
+        "first delivered s": f"{statistics.median(d for _, d in rs):.2f}",
+        "rounds (written/delivered)": ", ".join(f"{w:.2f}/{d:.2f}" for w, d in rs),
+        "p50 ms": f(m["p50"], ".0f"), "p99 ms": f(m["p99"], ".0f"), "txns": m["txns"],
+        "worker ms/txn (net)": f"{f(m['worker_txn_ms'], '.2f')} ({f(m['worker_net_ms'], '.2f')})"
+        if system == "txnstream" else "",
+        "broker ms/txn (net)": f"{f(m['broker_txn_ms'], '.2f')} ({f(m['broker_net_ms'], '.2f')})",
+        "rest worker cores": f(m["worker_rest"], ".3f") if system == "txnstream" else "",
+        "rest broker cores": f(m["broker_rest"], ".3f"),
+        "rest worker mcores/partition": f(m["worker_rest"] / width * 1000, ".3f")
+        if system == "txnstream" else "",
+        "rest broker mcores/partition": f(m["broker_rest"] / width * 1000, ".3f"),
+        "worker RSS MB": f(m["rss_mb"], ".0f"), "notes": "; ".join(notes),
+        "_m": m,
+    }
+
+
+# ------------------------------------------------------------------ goals, plots
+
+
+def goals(rows: list[dict]) -> list[dict]:
+    """Issue 37's Show items: the widest width against the narrowest, same run."""
+    def get(width: int, system: str) -> dict:
+        return next(r["_m"] for r in rows if r["partitions"] == width and r["system"] == system)
+
+    widths = sorted({r["partitions"] for r in rows})
+    lo, hi = widths[0], widths[-1]
+    t_lo, t_hi, k_hi = get(lo, "txnstream"), get(hi, "txnstream"), get(hi, "Kafka read_committed")
+
+    def med(m: dict) -> float:
+        return statistics.median(d for _, d in m["rounds"])
+
+    out = [goal_row(f"first delivery after subscribe, {hi} partitions", f"{med(t_hi):.2f} s",
+                    f"Kafka at {hi}", f"{med(k_hi):.2f} s", ratio(med(t_hi), med(k_hi)),
+                    "<=", 2.0),
+           goal_row(f"produce-to-visible p99, {hi} partitions", f"{t_hi['p99']:.0f} ms",
+                    f"txnstream at {lo}", f"{t_lo['p99']:.0f} ms",
+                    ratio(t_hi["p99"], t_lo["p99"]), "<=", 1.5)]
+    for g in ("worker", "broker"):
+        for kind in ("txn", "net"):
+            a, b = t_hi[f"{g}_{kind}_ms"], t_lo[f"{g}_{kind}_ms"]
+            out.append(goal_row(f"{g} CPU per txn ({'gross' if kind == 'txn' else 'net of rest'})"
+                                f", {hi} partitions", f"{a:.2f} ms", f"txnstream at {lo}",
+                                f"{b:.2f} ms", ratio(a, b), "<=", 1.5))
+    return out
+
+
+PLOT_SPECS = (
+    ("first-delivery", "s from subscribe at latest to first delivery",
+     lambda m: statistics.median(d for _, d in m["rounds"])),
+    ("p99", "produce-to-visible p99, ms", lambda m: m["p99"]),
+    ("p50", "produce-to-visible p50, ms", lambda m: m["p50"]),
+    ("worker-cpu-per-txn", "worker CPU per txn, ms (gross)", lambda m: m["worker_txn_ms"]),
+    ("broker-cpu-per-txn", "broker CPU per txn, ms (gross)", lambda m: m["broker_txn_ms"]),
+    ("rest-per-partition", "at rest, worker + broker millicores per partition",
+     lambda m: (m["worker_rest"] + m["broker_rest"]) / m["_width"] * 1000),
+    ("worker-rss", "worker RSS at rest, MB", lambda m: m["rss_mb"]),
+)
+
+
+def plot(rows: list[dict], folder: Path) -> list[Path]:
+    """One plot per measure against width (log scale), txnstream beside Kafka, into
+    ``folder/scale-*.png``; [] without matplotlib (the ``bench`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in rows:
+        r["_m"]["_width"] = r["partitions"]
+    out = []
+    for name, label, value in PLOT_SPECS:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for system in ("txnstream", "Kafka read_committed"):
+            pts = sorted((r["partitions"], value(r["_m"])) for r in rows if r["system"] == system)
+            pts = [(x, y) for x, y in pts if y == y and not math.isinf(y)]
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=system)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("partitions")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} against width")
+        ax.legend()
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        path = folder / f"scale-{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
+# ------------------------------------------------------------------ main
+
+VISIBILITY = ("partitions", "system", "first written s", "first delivered s",
+              "rounds (written/delivered)", "p50 ms", "p99 ms", "txns", "notes")
+COST = ("partitions", "system", "worker ms/txn (net)", "broker ms/txn (net)",
+        "rest worker cores", "rest broker cores", "rest worker mcores/partition",
+        "rest broker mcores/partition", "worker RSS MB")
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale")
+    ap.add_argument("--partitions", type=int, nargs="+", default=[4, 64, 256, 1024])
+    ap.add_argument("--rounds", type=int, default=2, help="first-delivery rounds per width")
+    ap.add_argument("--window", type=float, default=20.0, help="steady-load window, s")
+    ap.add_argument("--rest", type=float, default=15.0, help="at-rest window, s")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="append the markdown section to this file (default: stdout)")
+    ap.add_argument("--plots", type=Path, default=PLOTS)
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="skip the unreported short run at 4 partitions first")
+    args = ap.parse_args(argv)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    bootstrap = os.environ.get("TXNSTREAM_BOOTSTRAP")
+    cluster = None
+    if not bootstrap:
+        from tests.conftest import _free_port_pair
+        from txnstream.cluster import LocalCluster
+
+        cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="txnstream-scale-")),
+                               port=_free_port_pair(), heap="1g")
+        cluster.up()
+        bootstrap = cluster.bootstrap
+    broker = list(cluster.pids().values()) if cluster is not None else None
+    rows: list[dict] = []
+    try:
+        if args.warmup:  # a fresh JVM's first minute (JIT, first topics) is not width 4's
+            one_width(bootstrap, broker, WARMUP_WIDTH, 1, 5.0, 3.0)
+        for width in args.partitions:
+            t0 = time.monotonic()
+            rows += one_width(bootstrap, broker, width, args.rounds, args.window, args.rest)
+            console.print(f"{width} partitions: {time.monotonic() - t0:.0f} s")
+    finally:
+        if cluster is not None:
+            cluster.down()
+            shutil.rmtree(cluster.state_dir, ignore_errors=True)
+    vis = [{c: r[c] for c in VISIBILITY} for r in rows]
+    cost = [{c: r[c] for c in COST} for r in rows]
+    _show("Visibility: first delivery after subscribe at latest, then produce-to-delivery",
+          vis)
+    _show("Cost: CPU per txn under the steady load, at rest, worker memory", cost)
+    g = goals(rows) if len(args.partitions) > 1 else []
+    _show("Issue 37 goals, widest against narrowest", g)
+    plots = plot(rows, args.plots)
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    md = (f"\n## Scale: 4 to 1,024 partitions (issue 37)\n\n"
+          f"Run: `python -m bench.scale {' '.join(argv)}` at {rev} on "
+          f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average before it {load}.  \n"
+          f"Machine: {machine()}; "
+          f"{'one local broker (KRaft, 1 GB heap)' if cluster else bootstrap}, one worker; "
+          f"steady load {TXNS_PER_S} txn/s of {RECORDS_PER_TXN} x 1 KB for {args.window:g} s, "
+          f"at rest {args.rest:g} s.\n\n### Visibility\n\n{_md_table(vis)}\n"
+          f"### Cost\n\n{_md_table(cost)}\n"
+          + (f"### Goals\n\n{_md_table(g)}\n" if g else "")
+          + ("Plots: " + ", ".join(f"`{p}`" for p in plots) + "\n" if plots
+             else "No plots: matplotlib is not installed (the `bench` extra).\n"))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(md)
+        console.print(f"appended to {args.out}")
+    else:
+        print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,25 @@
+"""bench.scale's pure helpers: the window's latencies and CPU per txn net of rest."""
+
+from __future__ import annotations
+
+import math
+
+from bench.scale import net_per_txn, window_latencies
+
+
+def test_window_latencies_count_only_the_window_and_the_missing() -> None:
+    sent = {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}
+    seen = {0: 0.5, 1: 1.25, 3: 3.1}  # 2 never came
+    lats, missing = window_latencies(sent, seen, 1, 4)
+    assert [round(v) for v in lats] == [250, 100]
+    assert missing == 1
+
+
+def test_window_latencies_empty_window() -> None:
+    assert window_latencies({}, {}, 5, 5) == ([], 0)
+
+
+def test_net_per_txn_takes_the_rest_rate_off() -> None:
+    # 3 CPU s in a 10 s window, 0.1 cores at rest: 2 s for 100 txns
+    assert math.isclose(net_per_txn(3.0, 0.1, 10.0, 100), 0.02)
+    assert math.isnan(net_per_txn(1.0, 0.0, 10.0, 0))
