@@ -74,6 +74,7 @@ SETTLE_S = 3.0
 """After the writer stops: markers and folding done before the at-rest window."""
 POLL_S = 0.1
 WARMUP_WIDTH = 4
+PROFILE_S = 20.0
 PLOTS = Path("bench/plots")
 
 
@@ -120,9 +121,10 @@ def _rss_mb(pids: list[int]) -> float:
 
 
 def steady(send: Send, receive: Receive, width: int, meter: CpuMeter, window_s: float,
-           rest_s: float) -> dict:
+           rest_s: float, after_rest: Callable[[], object] | None = None) -> dict:
     """The steady load, then rest with the consumer still polling; one result row's
-    figures (see the module docstring)."""
+    figures (see the module docstring). ``after_rest`` runs after the at-rest window,
+    the consumer still polling (a profile of rest that does not load the window)."""
     sent: dict[int, float] = {}
     seen: dict[int, float] = {}
     stop_w, stop_r = threading.Event(), threading.Event()
@@ -180,6 +182,8 @@ def steady(send: Send, receive: Receive, width: int, meter: CpuMeter, window_s: 
         time.sleep(rest_s)
         r1, tr1 = _cpu(meter), time.monotonic()
         rss = _rss_mb(meter.roots["worker"] or [])
+        if after_rest is not None:
+            after_rest()
     finally:
         stop_w.set()
         stop_r.set()
@@ -219,9 +223,24 @@ def kafka_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
         c.close()
 
 
+def profile_rest(pid: int, seconds: float, path: Path) -> None:
+    """``py-spy record`` of ``pid`` and its children for ``seconds`` (collapsed stacks,
+    CPU only) into ``path``; skipped, saying so, without py-spy on the PATH."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        console.print("no profile: py-spy is not on the PATH")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([spy, "record", "--pid", str(pid), "--subprocesses", "--duration",
+                    str(int(seconds)), "--rate", "50", "--format", "raw", "--output",
+                    str(path), "--nonblocking"], check=False, capture_output=True,
+                   timeout=seconds + 60)
+
+
 def txnstream_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
-                     rest_s: float) -> dict:
-    """txnstream: ``RECORDS_PER_TXN``-record txns, a subscription at earliest."""
+                     rest_s: float, profile: Path | None = None) -> dict:
+    """txnstream: ``RECORDS_PER_TXN``-record txns, a subscription at earliest; with
+    ``profile``, the worker at rest is profiled into ``profile`` after the window."""
     with Client(config=cfg) as client:
         topic = wide_start.registered_topic(client, cfg, width, f"scale{width}")
         producer = client.create_producer(topic)
@@ -238,7 +257,9 @@ def txnstream_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
         try:
             return steady(send, lambda: [m.key for m in receive_batch(c, CONSUME_BATCH,
                                                                       POLL_S)],
-                          width, meter, window_s, rest_s)
+                          width, meter, window_s, rest_s,
+                          None if profile is None else lambda: profile_rest(
+                              (meter.roots["worker"] or [0])[0], PROFILE_S, profile))
         finally:
             c.close()
 
@@ -250,16 +271,15 @@ def _delete_new_topics(cfg: Config, before: set[str]) -> None:
     """Delete the topics made since ``before`` (data and state alike), best effort."""
     admin = AdminClient(cfg.admin())
     new = [t for t in admin.list_topics(timeout=10).topics if t not in before]
-    if new:
-        for f in admin.delete_topics(new, operation_timeout=60).values():
-            try:
-                f.result(60)
-            except Exception:  # noqa: BLE001 - best effort: the next width has new names
-                pass
+    for f in (admin.delete_topics(new, operation_timeout=60) if new else {}).values():
+        try:
+            f.result(60)
+        except Exception:  # noqa: BLE001 - best effort: the next width has new names
+            pass
 
 
 def one_width(bootstrap: str, broker: list[int] | None, width: int, rounds: int,
-              window_s: float, rest_s: float) -> list[dict]:
+              window_s: float, rest_s: float, profile: Path | None = None) -> list[dict]:
     """The two rows of one width: Kafka's, then txnstream's."""
     cfg = fresh_config(bootstrap)
     before = set(AdminClient(cfg.admin()).list_topics(timeout=10).topics)
@@ -272,7 +292,7 @@ def one_width(bootstrap: str, broker: list[int] | None, width: int, rounds: int,
         rows.append(_row(width, "Kafka read_committed", k))
         with workers(cfg, 1) as pids, console.status(f"{width} partitions: txnstream ..."):
             meter = CpuMeter(pids, broker)
-            t = txnstream_steady(cfg, width, meter, window_s, rest_s)
+            t = txnstream_steady(cfg, width, meter, window_s, rest_s, profile)
             t["rounds"] = wide_start.txnstream_rounds(cfg, width, rounds)
             t["rss_end_mb"] = _rss_mb(pids)
         rows.append(_row(width, "txnstream", t))
@@ -285,8 +305,7 @@ def one_width(bootstrap: str, broker: list[int] | None, width: int, rounds: int,
 
 
 def _row(width: int, system: str, m: dict) -> dict:
-    rs = m["rounds"]
-    notes = []
+    rs, notes = m["rounds"], []
     if m["missing"]:
         notes.append(f"{m['missing']} of {m['txns']} never delivered")
     if m["behind_s"] > 1:
@@ -325,7 +344,6 @@ def goals(rows: list[dict]) -> list[dict]:
     """Issue 37's Show items: the widest width against the narrowest, same run."""
     def get(width: int, system: str) -> dict:
         return next(r["_m"] for r in rows if r["partitions"] == width and r["system"] == system)
-
     widths = sorted({r["partitions"] for r in rows})
     lo, hi = widths[0], widths[-1]
     t_lo, t_hi, k_hi = get(lo, "txnstream"), get(hi, "txnstream"), get(hi, "Kafka read_committed")
@@ -414,6 +432,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="append the markdown section to this file (default: stdout)")
     ap.add_argument("--plots", type=Path, default=PLOTS)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="py-spy the worker at rest at the widest width, collapsed stacks "
+                         "into this folder")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the unreported short run at 4 partitions first")
     args = ap.parse_args(argv)
@@ -435,7 +456,10 @@ def main(argv: list[str]) -> int:
             one_width(bootstrap, broker, WARMUP_WIDTH, 1, 5.0, 3.0)
         for width in args.partitions:
             t0 = time.monotonic()
-            rows += one_width(bootstrap, broker, width, args.rounds, args.window, args.rest)
+            prof = args.profile / f"scale-rest-{width}.txt" if args.profile and \
+                width == max(args.partitions) else None
+            rows += one_width(bootstrap, broker, width, args.rounds, args.window, args.rest,
+                              prof)
             console.print(f"{width} partitions: {time.monotonic() - t0:.0f} s")
     finally:
         if cluster is not None:
