@@ -9,16 +9,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from bench import issue22
-from bench.common import fresh_config, machine
+from bench.common import discard_cluster, fresh_config, local_cluster, machine
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 console = Console()
@@ -102,12 +100,7 @@ def main(argv: list[str]) -> int:
     bootstrap = args.bootstrap
     cluster = None
     if not bootstrap:
-        from tests.conftest import _free_port_pair
-        from txnstream.cluster import LocalCluster
-
-        cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="txnstream-bench-")),
-                               port=_free_port_pair(), heap="1g")
-        cluster.up()
+        cluster = local_cluster()
         bootstrap = cluster.bootstrap
     sections: list[tuple[str, list[dict]]] = []
     goals: list[dict] = []
@@ -227,8 +220,7 @@ def main(argv: list[str]) -> int:
         part("spark", "spark: source and sink ...", spark)
     finally:
         if cluster is not None:
-            cluster.down()
-            shutil.rmtree(cluster.state_dir, ignore_errors=True)  # gigabytes of logs
+            discard_cluster(cluster)
     _show("Issue 13 goals, this run", goals)
     section(ISSUE22, issue22.table(results, failed))
     path = args.out

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from txnstream import Config, TopicNames
 from txnstream.workers_key import generate_key_file
+
+if TYPE_CHECKING:
+    from txnstream.cluster import LocalCluster
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
 WORKERS_KEY = Path(".txnstream/bench/workers.key")
@@ -36,6 +42,24 @@ def machine() -> str:
     cpu = platform.processor() or platform.machine()
     return (f"{os.cpu_count()} cores{mem}, {cpu}, Linux {platform.release()}, "
             f"Python {platform.python_version()}")
+
+
+def local_cluster(prefix: str = "txnstream-bench-") -> LocalCluster:
+    """One local broker (KRaft, 1 GB heap) on free ports, up; :func:`discard_cluster`
+    ends it. For a run given no ``--bootstrap`` / ``TXNSTREAM_BOOTSTRAP``."""
+    from tests.conftest import _free_port_pair
+    from txnstream.cluster import LocalCluster
+
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix=prefix)), port=_free_port_pair(),
+                           heap="1g")
+    cluster.up()
+    return cluster
+
+
+def discard_cluster(cluster: LocalCluster) -> None:
+    """Stop a :func:`local_cluster` and delete its state (gigabytes of logs)."""
+    cluster.down()
+    shutil.rmtree(cluster.state_dir, ignore_errors=True)
 
 
 def pct(values: list[float], q: float) -> float:

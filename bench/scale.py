@@ -40,7 +40,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -56,7 +55,17 @@ from rich.console import Console
 from bench import wide_start
 from bench.__main__ import _md_table, _show
 from bench.buffer import CONSUME_BATCH, VALUE, kafka_batch, receive_batch
-from bench.common import fresh_config, goal_row, machine, make_topic, pct, ratio, workers
+from bench.common import (
+    discard_cluster,
+    fresh_config,
+    goal_row,
+    local_cluster,
+    machine,
+    make_topic,
+    pct,
+    ratio,
+    workers,
+)
 from bench.cpu import CpuMeter, with_children
 from txnstream import Client, Config
 
@@ -80,7 +89,6 @@ PLOTS = Path("bench/plots")
 
 # ------------------------------------------------------------------ pure helpers
 
-
 def window_latencies(sent: dict[int, float], seen: dict[int, float], lo: int,
                      hi: int) -> tuple[list[float], int]:
     """ms from send to delivery of txns ``lo``..``hi - 1``, and how many never came."""
@@ -95,7 +103,6 @@ def net_per_txn(cpu_s: float, rest_cores: float, window_s: float, txns: int) -> 
 
 
 # ------------------------------------------------------------------ steady load
-
 
 Send = Callable[[int, int], float]
 """(txn seq, partition) -> when its first send began (perf_counter)."""
@@ -266,7 +273,6 @@ def txnstream_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
 
 # ------------------------------------------------------------------ one width
 
-
 def _delete_new_topics(cfg: Config, before: set[str]) -> None:
     """Delete the topics made since ``before`` (data and state alike), best effort."""
     admin = AdminClient(cfg.admin())
@@ -338,7 +344,6 @@ def _row(width: int, system: str, m: dict) -> dict:
 
 
 # ------------------------------------------------------------------ goals, plots
-
 
 def goals(rows: list[dict]) -> list[dict]:
     """Issue 37's Show items: the widest width against the narrowest, same run."""
@@ -442,12 +447,7 @@ def main(argv: list[str]) -> int:
     bootstrap = os.environ.get("TXNSTREAM_BOOTSTRAP")
     cluster = None
     if not bootstrap:
-        from tests.conftest import _free_port_pair
-        from txnstream.cluster import LocalCluster
-
-        cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="txnstream-scale-")),
-                               port=_free_port_pair(), heap="1g")
-        cluster.up()
+        cluster = local_cluster("txnstream-scale-")
         bootstrap = cluster.bootstrap
     broker = list(cluster.pids().values()) if cluster is not None else None
     rows: list[dict] = []
@@ -463,8 +463,7 @@ def main(argv: list[str]) -> int:
             console.print(f"{width} partitions: {time.monotonic() - t0:.0f} s")
     finally:
         if cluster is not None:
-            cluster.down()
-            shutil.rmtree(cluster.state_dir, ignore_errors=True)
+            discard_cluster(cluster)
     vis = [{c: r[c] for c in VISIBILITY} for r in rows]
     cost = [{c: r[c] for c in COST} for r in rows]
     _show("Visibility: first delivery after subscribe at latest, then produce-to-delivery",
