@@ -126,6 +126,7 @@ class ExactlyOnceProcessor:
         self.consumer = client.subscribe(inputs, subscription=subscription,
                                          **consumer_options)
         self.producer = client.create_producer(output)
+        self.producer.prepare_batches()  # ready while the consumer joins its group
         self.stats = ProcessorStats()
 
     def _transform(self, batch: list[Message], txn: Transaction) -> int:

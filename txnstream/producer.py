@@ -213,6 +213,16 @@ class Producer:
                     raise
                 self._kafka.poll(0.05)  # let it drain
 
+    def prepare_batches(self) -> None:
+        """Make now what :meth:`send_batch` would make at its first call.
+
+        Where the native send loads, its librdkafka handle is made at the first batch,
+        and that batch's delivery waits for the handle's connections and producer id (half
+        a second of the exactly-once processor's first checkpoint). A producer that will
+        send batches calls this while it does other things (joins a group). Idempotent.
+        """
+        self._paths.native(self._kafka)
+
     def send_batch(self, values: Sequence[bytes | None], partitions: Sequence[int],
                    txn: Transaction, keys: Sequence[bytes | None] | None = None,
                    deliver_after: object = None, deliver_at: object = None) -> None:

@@ -156,7 +156,8 @@ def test_a_txn_committed_after_native_sends_is_delivered_committed_only(
         config, worker, client):
     topic = make_topic(config, PARTITIONS)
     producer = client.create_producer(topic)
-    assert producer._paths.native(producer._kafka) is not None
+    producer.prepare_batches()  # the handle made before the first batch (the processor's)
+    assert producer._paths._native, "prepare_batches made no native handle"
     kept, dropped = client.new_transaction(), client.new_transaction()
     values = [f"r{i}".encode() for i in range(500)]
     parts = [i % PARTITIONS for i in range(500)]
