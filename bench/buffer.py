@@ -33,7 +33,7 @@ from confluent_kafka import Producer as KafkaProducer
 from bench.common import make_topic, pct, workers
 from txnstream import Client, Config
 from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER
-from txnstream.message import Message
+from txnstream.message import Message, make_message
 from txnstream.types import TxnID
 
 VALUE = b"v" * 1024
@@ -143,8 +143,10 @@ def to_message(m: KafkaMessage) -> Message | None:
             return None
         else:
             user.append((k, v))
-    return Message(m.topic(), m.partition(), m.offset(), m.key(), m.value(), tuple(user),
-                   m.timestamp()[1], txn_id)
+    # made as the consumer makes its own (make_message: in C where it is built), so
+    # both sides pay the same for the object handed to the user
+    return make_message(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                        tuple(user), m.timestamp()[1], txn_id, 0)
 
 
 # ------------------------------------------------------------------ consume
