@@ -106,7 +106,7 @@ MessageMaker = Callable[[str, int, int, bytes | None, bytes | None,
 
 def _message_maker() -> MessageMaker:
     maker = getattr(native(), "Maker", None)
-    if maker is None:
+    if maker is None or hasattr(Message, "__post_init__"):  # the maker would skip it
         return Message
     return maker(Message, tuple(f.name for f in fields(Message)))  # type: ignore[no-any-return]
 
