@@ -18,7 +18,9 @@ from txnstream import Client
 pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
-INPUTS = 20_000
+INPUTS = 60_000
+"""Enough that the first kill, made as soon as outputs appear, lands mid-work: at 20,000
+the processors (native sends since stop 51) finished them all before it."""
 
 
 def records_in(config, topic: str) -> int:
