@@ -56,6 +56,20 @@ enum { /* rd_kafka_vtype_t */
     VTYPE_MSGFLAGS, VTYPE_TIMESTAMP, VTYPE_HEADER, VTYPE_HEADERS
 };
 
+/* rd_kafka_metadata()'s answer: only the leading fields read here (rdkafka.h's layout). */
+typedef struct {
+    char *topic;
+    int partition_cnt;
+    void *partitions;
+    rd_kafka_resp_err_t err;
+} rd_kafka_metadata_topic_t;
+typedef struct {
+    int broker_cnt;
+    void *brokers;
+    int topic_cnt;
+    rd_kafka_metadata_topic_t *topics;
+} rd_kafka_metadata_t;
+
 typedef void (*dr_msg_cb_t)(rd_kafka_t *, const rd_kafka_message_t *, void *);
 typedef void (*log_cb_t)(const rd_kafka_t *, int, const char *, const char *);
 typedef void (*error_cb_t)(rd_kafka_t *, int, const char *, void *);
@@ -84,6 +98,9 @@ static struct {
     rd_kafka_resp_err_t (*header_add)(rd_kafka_headers_t *, const char *, ssize_t, const void *,
                                       ssize_t);
     const char *(*err2str)(rd_kafka_resp_err_t);
+    rd_kafka_resp_err_t (*metadata)(rd_kafka_t *, int, rd_kafka_topic_t *,
+                                    const rd_kafka_metadata_t **, int);
+    void (*metadata_destroy)(const rd_kafka_metadata_t *);
 } rk;
 static void *rk_lib = NULL;
 
@@ -298,6 +315,8 @@ static PyObject *load(PyObject *self, PyObject *args) {
     SYM(headers_copy, "rd_kafka_headers_copy");
     SYM(header_add, "rd_kafka_header_add");
     SYM(err2str, "rd_kafka_err2str");
+    SYM(metadata, "rd_kafka_metadata");
+    SYM(metadata_destroy, "rd_kafka_metadata_destroy");
 #undef SYM
     rk_lib = lib;
     return PyLong_FromLong(rk.version());
@@ -626,6 +645,35 @@ static PyObject *Sender_flush(Sender *s, PyObject *args) {
     return PyLong_FromLong(left);
 }
 
+/* partitions(timeout_ms) -> the topic's partition count, asked of the cluster now. The
+ * answer also refreshes the handle's own metadata, so a partition added since it was made
+ * can be produced to (librdkafka refuses a partition its metadata does not have). */
+static PyObject *Sender_partitions(Sender *s, PyObject *args) {
+    int timeout_ms;
+    if (!PyArg_ParseTuple(args, "i", &timeout_ms))
+        return NULL;
+    rd_kafka_t *h = sender_rk(s);
+    if (h == NULL)
+        return NULL;
+    rd_kafka_topic_t *rkt = s->rkt; /* read with the GIL: close() clears it */
+    const rd_kafka_metadata_t *md = NULL;
+    rd_kafka_resp_err_t err;
+    int count = -1;
+    Py_BEGIN_ALLOW_THREADS
+    err = rk.metadata(h, 0, rkt, &md, timeout_ms);
+    if (!err && md != NULL && md->topic_cnt == 1 && !md->topics[0].err)
+        count = md->topics[0].partition_cnt;
+    if (md != NULL)
+        rk.metadata_destroy(md);
+    Py_END_ALLOW_THREADS
+    sender_done(s);
+    if (err) {
+        PyErr_Format(PyExc_RuntimeError, "no metadata for the topic: %s", rk.err2str(err));
+        return NULL;
+    }
+    return PyLong_FromLong(count);
+}
+
 static PyObject *Sender_pending(Sender *s, PyObject *ignored) {
     if (s->rk == NULL)
         return PyLong_FromLong(0);
@@ -725,6 +773,8 @@ static PyMethodDef Sender_methods[] = {
      "produce(tally, values, keys, partitions, headers, start, wait_ms) -> (next, err)"},
     {"flush", (PyCFunction)Sender_flush, METH_VARARGS,
      "flush(timeout_ms) -> records not yet reported"},
+    {"partitions", (PyCFunction)Sender_partitions, METH_VARARGS,
+     "partitions(timeout_ms) -> the topic's partition count now (-1: unknown); refreshes"},
     {"pending", (PyCFunction)Sender_pending, METH_NOARGS,
      "pending() -> records not yet reported (librdkafka's outq_len)"},
     {"logs", (PyCFunction)Sender_logs, METH_NOARGS,

@@ -34,6 +34,7 @@ __all__ = [
     "CoordinatorAuthError",
     "NotAuthorizedError",
     "InvalidRequestError",
+    "UnknownPartitionError",
     "TooManyRequestsError",
     "KafkaErrorKind",
     "classify_kafka_error",
@@ -111,6 +112,16 @@ class InvalidRequestError(TxnStreamError):
     """A coordinator refused a request as malformed (a value out of range, too large).
 
     The message names the field. Resending it cannot succeed.
+    """
+
+
+class UnknownPartitionError(InvalidRequestError):
+    """A coordinator refused to register a partition the cluster's metadata lacks.
+
+    Kafka's ``UNKNOWN_TOPIC_OR_PARTITION``: the topic does not exist or has fewer
+    partitions, as far as the coordinator's last look (at most a second old) saw. A
+    client whose own metadata shows the partition retries for a moment (a partition just
+    added reaches the coordinator's view within a second); otherwise as its parent.
     """
 
 

@@ -72,6 +72,12 @@ TOPIC_WAIT_S = 5.0
 unknown, or without leaders, to the broker answering for a moment)."""
 
 
+def _count(kafka: KafkaProducer, topic: str, timeout_s: float) -> int:
+    """``topic``'s partition count as the cluster says now; 0 if it does not."""
+    tmeta = kafka.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    return len(tmeta.partitions) if tmeta is not None and tmeta.error is None else 0
+
+
 def _partitions_of(kafka: KafkaProducer, topic: str, timeout_s: float, where: str) -> int:
     """``topic``'s partition count, waiting up to :data:`TOPIC_WAIT_S` for its metadata.
 
@@ -80,9 +86,8 @@ def _partitions_of(kafka: KafkaProducer, topic: str, timeout_s: float, where: st
     """
     deadline = time.monotonic() + min(TOPIC_WAIT_S, timeout_s)
     while True:
-        tmeta = kafka.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if tmeta is not None and tmeta.error is None and tmeta.partitions:
-            return len(tmeta.partitions)
+        if n := _count(kafka, topic, timeout_s):
+            return n
         if time.monotonic() >= deadline:
             raise ConfigError(f"topic {topic!r} does not exist on {where}")
         time.sleep(0.1)
@@ -110,6 +115,7 @@ class Producer:
         self._lock = threading.Lock()
         self._paths = SendPaths(self._settings, topic, self._lock)
         """``send_batch``'s native way to librdkafka, and its order with ``send``."""
+        self._timeout_s = config.admin_timeout_s
         self.num_partitions = _partitions_of(self._kafka, topic, config.admin_timeout_s,
                                              config.bootstrap_servers)
         self._rr = itertools.count()
@@ -121,7 +127,7 @@ class Producer:
     def _partition_for(self, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
             partition = validate.partition_index(partition, "partition")
-            if partition >= self.num_partitions:
+            if partition >= self.num_partitions and not self._grown(partition):
                 raise self._no_partition(partition)
             return partition
         if key is not None:
@@ -139,6 +145,28 @@ class Producer:
         if -1 in parts:  # keyless: each the next in turn
             parts = [next(rr) % n if p < 0 else p for p in parts]
         return parts
+
+    def _grown(self, partition: int) -> bool:
+        """Whether ``partition``, beyond the count this producer knew, exists now.
+
+        As Java's producer does for a partition its metadata lacks, asks the cluster
+        again (both librdkafka handles, so each can produce to it) for up to
+        :data:`TOPIC_WAIT_S`: partitions just added reach the broker answering a moment
+        later. :attr:`num_partitions` follows what both handles know.
+        """
+        deadline = time.monotonic() + min(TOPIC_WAIT_S, self._timeout_s)
+        while True:
+            known = _count(self._kafka, self.topic, self._timeout_s)
+            native = self._paths.partitions(self._timeout_s)
+            if native is not None:
+                known = min(known, native)
+            if known > self.num_partitions:
+                self.num_partitions = known
+            if partition < self.num_partitions:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def _no_partition(self, partition: int) -> ConfigError:
         return ConfigError(f"partition {partition} does not exist: {self.topic} has "
@@ -246,7 +274,7 @@ class Producer:
             return
         partitions = self._checked_partitions(partitions)
         used = sorted(set(partitions))
-        if used[-1] >= self.num_partitions:
+        if used[-1] >= self.num_partitions and not self._grown(used[-1]):
             raise self._no_partition(used[-1])
         txn.register_partitions([TopicPartition(self.topic, p) for p in used])
         with txn.sending(n):

@@ -224,6 +224,19 @@ class SendPaths:
                                   "overtake them")
             native.flush(FLUSH_SLICE_S)
 
+    def partitions(self, timeout_s: float) -> int | None:
+        """The topic's partition count as the native handle sees it, its metadata refreshed.
+
+        None without a native handle; -1 if the cluster did not say.
+        """
+        native = self._native
+        if not native:
+            return None
+        try:
+            return native.partitions(timeout_s)
+        except RuntimeError:
+            return -1
+
     def flush_slice(self) -> bool:
         """One short flush of the native handle; False if it has none."""
         native = self._native

@@ -57,11 +57,11 @@ from txnstream.coordinator.protocol import (
 from txnstream.coordinator.request_checks import check_request
 from txnstream.coordinator.txn_table import ABORT_ADMIN, ABORT_CLIENT
 from txnstream.errors import (
-    InvalidRequestError,
     InvalidTxnStatusError,
     NotAuthorizedError,
     TooManyRequestsError,
     TxnStreamError,
+    UnknownPartitionError,
 )
 from txnstream.kafka.topics import PartitionCatalog
 from txnstream.membership import MembershipKey
@@ -264,7 +264,7 @@ class TcRequestHandler:
         if missing:
             named = ", ".join(str(tp) for tp in missing[:MAX_NAMED])
             more = f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
-            raise InvalidRequestError(
+            raise UnknownPartitionError(
                 f"ADD_PARTITIONS request refused: {named}{more} does not exist (no such "
                 "topic, or the topic has fewer partitions); a marker could never be "
                 "written there", TxnID(req.tc_id, req.txn_seq))

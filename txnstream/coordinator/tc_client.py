@@ -36,7 +36,9 @@ from tenacity import (
     RetryError,
     Retrying,
     retry_if_exception,
+    retry_if_exception_type,
     stop_after_delay,
+    wait_fixed,
 )
 
 from txnstream.config import Config
@@ -61,6 +63,7 @@ from txnstream.errors import (
     NotCoordinatorError,
     RequestTimeoutError,
     TxnStreamError,
+    UnknownPartitionError,
     WorkerIdentityError,
 )
 from txnstream.markers import MarkerSigner
@@ -83,6 +86,12 @@ RESEND_BACKOFF_FIRST_S = 0.05
 yet replaced in the directory)."""
 RESEND_BACKOFF_MAX_S = 1.0
 """Cap of that doubling wait, well inside the default 30 s request deadline."""
+UNKNOWN_PARTITION_WAIT_S = 3.0
+"""How long a request the coordinator refused as naming a partition it does not see
+(``UnknownPartitionError``: nothing applied) is sent again, as Kafka's producer retries
+``UNKNOWN_TOPIC_OR_PARTITION``. A client names a partition its own metadata shows, so
+the coordinator's view is behind (it looks a topic up again at most once a second): a
+partition just added."""
 MAX_REQUEST_BYTES = 1 << 20
 """A worker closes a connection that sends a larger request (its ``max_request_bytes``
 default): refused here first, with an error that says so."""
@@ -245,6 +254,21 @@ class TransactionCoordinatorClient:
         if self._closed:
             raise self._closed_error()
         deadline_s = timeout_s if timeout_s is not None else self.config.request_timeout_s
+        try:
+            return self._request(op, tc_id, deadline_s, fields)
+        except UnknownPartitionError:
+            pass  # not applied: sent again, below
+        retrying = Retrying(retry=retry_if_exception_type(UnknownPartitionError),
+                            stop=stop_after_delay(min(UNKNOWN_PARTITION_WAIT_S, deadline_s)),
+                            wait=wait_fixed(0.25), reraise=True)
+        for attempt in retrying:
+            with attempt:
+                return self._request(op, tc_id, deadline_s, fields)
+        raise AssertionError("unreachable: tenacity reraises")
+
+    def _request(self, op: TcOp, tc_id: int, deadline_s: float, fields: dict[str, Any]
+                 ) -> TcReply:
+        """One request under a new id until answered (:meth:`request`)."""
         request_id = uuid.uuid4().hex
         req = TcRequest(request_id, self.client_id, -1, op, tc_id,
                         int((time.time() + deadline_s) * 1000), **fields)

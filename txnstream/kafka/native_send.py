@@ -181,6 +181,14 @@ class NativeSender:
         finally:
             self._forward_logs()
 
+    def partitions(self, timeout_s: float) -> int:
+        """The topic's partition count as the cluster says now (-1: unknown).
+
+        Refreshes the handle's metadata, so partitions added since are produced to.
+        ``RuntimeError`` if the cluster did not answer within ``timeout_s``.
+        """
+        return cast(int, self._sender.partitions(max(0, int(timeout_s * 1000))))
+
     def pending(self) -> int:
         """Records handed and not reported yet (librdkafka's ``outq_len``)."""
         return cast(int, self._sender.pending())
