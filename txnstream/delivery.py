@@ -462,4 +462,11 @@ def _was_visible(r: PartitionDelivery, view: BufferView | None, msg: Message) ->
         return False  # another record there: msg is of a log gone since (recreated)
     if view is None or msg.offset < view.trimmed_below:
         return True  # plain, or below the cursor (the handle decides)
+    if msg.offset > view.max_read_position and r.unacked.get(msg.offset) is msg \
+            and r.handle is not None \
+            and not newer_log(r.handle.log_epoch, view.log_epoch):
+        # Delivered here, on this log, before the view read it: a view made anew (the
+        # topic became served while it was held, or a new owner's first fold not
+        # published yet) says nothing against it yet.
+        return True
     return view.visible(msg.offset, msg.txn_id.to_bytes() if msg.txn_id else None)
