@@ -20,6 +20,14 @@ registrations, flush, read-back and END: about 20 ms) is paid once per checkpoin
 per batch. An input's output is visible at most ``commit_interval_s`` plus one commit
 after the input was taken.
 
+:meth:`ExactlyOnceProcessor.run` pipelines checkpoints, as Kafka Streams overlaps a
+commit's flush with processing only through its producer: checkpoint N's commit runs in
+the background (``commit_async``) while N+1 takes, transforms and acks inputs, and N+1
+commits only after N committed. If N did not, N+1 is aborted too, so both give their
+inputs back and they come again in offset order. While N's cumulative acks are pending,
+N+1's ack records list their offsets (a cumulative ack above another txn's pending one
+is not exact). :meth:`~ExactlyOnceProcessor.run_checkpoint` commits before it returns.
+
 Crash semantics:
 
 1. a crash before the commit request: the txn stays open, the coordinator aborts it at
@@ -40,6 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -47,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 from txnstream.client import Client
 from txnstream.errors import ConfigError, TransactionOutcomeUnknownError, TxnStreamError
 from txnstream.message import Message
+from txnstream.pipeline import end_in_background
 from txnstream.types import TxnStatus
 
 if TYPE_CHECKING:
@@ -94,6 +104,17 @@ class ProcessorStats:
         return self.aborted_checkpoints
 
 
+@dataclass
+class _Checkpoint:
+    """One checkpoint's txn, the inputs it took, and its commit once started."""
+
+    txn: Transaction
+    taken: list[Message]
+    outputs: int = 0
+    batches: int = 0
+    done: Future[None] | None = None
+
+
 class ExactlyOnceProcessor:
     """Reads ``inputs`` as ``subscription``, writes ``fn``'s results to ``output``.
 
@@ -128,6 +149,8 @@ class ExactlyOnceProcessor:
         self.producer = client.create_producer(output)
         self.producer.prepare_batches()  # ready while the consumer joins its group
         self.stats = ProcessorStats()
+        self._committing: _Checkpoint | None = None
+        """The checkpoint :meth:`run` left committing in the background."""
 
     def _transform(self, batch: list[Message], txn: Transaction) -> int:
         """``fn`` on each input of ``batch``; its outputs sent with one ``send_batch``."""
@@ -154,21 +177,43 @@ class ExactlyOnceProcessor:
             self.producer.send_batch(values, self.producer.partitions_for(keys), txn, keys)
         return len(values)
 
+    @property
+    def committing(self) -> int:
+        """Inputs of the checkpoint :meth:`run` is committing in the background (0: none)."""
+        cp = self._committing
+        return len(cp.taken) if cp is not None else 0
+
     def run_checkpoint(self) -> int:
-        """Process inputs in one transaction until its checkpoint is due.
+        """Process inputs in one transaction until its checkpoint is due, and commit it.
 
         Returns the inputs it committed: 0 if none came within half a second, or it
-        aborted (they come back).
+        aborted (they come back). A checkpoint :meth:`run` left committing is settled
+        first (its inputs are not counted here).
         """
-        txn: Transaction | None = None
+        self._settle_previous()
+        cp = self._collect()
+        if cp is None:
+            return 0
+        cp.done = end_in_background(None, cp.txn.commit)  # here, as a future
+        return self._settle(cp)
+
+    run_batch = run_checkpoint
+    """Its old name, from when every batch was a txn of its own."""
+
+    def _collect(self) -> _Checkpoint | None:
+        """Take inputs into a new txn until its checkpoint is due; transform and ack them.
+
+        None if none came within half a second, or the checkpoint failed (its txn
+        aborted, its inputs given back).
+        """
+        cp: _Checkpoint | None = None
         taken: list[Message] = []
-        outs = batches = 0
         due = 0.0
         seen: set[tuple[str, int]] = set()
         receive, ack = self.consumer.receive_batch, self.consumer.acknowledge_batch
         try:
             while len(taken) < self.commit_every:
-                if txn is None:
+                if cp is None:
                     wait = 0.5
                 else:
                     wait = min(due - time.monotonic(), IDLE_COMMIT_S)
@@ -176,45 +221,60 @@ class ExactlyOnceProcessor:
                         break
                 batch = receive(min(self.batch_size, self.commit_every - len(taken)), wait)
                 if not batch:
-                    if txn is None:
-                        return 0
-                    break  # the input paused: what it holds is committed now
+                    break  # none came, or the input paused: what it holds is committed now
                 taken.extend(batch)  # from here on they are acked or given back
-                if txn is None:
-                    txn = self.client.new_transaction(timeout_s=self.txn_timeout_s)
+                if cp is None:
+                    cp = _Checkpoint(self.client.new_transaction(timeout_s=self.txn_timeout_s),
+                                     taken)
                     due = time.monotonic() + self.commit_interval_s
+                txn = cp.txn
                 if new := set(map(_PARTITION, batch)) - seen:  # registered while fn runs
                     seen.update(new)
                     self.consumer.prepare_acks(
                         [next(m for m in batch if _PARTITION(m) == p) for p in new], txn)
-                outs += self._transform(batch, txn)
+                cp.outputs += self._transform(batch, txn)
                 ack(batch, txn=txn)
-                batches += 1
-            assert txn is not None
-            txn.commit()
-        except TransactionOutcomeUnknownError as exc:
-            # Not aborted: its acks hold the inputs until the coordinator's outcome
-            # reaches the consumer (redelivered only if it aborted), so nothing is redone.
-            log.warning("checkpoint of %d inputs: commit outcome unknown (%s)", len(taken),
-                        exc)
-            self.consumer.redeliver_unacknowledged(taken)  # none, unless not acked yet
-            return 0
+                cp.batches += 1
         except TxnStreamError as exc:
             log.warning("checkpoint of %d inputs aborted: %s", len(taken), exc)
             self.stats.aborted_checkpoints += 1
-            self._give_back(txn, taken)
+            self._give_back(cp.txn if cp else None, taken)
+            return None
+        except BaseException:
+            self._give_back(cp.txn if cp else None, taken)
+            raise
+        return cp
+
+    def _settle(self, cp: _Checkpoint) -> int:
+        """Wait for ``cp``'s commit; its inputs if it committed, else 0 (given back)."""
+        assert cp.done is not None
+        try:
+            cp.done.result()
+        except TransactionOutcomeUnknownError as exc:
+            # Not aborted: its acks hold the inputs until the coordinator's outcome
+            # reaches the consumer (redelivered only if it aborted), so nothing is redone.
+            log.warning("checkpoint of %d inputs: commit outcome unknown (%s)",
+                        len(cp.taken), exc)
+            self.consumer.redeliver_unacknowledged(cp.taken)  # none, unless not acked yet
+            return 0
+        except TxnStreamError as exc:
+            log.warning("checkpoint of %d inputs aborted: %s", len(cp.taken), exc)
+            self.stats.aborted_checkpoints += 1
+            self._give_back(cp.txn, cp.taken)
             return 0
         except BaseException:
-            self._give_back(txn, taken)
+            self._give_back(cp.txn, cp.taken)
             raise
         self.stats.checkpoints += 1
-        self.stats.batches += batches
-        self.stats.inputs += len(taken)
-        self.stats.outputs += outs
-        return len(taken)
+        self.stats.batches += cp.batches
+        self.stats.inputs += len(cp.taken)
+        self.stats.outputs += cp.outputs
+        return len(cp.taken)
 
-    run_batch = run_checkpoint
-    """Its old name, from when every batch was a txn of its own."""
+    def _settle_previous(self) -> bool:
+        """Settle the checkpoint :meth:`run` left committing; whether it committed."""
+        cp, self._committing = self._committing, None
+        return cp is None or self._settle(cp) > 0
 
     def _give_back(self, txn: Transaction | None, taken: list[Message]) -> None:
         """An aborted checkpoint: end its txn, then every input it took comes back.
@@ -233,18 +293,37 @@ class ExactlyOnceProcessor:
 
     def run(self, max_idle_s: float | None = None, stop: Callable[[], bool] | None = None
             ) -> ProcessorStats:
-        """Checkpoints until ``stop()`` or ``max_idle_s`` without input."""
+        """Checkpoints until ``stop()`` or ``max_idle_s`` without input.
+
+        Pipelined: a checkpoint's commit runs in the background while the next one takes
+        and transforms inputs, and the next commits only once it committed (if it did
+        not, the next aborts too and gives its inputs back, so they come again after the
+        first's, in order). Every checkpoint is settled before this returns.
+        """
         idle_since = time.monotonic()
-        while not (stop and stop()):
-            if self.run_checkpoint():
-                idle_since = time.monotonic()
-            elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
-                break
+        try:
+            while not (stop and stop()):
+                cp = self._collect()
+                if not self._settle_previous() and cp is not None:
+                    self.stats.aborted_checkpoints += 1  # chained: it may not commit
+                    self._give_back(cp.txn, cp.taken)
+                    cp = None
+                if cp is not None:
+                    cp.done = cp.txn.commit_async()
+                    self._committing = cp
+                    idle_since = time.monotonic()
+                elif max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                    break
+        finally:
+            self._settle_previous()
         return self.stats
 
     def close(self) -> None:
-        """Leave the group and flush."""
-        self.consumer.close()
+        """Settle a checkpoint still committing, leave the group and flush."""
+        try:
+            self._settle_previous()
+        finally:
+            self.consumer.close()
         self.producer.flush()
 
 

@@ -102,3 +102,48 @@ def test_batch_whose_txn_times_out_redelivers_its_inputs(config, worker, client)
     proc = run_processor(client, src, dst, fn, cumulative=True, txn_timeout_s=1.5)
     assert slept and proc.stats.aborted_batches >= 1
     assert_exactly_once(outputs(config, dst, len(want)), want)
+
+
+def test_a_checkpoint_whose_predecessor_failed_to_commit_aborts_too_and_order_is_kept(
+        config, worker, client):
+    """``run()`` commits checkpoint N in the background while N+1 takes inputs. N's
+    commit fails (injected: its txn aborted, as a coordinator's refusal would): N+1 may
+    not commit either, so both give their inputs back and each partition's inputs are
+    processed again from N's first, in offset order; every output exactly once."""
+    src, dst = make_topic(config, 2, "in"), make_topic(config, 2, "out")
+    want = produce(client, src, 2)
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    made = []
+    real = client.new_transaction
+
+    def new_transaction(**kw):
+        txn = real(**kw)
+        made.append(txn)
+        if len(made) == 1:
+            def failing_commit() -> None:
+                time.sleep(0.3)  # N+1 takes inputs meanwhile
+                txn.abort()
+                raise TxnStreamError("injected: the first checkpoint's commit fails")
+            txn.commit = failing_commit
+        return txn
+
+    client.new_transaction = new_transaction
+
+    def fn(msg):
+        seen[msg.partition].append(msg.offset)
+        return msg.key, (msg.value or b"").upper()
+
+    proc = run_processor(client, src, dst, fn, commit_every=8)
+    assert proc.stats.aborted_checkpoints == 2, proc.stats  # N, and N+1 chained to it
+    assert_exactly_once(outputs(config, dst, len(want)), want)
+    restarted = 0
+    for part, offsets in seen.items():
+        drops = [i for i in range(1, len(offsets)) if offsets[i] <= offsets[i - 1]]
+        assert len(drops) <= 1, f"partition {part} went back more than once: {offsets}"
+        if drops:
+            restarted += 1
+            again = offsets[drops[0]:]
+            assert again == sorted(again), f"partition {part} out of order: {offsets}"
+            assert again[0] == offsets[0], f"partition {part} did not restart at N's first"
+        assert sorted(set(offsets)) == list(range(PER_PARTITION)), offsets
+    assert restarted, f"no partition was processed again: {seen}"
