@@ -13,7 +13,7 @@ import functools
 import os
 from types import ModuleType
 
-__all__ = ["NATIVE_ENV", "native"]
+__all__ = ["NATIVE_ENV", "native", "native_allowed"]
 
 NATIVE_ENV = "TXNSTREAM_NATIVE"
 """``0``: no native code is used (the buffer owner folds through Python, ``send_batch``
@@ -21,10 +21,15 @@ sends through confluent-kafka, readers split headers and make messages in Python
 anything else (or unset): whatever is built and loads is used."""
 
 
+def native_allowed() -> bool:
+    """False if ``TXNSTREAM_NATIVE=0`` turns the native paths off (read at each call)."""
+    return os.environ.get(NATIVE_ENV, "1") != "0"
+
+
 @functools.cache
 def native() -> ModuleType | None:
     """``txnstream._native``, or None (not built, or ``TXNSTREAM_NATIVE=0``)."""
-    if os.environ.get(NATIVE_ENV, "1") == "0":  # read at first use, as native_allowed()
+    if not native_allowed():  # read at first use
         return None
     try:
         from txnstream import _native  # type: ignore[attr-defined]

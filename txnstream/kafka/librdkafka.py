@@ -8,17 +8,11 @@ no librdkafka headers or library at build time, and one librdkafka per process.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from txnstream.native import NATIVE_ENV
+from txnstream.native import NATIVE_ENV, native_allowed
 
 __all__ = ["NATIVE_ENV", "librdkafka_path", "native_allowed"]
-
-
-def native_allowed() -> bool:
-    """False if ``TXNSTREAM_NATIVE=0`` turns the native paths off."""
-    return os.environ.get(NATIVE_ENV, "1") != "0"
 
 
 def librdkafka_path() -> str | None:
