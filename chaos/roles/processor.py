@@ -4,8 +4,10 @@ Per checkpoint, one txn (as ``ExactlyOnceProcessor`` commits: its interval by de
 ``checkpoint_s``, or when the input pauses): for each batch in it, one output per input
 (value names the input's id), written with the txn, and the inputs acked with the same
 txn (``acknowledge`` each, or ``acknowledge_cumulative`` on the last of each partition,
-by ``ack_mode``); then ``flush`` and ``commit``. The ``open`` record lists the first
-batch's inputs. A batch that fails is aborted (its acked inputs come back
+by ``ack_mode``); then ``flush`` and ``commit``. An individually-acking processor commits
+in the background while its next checkpoint fills, that one committing only once the
+first did (aborted if it did not), as ``ExactlyOnceProcessor.run`` does. The ``open``
+record lists the first batch's inputs. A batch that fails is aborted (its acked inputs come back
 through the abort); with individual acks its inputs not yet acked are negatively
 acknowledged, with cumulative acks the processor rewinds (leaves the group and joins
 again, so delivery restarts at the committed cursor). Every input is processed again:
@@ -73,6 +75,12 @@ class ProcessorRole:
         lo, hi = sp.get("retry_delay_s", (0.2, 3.0))
         self.retry_delay_s = (float(lo), float(hi))
         self.rng = random.Random(f"{args.seed}/{args.writer}")
+        self.pipelined: bool = sp.get("pipelined", self.mode == "individual")
+        """Checkpoints committed in the background while the next one fills, the next
+        committing only once it did (``ExactlyOnceProcessor.run``'s default). Individual
+        acks only: an explicit cumulative ack above another txn's pending one conflicts,
+        as Pulsar's does, so a cumulative-acking processor commits each before the next."""
+        self._committing: tuple[Any, str, list[Message], set[int], Any] | None = None
 
     def _subscribe(self) -> Consumer:
         sp = self.args.spec
@@ -102,10 +110,13 @@ class ProcessorRole:
 
     def loop(self) -> None:
         """Batch after batch until stopped."""
-        while not self.stop.is_set():
-            batch = self._collect()
-            if batch:
-                self._process(batch)
+        try:
+            while not self.stop.is_set():
+                batch = self._collect()
+                if batch:
+                    self._process(batch)
+        finally:
+            self._settle()
 
     def _collect(self, seen: list[Message] | None = None,
                  until: float | None = None) -> list[Message]:
@@ -173,10 +184,34 @@ class ProcessorRole:
                 batch = self._collect(seen=taken, until=due)
             txn.flush()
             self.truth.write({"e": "sent", "txn": tid, "recs": recs, "pairs": pairs})
+            if self.pipelined and not self._settle():
+                raise TxnStreamError(f"{tid} not committed: the checkpoint before it did not "
+                                     "commit (chained, as ExactlyOnceProcessor.run)")
             committing = True
+            if self.pipelined:  # committed in the background while the next one fills
+                self._committing = (txn, tid, taken, acked, txn.commit_async())
+                return
             txn.commit()
         except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
             exc = e
+        self._end(txn, tid, committing, exc, taken or batch, acked)
+
+    def _settle(self) -> bool:
+        """Wait for the checkpoint committing in the background; whether it committed."""
+        pending, self._committing = self._committing, None
+        if pending is None:
+            return True
+        txn, tid, taken, acked, future = pending
+        try:
+            future.result()
+            exc = None
+        except Exception as e:  # noqa: BLE001 - every failure is an outcome to record
+            exc = e
+        return self._end(txn, tid, True, exc, taken, acked) == "committed"
+
+    def _end(self, txn: Any, tid: str, committing: bool, exc: BaseException | None,
+             taken: list[Message], acked: set[int]) -> str:
+        """Record a checkpoint's outcome; after an abort, its inputs come back."""
         if committing:
             outcome = commit_outcome(txn, exc)
         else:
@@ -190,9 +225,10 @@ class ProcessorRole:
                           "status": txn.status.value, "t": time.time(),
                           "error": None if exc is None else f"{type(exc).__name__}: {exc}"})
         if outcome == "aborted":
-            self._failed(taken or batch, acked)
+            self._failed(taken, acked)
         if exc is not None and not isinstance(exc, TxnStreamError):
             raise exc  # a Kafka error out of the client: let the process die, reported
+        return outcome
 
     def _into_txn(self, batch: list[Message], txn: Any, tid: str, acked: set[int],
                   recs: list[list[Any]], pairs: list[list[str]]) -> None:
