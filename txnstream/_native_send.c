@@ -627,11 +627,17 @@ done:
     return result;
 }
 
+/* The handle for a call taking (timeout_ms), marked busy (sender_done() after); NULL with
+ * an exception set if the arguments are wrong or the Sender is closed. */
+static rd_kafka_t *sender_rk_timeout(Sender *s, PyObject *args, int *timeout_ms) {
+    if (!PyArg_ParseTuple(args, "i", timeout_ms))
+        return NULL;
+    return sender_rk(s);
+}
+
 static PyObject *Sender_flush(Sender *s, PyObject *args) {
     int timeout_ms;
-    if (!PyArg_ParseTuple(args, "i", &timeout_ms))
-        return NULL;
-    rd_kafka_t *h = sender_rk(s);
+    rd_kafka_t *h = sender_rk_timeout(s, args, &timeout_ms);
     if (h == NULL)
         return NULL;
     int left;
@@ -650,9 +656,7 @@ static PyObject *Sender_flush(Sender *s, PyObject *args) {
  * can be produced to (librdkafka refuses a partition its metadata does not have). */
 static PyObject *Sender_partitions(Sender *s, PyObject *args) {
     int timeout_ms;
-    if (!PyArg_ParseTuple(args, "i", &timeout_ms))
-        return NULL;
-    rd_kafka_t *h = sender_rk(s);
+    rd_kafka_t *h = sender_rk_timeout(s, args, &timeout_ms);
     if (h == NULL)
         return NULL;
     rd_kafka_topic_t *rkt = s->rkt; /* read with the GIL: close() clears it */
