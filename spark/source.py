@@ -38,6 +38,7 @@ from .partition import TxnStreamPartition, _unpack_offsets
 from .partition import _pack_offsets as _pack_offsets  # beside _unpack_offsets, for tests
 from .planner import FRESH_WAIT_S, LOST_HINT, Planner
 from .schema import RowColumns, UserHeaders, cached_value_schema, layout
+from .take import take_rows
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -201,71 +202,90 @@ class _Rows(RowColumns):
         log_junk(f"txnstream source task {tp}", tp, offset)
 
     def add(self, batch: Sequence[KafkaRecord], pos: int) -> int:
-        """Take the deliverable records of ``batch``; returns the next position to read."""
+        """Take the deliverable records of ``batch``; returns the next position to read.
+
+        Runs of the common shapes go through :func:`~txnstream_spark.take.take_rows` (in
+        C where built); each other record through :meth:`_one`, the full rule.
+        """
+        end, n, i = self.p.end, len(batch), 0
+        fast = self.gate is None  # deferred records: every record by the full rule
+        batch = batch if isinstance(batch, list) else list(batch)
+        while i < n:
+            if fast:
+                cols = (self.keys, self.values, self.offsets, self.timestamps,
+                        self.timestamp_types, self.headers, self.txn_ids)
+                i, pos, ended = take_rows(batch, i, pos, end, self.skip, self.spans or None,
+                                          self.txn_names, self.p.plain, cols)
+                if ended:
+                    return end
+                if i >= n:
+                    break
+            at = self._one(batch[i])
+            if at is None:
+                return end
+            pos = max(pos, at)
+            i += 1
+        return pos
+
+    def _one(self, m: KafkaRecord) -> int | None:
+        """The full rule for one record: taken if deliverable.
+
+        Returns the position past it; None at or past the range's end; -1 for an error
+        (the position unchanged).
+        """
         from txnstream.markers import TXN_ID_HEADER, TXN_MARKER_HEADER, TXN_TAG_HEADER
         from txnstream.message import DELIVER_AFTER_HEADER, DELIVER_AT_HEADER
 
-        ours = (TXN_TAG_HEADER, DELIVER_AT_HEADER, DELIVER_AFTER_HEADER)
-
-        end, skip, spans, names = self.p.end, self.skip, self.spans, self.txn_names
-        plain, gate = self.p.plain, self.gate
-        keys, values, offsets = self.keys.append, self.values.append, self.offsets.append
-        stamps, headers, txn_ids = self.timestamps.append, self.headers.append, self.txn_ids.append
-        stamp_types = self.timestamp_types.append
+        if message_error(m, f"txnstream source {self.p.topic}-{self.p.partition}", log):
+            return -1
+        off = m.offset()
+        if off >= self.p.end:
+            return None
+        skip, spans, gate = self.skip, self.spans, self.gate
+        if off in skip or (gate is not None and gate.blocks(off)):
+            return off + 1
+        h = m.headers()
+        if self.p.plain and h and any(k in (TXN_ID_HEADER, TXN_MARKER_HEADER) for k, _ in h):
+            self._unregistered(off)  # raises unless it is junk
+            return off + 1
+        names = self.txn_names
         txn: str | None
-        for m in batch:
-            if message_error(m, f"txnstream source {self.p.topic}-{self.p.partition}", log):
-                continue
-            off = m.offset()
-            if off >= end:
-                return end
-            pos = off + 1
-            if off in skip or (gate is not None and gate.blocks(off)):
-                continue
-            h = m.headers()
-            if plain and h and any(k in (TXN_ID_HEADER, TXN_MARKER_HEADER) for k, _ in h):
-                self._unregistered(off)  # raises unless it is junk
-                continue
-            if h is not None and 0 < len(h) <= 2 and h[0][0] == TXN_ID_HEADER \
-                    and (len(h) == 1 or h[1][0] == TXN_TAG_HEADER):  # the common case
-                user: UserHeaders = []
-                raw = h[0][1]
-                if spans and raw in spans:
-                    first, last = spans[raw]
-                    if first <= off <= last:
-                        continue  # a record of an aborted txn
-                txn = names[raw] if raw in names else self._txn_name(raw)
-                if txn is None:
-                    continue  # an undecodable txn.id is never delivered
-            else:
-                user, txn = [], None
-                for k, v in h or ():
-                    if k == TXN_ID_HEADER:
-                        span = spans.get(v) if spans else None
-                        if span is not None and span[0] <= off <= span[1]:
-                            break  # a record of an aborted txn
-                        txn = names[v] if v in names else self._txn_name(v)
-                        if txn is None:
-                            break
-                    elif k == TXN_MARKER_HEADER:
-                        break  # a marker is never delivered, even if not in the skip list
-                    elif k in ours:
-                        continue  # membership (the fold checked it), a delay
-                    else:
-                        user.append({"key": k, "value": v})
+        user: UserHeaders = []
+        if h is not None and 0 < len(h) <= 2 and h[0][0] == TXN_ID_HEADER \
+                and (len(h) == 1 or h[1][0] == TXN_TAG_HEADER):  # the common case
+            raw = h[0][1]
+            if spans and raw in spans:
+                first, last = spans[raw]
+                if first <= off <= last:
+                    return off + 1  # a record of an aborted txn
+            txn = names[raw] if raw in names else self._txn_name(raw)
+            if txn is None:
+                return off + 1  # an undecodable txn.id is never delivered
+        else:
+            txn = None
+            for k, v in h or ():
+                if k == TXN_ID_HEADER:
+                    span = spans.get(v) if spans else None
+                    if span is not None and span[0] <= off <= span[1]:
+                        return off + 1  # a record of an aborted txn
+                    txn = names[v] if v in names else self._txn_name(v)
+                    if txn is None:
+                        return off + 1
+                elif k == TXN_MARKER_HEADER:
+                    return off + 1  # a marker is never delivered, even if not skipped
+                elif k in (TXN_TAG_HEADER, DELIVER_AT_HEADER, DELIVER_AFTER_HEADER):
+                    continue  # membership (the fold checked it), a delay
                 else:
-                    h = None
-                if h is not None:
-                    continue
-            keys(m.key())
-            values(m.value())
-            offsets(off)
-            kind, stamp = m.timestamp()
-            stamps(stamp)
-            stamp_types(kind)
-            headers(user)
-            txn_ids(txn)
-        return pos
+                    user.append({"key": k, "value": v})
+        self.keys.append(m.key())
+        self.values.append(m.value())
+        self.offsets.append(off)
+        kind, stamp = m.timestamp()
+        self.timestamps.append(stamp)
+        self.timestamp_types.append(kind)
+        self.headers.append(user)
+        self.txn_ids.append(txn)
+        return off + 1
 
 
 class TxnStreamBatchReader(DataSourceReader):
