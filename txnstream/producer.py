@@ -160,8 +160,8 @@ class Producer:
             native = self._paths.partitions(self._timeout_s)
             if native is not None:
                 known = min(known, native)
-            if known > self.num_partitions:
-                self.num_partitions = known
+            with self._lock:  # never lowered by a slower thread's older answer
+                self.num_partitions = max(self.num_partitions, known)
             if partition < self.num_partitions:
                 return True
             if time.monotonic() >= deadline:
