@@ -183,14 +183,23 @@ class _Conn:
         """Tags frames (mode ``K``); None under TLS or without authentication."""
         self.closed = threading.Event()
 
+    def gone(self) -> bool:
+        """Whether no reply can reach the peer any more.
+
+        The connection closed, or its transport was lost (a write failed: the peer reset
+        it). A connection whose reading is paused (backpressure) learns of its peer's end
+        only from its transport.
+        """
+        return self.closed.is_set() or self._writer.transport.is_closing()
+
     def send(self, data: bytes) -> None:
         """Queue one frame; dropped if the connection has closed."""
         if not self.closed.is_set():
             self._io.call(self._write, data)
 
     def _write(self, data: bytes) -> None:
-        if self.closed.is_set():
-            return
+        if self.gone():
+            return  # a write to a lost transport fails (and asyncio warns of each)
         transport = self._writer.transport
         if transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
             log.warning("closing the connection to %s: %d bytes it does not read",

@@ -109,6 +109,9 @@ __all__ = ["CoordinatorWorker"]
 
 log = logging.getLogger(__name__)
 
+_READS = frozenset({TcOp.GET, TcOp.LIST, TcOp.STATS})
+"""Requests that change nothing: not handled once their connection is gone (a peer that
+pipelined thousands and went away left a backlog that held others' commits for seconds)."""
 _WATCHED = frozenset({TcOp.NEW, TcOp.ACTIVATE, TcOp.ADD_PARTITIONS, TcOp.ADD_SUBSCRIPTIONS})
 """Requests whose connection is told when their txn ends without its own END."""
 ORIGINS_SWEEP_AT = 10_000
@@ -324,6 +327,8 @@ class CoordinatorWorker:
                 continue
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
+            if req.op in _READS and conn.gone():
+                continue  # a read no one can receive: its peer is gone (reset it)
             tc = self.tcs.get(req.tc_id)
             if tc is None or tc.phase is not TcPhase.SERVING:
                 conn.send(TcReply.failure(req, NotCoordinatorError(

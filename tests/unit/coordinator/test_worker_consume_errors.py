@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient
 
+from txnstream import metrics
 from txnstream.config import Config, TopicNames
 from txnstream.coordinator.metadata_store import TransactionMetadataStore
 from txnstream.coordinator.ownership import TcIncarnation, TcPhase
@@ -128,6 +129,9 @@ class FakeConn:
     def took(self, nbytes: int) -> None:
         pass  # a real connection reads on (backpressure); nothing to read here
 
+    def gone(self) -> bool:
+        return self.closed.is_set()
+
     def close(self) -> None:
         self.closed.set()
 
@@ -185,6 +189,27 @@ def test_a_request_for_a_coordinator_not_served_here_is_told_so_at_once(make_wor
     [reply] = [TcReply.decode(v) for v in conn.sent]
     assert reply.request_id == "r3" and reply.error_kind == "NotCoordinatorError"
     assert "does not serve coordinator 2" in (reply.error_message or "")
+
+
+def test_a_read_whose_connection_is_gone_is_not_handled_and_others_are(make_worker):
+    """A peer that pipelined reads and reset its connection (never reading the replies)
+    left a backlog the worker went on handling, holding others' commits for seconds
+    after it left (CI: test_fair_worker's commit right after a LIST flood, 2.0-2.4 s)."""
+    w, honest = make_worker([], [])
+    gone = FakeConn("127.0.0.1:66")
+    for i in range(5):
+        w._inbox.put(get_request(f"lost-{i}"), gone)
+    gone.close()  # the peer reset it: what a failed write tells the transport
+    w._inbox.put(get_request("kept"), honest)
+    before = _handled("GET")
+    w._turn_once()
+    assert [TcReply.decode(v).request_id for v in honest.sent] == ["kept"]
+    assert _handled("GET") - before == 1  # the kept one, none of the five
+
+
+def _handled(op: str) -> float:
+    return sum(s.value for m in metrics.REQUESTS.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels.get("op") == op)
 
 
 def test_a_garbage_request_is_logged_naming_its_peer_and_the_rest_served(make_worker, caplog):
