@@ -115,6 +115,7 @@ class Consumer:
         """
         self._queue.drop(tp)
         self._unreg.forget(tp)
+        self._txn_acks.dropped(tp)
         if fence_txns:
             self._txn_acks.fence(tp, f"consumer {self.member_id} of {self.subscription!r} "
                                      f"lost {tp} ({why})")
@@ -312,55 +313,71 @@ class Consumer:
         if txn is not None:
             txn.register_subscriptions([SubscriptionRef(msg.topic, msg.partition,
                                                         self.subscription)])
-        with self._lock:
-            ours = ours and self._reader_for(msg) is r  # not revoked while registering
-            r = self._reader_for(msg)
-            assert r.handle is not None
-            txn_id = txn.id if txn else None
-            offsets = sorted(set(offsets))
-            exact = cumulative is None and r.cumulative_is_exact(offsets, txn_id)
-            cumulative = exact or bool(cumulative)
-            # exact, of records all unacked here: it covers exactly them
-            covered = r.covered_by(msg.offset) if cumulative and not (exact and ours) \
-                else offsets
+        while txn is not None:  # an end applied here ahead of its mark: the mark first
             try:
-                if cumulative and txn_id is not None and (
-                        back := self._queue.given_back(msg.tp, covered)):
-                    raise TransactionConflictError(
-                        f"transaction {txn_id} conflicts on {self.subscription}@{msg.tp}: "
-                        f"its cumulative ack of offset {msg.offset} would also ack offsets "
-                        f"{back[:10]}{' and more' if len(back) > 10 else ''}, given back "
-                        "for redelivery (an aborted transaction's acks, or a negative ack) "
-                        "and not received again; receive them first, or ack individually",
-                        txn_id)
-                if cumulative and r.holds_delayed(msg.offset):  # never delivered: not taken
-                    cumulative, offsets = False, covered or [msg.offset]
-                if cumulative:
-                    r.handle.ack_cumulative(msg.offset, txn_id)
-                else:
-                    r.handle.ack_individual(offsets, txn_id)
+                self._txn_acks.await_marks(msg.tp, txn.id)
             except TxnStreamError as exc:
-                if txn is not None:
-                    txn.mark_abort_only(exc)
+                txn.mark_abort_only(exc)
                 raise
-            if txn is not None:
-                kind, logged = ((PendingAckKind.ACK_CUMULATIVE, (msg.offset,)) if cumulative
-                                else (PendingAckKind.ACK_INDIVIDUAL, tuple(offsets)))
-                self._acks.append(PendingAckEntry(
-                    kind, self.subscription, msg.topic, msg.partition, txn.id, logged,
-                    r.handle.generation, self.member_id))
-                self._txn_acks.joined(txn, msg.tp)
-                r.acked(covered, in_txn=True)
+            with self._lock:
+                if not self._txn_acks.marks_pending(msg.tp):
+                    self._log_ack(msgs, offsets, txn, cumulative, r, ours)
+                    return
+        with self._lock:
+            self._log_ack(msgs, offsets, txn, cumulative, r, ours)
+
+    def _log_ack(self, msgs: list[Message], offsets: list[int], txn: Transaction | None,
+                 cumulative: bool | None, r: PartitionDelivery, ours: bool) -> None:
+        """:meth:`_ack`'s second half, under the lock: the handle's check, then the log."""
+        msg = msgs[-1]
+        ours = ours and self._reader_for(msg) is r  # not revoked while registering
+        r = self._reader_for(msg)
+        assert r.handle is not None
+        txn_id = txn.id if txn else None
+        offsets = sorted(set(offsets))
+        exact = cumulative is None and r.cumulative_is_exact(offsets, txn_id)
+        cumulative = exact or bool(cumulative)
+        # exact, of records all unacked here: it covers exactly them
+        covered = r.covered_by(msg.offset) if cumulative and not (exact and ours) \
+            else offsets
+        try:
+            if cumulative and txn_id is not None and (
+                    back := self._queue.given_back(msg.tp, covered)):
+                raise TransactionConflictError(
+                    f"transaction {txn_id} conflicts on {self.subscription}@{msg.tp}: "
+                    f"its cumulative ack of offset {msg.offset} would also ack offsets "
+                    f"{back[:10]}{' and more' if len(back) > 10 else ''}, given back "
+                    "for redelivery (an aborted transaction's acks, or a negative ack) "
+                    "and not received again; receive them first, or ack individually",
+                    txn_id)
+            if cumulative and r.holds_delayed(msg.offset):  # never delivered: not taken
+                cumulative, offsets = False, covered or [msg.offset]
+            if cumulative:
+                r.handle.ack_cumulative(msg.offset, txn_id)
             else:
-                above = [] if cumulative else [o for o in offsets if o >= r.handle.cursor]
-                if above:
-                    # Above the cursor: the group offset cannot say it; the log keeps it.
-                    self._acks.append_plain(PendingAckEntry(
-                        PendingAckKind.ACK_INDIVIDUAL, self.subscription, msg.topic,
-                        msg.partition, None, tuple(above), r.handle.generation,
-                        self.member_id))
-                r.acked(covered, in_txn=False)
-            self._group.commit()
+                r.handle.ack_individual(offsets, txn_id)
+        except TxnStreamError as exc:
+            if txn is not None:
+                txn.mark_abort_only(exc)
+            raise
+        if txn is not None:
+            kind, logged = ((PendingAckKind.ACK_CUMULATIVE, (msg.offset,)) if cumulative
+                            else (PendingAckKind.ACK_INDIVIDUAL, tuple(offsets)))
+            self._acks.append(PendingAckEntry(
+                kind, self.subscription, msg.topic, msg.partition, txn.id, logged,
+                r.handle.generation, self.member_id))
+            self._txn_acks.joined(txn, msg.tp)
+            r.acked(covered, in_txn=True)
+        else:
+            above = [] if cumulative else [o for o in offsets if o >= r.handle.cursor]
+            if above:
+                # Above the cursor: the group offset cannot say it; the log keeps it.
+                self._acks.append_plain(PendingAckEntry(
+                    PendingAckKind.ACK_INDIVIDUAL, self.subscription, msg.topic,
+                    msg.partition, None, tuple(above), r.handle.generation,
+                    self.member_id))
+            r.acked(covered, in_txn=False)
+        self._group.commit()
 
     def negative_acknowledge(self, msg: Message) -> None:
         """Redeliver ``msg`` after the nack delay, once, if it is still unacked then.

@@ -7,6 +7,16 @@ txn ends (the coordinator's reply to this client's END, or its mark in the log f
 txn ended elsewhere) its acks are applied: a commit acks the records for good, an abort
 redelivers them in offset order. A newer owner's ``OWNER`` record, or a lost partition,
 makes every txn holding acks there abort-only.
+
+**The log's order is the state's.** The coordinator answers an END once its decision
+is durable, before its marks reach the pending-ack log (Kafka's order), and the end is
+applied here at that answer. An ack made after it may depend on it (a cumulative ack
+above the ended txn's, an ack of records its abort gave back): logged before the mark,
+a replay would fold it while the ended txn still holds those records, refuse it as a
+conflict, and a new owner would deliver again records a committed txn acked. So a
+transactional ack on a partition where an end was applied ahead of its mark waits for
+that mark to be read back first (:meth:`TxnAcks.await_marks`): a few ms, once per
+ended txn and partition.
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ log = logging.getLogger("txnstream.consumer")
 
 READ_BACK_TIMEOUT_S = 30.0
 """How long a commit waits to read its own ack records back; a healthy tail takes ms."""
+MARK_WAIT_S = 30.0
+"""How long an ack waits for the mark of a txn whose end was applied at its reply. The
+coordinator writes it right after that reply, or again after a failover; one not read
+by then was not written (a force-ended txn): the ack fails (its txn can only abort) and
+acks after it no longer wait for that mark."""
 
 
 class TxnAcks:
@@ -51,12 +66,17 @@ class TxnAcks:
         self._lock = lock
         self._txns: dict[TxnID, Transaction] = {}
         self._tps: dict[TxnID, set[TopicPartition]] = {}
+        """Per txn, the partitions where it acked and whose mark was not read yet."""
+        self._unmarked: dict[TopicPartition, dict[TxnID, float]] = {}
+        """Per partition, the txns ended here at their reply whose mark was not read yet,
+        with when: acks there wait for those marks. Bounded by the ends in flight (an
+        entry goes at its mark, at :data:`MARK_WAIT_S`, or with the partition)."""
         self.closed = False
         """The consumer closed: a commit can only confirm acks already read back."""
 
-    def tracked(self) -> tuple[int, int]:
-        """``(txns, txns with partitions)`` tracked now (a bound test reads it)."""
-        return len(self._txns), len(self._tps)
+    def tracked(self) -> tuple[int, int, int]:
+        """``(txns, txns with partitions, ends awaiting their mark)``: a bound test reads it."""
+        return len(self._txns), len(self._tps), sum(map(len, self._unmarked.values()))
 
     def joined(self, txn: Transaction, tp: TopicPartition) -> None:
         """``txn`` acked on ``tp``: its commit waits for the acks, its end applies here.
@@ -104,14 +124,51 @@ class TxnAcks:
         self._acks.confirmed(txn_id)
 
     def ended(self, txn_id: TxnID, committed: bool) -> None:
-        """The coordinator confirmed ``txn_id``'s end, after writing its marks.
+        """The coordinator confirmed ``txn_id``'s end (durable; its marks may follow).
 
-        Applied now, so the next ack or receive sees it; the mark read later is a no-op.
+        Applied now, so the next receive sees it (the mark read later is a no-op); the
+        next transactional ack on its partitions waits for the mark
+        (:meth:`await_marks`).
         """
         with self._lock:
-            for tp in self._tps.get(txn_id, ()):
+            now = time.monotonic()
+            for tp in self._tps.get(txn_id, ()):  # those whose mark was not read yet
                 self.end_acks(tp, txn_id, committed)
+                if tp in self._group.readers:
+                    self._unmarked.setdefault(tp, {})[txn_id] = now
             self._forget(txn_id)
+
+    def marks_pending(self, tp: TopicPartition) -> bool:
+        """Whether an end applied here on ``tp`` still waits for its mark (lock held)."""
+        return tp in self._unmarked
+
+    def await_marks(self, tp: TopicPartition, txn: TxnID) -> None:
+        """Until the marks of the ends applied on ``tp`` ahead of them are read back.
+
+        Called without the consumer's lock, before ``txn`` logs an ack on ``tp``.
+        ``TxnStreamError`` after :data:`MARK_WAIT_S` (those ends then stop holding acks).
+        """
+        while True:
+            with self._lock:
+                if tp not in self._unmarked:
+                    return  # the common case: no tail read here
+                self.apply_marks()
+                waiting = self._unmarked.get(tp)
+                if not waiting:
+                    return
+                since = min(waiting.values())
+                if time.monotonic() - since > MARK_WAIT_S:
+                    late = sorted(map(str, waiting))
+                    del self._unmarked[tp]
+                    raise TxnStreamError(
+                        f"cannot log the ack of {txn} on {tp}: the mark of {', '.join(late)} "
+                        f"(ended {MARK_WAIT_S:.0f}s ago) is not in the pending-ack log, and a "
+                        "replay must find it before this ack", txn)
+            time.sleep(0.002)
+
+    def dropped(self, tp: TopicPartition) -> None:
+        """``tp`` is no longer delivered here (lock held): nothing waits on its marks."""
+        self._unmarked.pop(tp, None)
 
     def end_acks(self, tp: TopicPartition, txn_id: TxnID, committed: bool) -> None:
         """Apply ``txn_id``'s outcome to the acks it holds on ``tp`` (idempotent).
@@ -139,6 +196,10 @@ class TxnAcks:
                                                   PendingAckKind.ABORT_MARK):
                 continue
             self.end_acks(e.tp, e.txn_id, e.kind is PendingAckKind.COMMIT_MARK)
+            if (waiting := self._unmarked.get(e.tp)) is not None:
+                waiting.pop(e.txn_id, None)
+                if not waiting:
+                    del self._unmarked[e.tp]
             tps = self._tps.get(e.txn_id)
             if tps is not None:
                 tps.discard(e.tp)
