@@ -20,9 +20,8 @@ log before delivering anything (DESIGN.md section 7):
    past the served max read position, and resumes when the position reaches it;
 6. **a new log**: the cursor and the pending-ack state note the partition's log epoch
    (the served buffer state's). When the view moves to a newer epoch (the topic was
-   deleted and created again) the partition is taken again at once: the claim starts
-   the pending-ack state over on the new log, delivered from its start
-   (:func:`~txnstream.delivery.start_on_log`, docs/pendingack.md).
+   deleted and created again) the partition is taken again at once: the claim starts the
+   pending-ack state over on the new log, from its start (docs/pendingack.md).
 
 :class:`GroupMember` does all of this for the :class:`~txnstream.consumer.Consumer`,
 under the consumer's lock, and tells it through :class:`DeliveryOwner` when a partition
@@ -45,6 +44,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.delivery import PartitionDelivery, StartPlan, newer_log, start_on_log
 from txnstream.errors import KafkaErrorKind, TxnStreamError, classify_kafka_error
+from txnstream.kafka.clients import leave_group
 from txnstream.kafka.fetch import watermarks
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import CursorMetadata
@@ -68,12 +68,11 @@ COMMIT_INTERVAL_S = 0.5
 """Cursor commits are batched: at most two offset commits a second per consumer."""
 RETAKE_AFTER_S = 10.0
 """After a newer owner fenced this member on a partition the group still assigns to it,
-wait this long (about a session timeout: the group settles who owns it meanwhile, and
-a revoke cancels the retake) before replaying and claiming it again."""
+wait this long (about a session timeout, in which the group settles who owns it; a
+revoke cancels the retake) before replaying and claiming it again."""
 CHECKPOINT_INTERVAL_S = 10.0
 """How often an owner checkpoints a partition's pending acks (when they changed): a new
-owner replays the pending-ack log from the latest checkpoint, so its replay reads about
-this many seconds of the log, never the whole log."""
+owner replays the log from the latest one, about this many seconds of it, never all."""
 CLAIM_RETRY_S = 1.0
 """A takeover that failed (log not readable yet) is tried again after this long."""
 
@@ -149,6 +148,7 @@ class GroupMember:
 
     def close(self) -> None:
         """Leave the group (the cursor is committed by the caller first)."""
+        leave_group(self.kafka)  # the revoke runs here, not inside close()
         try:
             self.kafka.close()
         except KafkaException as exc:  # the group is gone already: nothing left to leave

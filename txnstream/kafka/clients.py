@@ -9,9 +9,10 @@ instead, so no test reaches into a worker to swap a client after it was made.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 __all__ = ["CONFLUENT_KAFKA", "ConfluentKafka", "KafkaClientFactory", "close_producer"]
@@ -68,3 +69,21 @@ def close_producer(producer: Producer, timeout_s: float) -> int:
     if close is not None:
         close()
     return left
+
+
+def leave_group(consumer: Consumer, timeout_s: float = 5.0) -> None:
+    """Unsubscribe ``consumer`` and poll until its revoke has run (at most ``timeout_s``).
+
+    For a group member with a rebalance callback, before ``close()``: a revoke callback
+    librdkafka runs from inside ``close()`` can hang in its ``incremental_unassign`` for
+    good when a rebalance is under way (librdkafka issues 4527 and 4884; seen here once
+    a second member had just joined). Records a poll brings meanwhile are dropped (the
+    caller committed what it delivered); an error (closed already) is left to ``close()``.
+    """
+    try:
+        consumer.unsubscribe()
+        deadline = time.monotonic() + timeout_s
+        while consumer.assignment() and time.monotonic() < deadline:
+            consumer.consume(500, 0.05)
+    except (KafkaException, RuntimeError):
+        pass
