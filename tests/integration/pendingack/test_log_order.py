@@ -52,8 +52,9 @@ def _topic_of(client, config, records: int) -> str:
     return topic
 
 
-def _replayed(client, tp, subscription: str, cursor: int):
-    """The state a new owner would rebuild, once every end's mark is in the log."""
+def _assert_replayed_acked(client, tp, subscription: str, cursor: int) -> None:
+    """The state a new owner would rebuild, once every end's mark is in the log: every
+    record below ``cursor`` acked, nothing pending."""
     stats = None
 
     def settled() -> bool:
@@ -65,7 +66,8 @@ def _replayed(client, tp, subscription: str, cursor: int):
         wait_until(settled, 20, f"the replayed cursor of {tp} to reach {cursor}")
     except AssertionError:
         pass  # the assertion below names what the replay holds instead
-    return stats
+    assert stats is not None and stats.cursor == cursor and stats.pending_offsets == 0 \
+        and stats.cumulative_pending is None, stats
 
 
 def test_cumulative_acks_right_after_each_commit_survive_a_replay(config, worker, client,
@@ -91,12 +93,9 @@ def test_cumulative_acks_right_after_each_commit_survive_a_replay(config, worker
             c.acknowledge_batch(batch[1:], txn=following)
             txn = following
         txn.commit()
-        tp = msgs[0].tp
-        stats = _replayed(client, tp, sub, ROUNDS * PER_ROUND)
+        _assert_replayed_acked(client, msgs[0].tp, sub, ROUNDS * PER_ROUND)
     finally:
         c.close()
-    assert stats.cursor == ROUNDS * PER_ROUND and stats.pending_offsets == 0 \
-        and stats.cumulative_pending is None, stats
     c2 = client.subscribe(topic, subscription=sub)
     try:
         assert c2.receive(timeout_s=3) is None  # every record was acked by a commit
@@ -124,9 +123,6 @@ def test_records_an_abort_gave_back_and_a_commit_acked_survive_a_replay(config, 
             assert [m.offset for m in again] == [m.offset for m in batch]
             c.acknowledge_batch(again, txn=txn)
             txn.commit()
-        tp = batch[0].tp
-        stats = _replayed(client, tp, sub, ROUNDS * PER_ROUND)
+        _assert_replayed_acked(client, batch[0].tp, sub, ROUNDS * PER_ROUND)
     finally:
         c.close()
-    assert stats.cursor == ROUNDS * PER_ROUND and stats.pending_offsets == 0 \
-        and stats.cumulative_pending is None, stats
