@@ -383,10 +383,14 @@ class Consumer:
         """Redeliver ``msg`` after the nack delay, once, if it is still unacked then.
 
         Acked in the meantime (plainly, or in a txn: that txn's outcome decides) it is
-        not delivered again; nacked twice it comes back once.
+        not delivered again; nacked twice it comes back once. A record of a partition
+        no longer assigned here is left alone, as Pulsar's nack never fails: its next
+        owner delivers it (it is unacked).
         """
         with self._lock:
-            if (latest := self._reader_for(msg).unacked.get(msg.offset)) == msg:
+            if (r := self._readers.get(msg.tp)) is None:
+                return
+            if (latest := r.unacked.get(msg.offset)) == msg:
                 msg = latest  # the same record as last handed out: its count
             if not self._queue.is_given_back(msg.tp, msg.offset):  # else it comes once
                 msg = self._redeliveries.bump([msg])[0]

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from tests.integration.consumer.conftest import fill, make_topic, receive_n
+from tests.integration.consumer.conftest import fill, make_topic, receive_n, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -87,3 +87,42 @@ def test_a_nacked_record_acked_in_a_txn_comes_back_once_if_that_txn_aborts(confi
     txn.abort()
     assert offsets_within(c, NACK_DELAY_S * 5) == [0]
     c.close()
+
+
+def test_a_nack_of_a_record_whose_partition_moved_away_is_a_no_op(config, worker, client):
+    """Found by the hostile soak of stop 54 (seed 42): a two-phase writer's ack was
+    refused because another member had claimed the partition, it nacked the record as
+    its error path does, and the nack raised ("not assigned to this consumer") and ended
+    the process. Pulsar's ``negativeAcknowledge`` never fails: a record of a partition
+    this consumer no longer owns is the new owner's to deliver, and it does (unacked)."""
+    topic = make_topic(config, 2)
+    p = client.create_producer(topic)
+    for i in range(4):
+        p.send(f"m{i}".encode(), partition=i % 2)
+    p.flush()
+    sub = f"moved-{uuid.uuid4().hex[:6]}"
+    a = client.subscribe(topic, subscription=sub, nack_delay_s=NACK_DELAY_S)
+    b = None
+    try:
+        got = receive_n(a, 4)
+        b = client.subscribe(topic, subscription=sub, nack_delay_s=NACK_DELAY_S)
+        at_b: list[bytes] = []
+
+        def split() -> bool:
+            a.receive(timeout_s=0.2)
+            if (m := b.receive(timeout_s=0.2)) is not None:
+                at_b.append(m.value)
+            return len(a._readers) == 1 and len(b._readers) == 1
+
+        wait_until(split, 60, "a rebalance 1:1")
+        moved = next(iter(b._readers))
+        gone = [m for m in got if m.tp == moved]
+        for m in gone:
+            a.negative_acknowledge(m)  # no error: the partition is b's now
+        while len(at_b) < len(gone) and (m := b.receive(timeout_s=8)) is not None:
+            at_b.append(m.value)
+        assert sorted(at_b) == sorted(m.value for m in gone), "the new owner delivers them"
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
