@@ -96,10 +96,7 @@ def test_a_nack_of_a_record_whose_partition_moved_away_is_a_no_op(config, worker
     the process. Pulsar's ``negativeAcknowledge`` never fails: a record of a partition
     this consumer no longer owns is the new owner's to deliver, and it does (unacked)."""
     topic = make_topic(config, 2)
-    p = client.create_producer(topic)
-    for i in range(4):
-        p.send(f"m{i}".encode(), partition=i % 2)
-    p.flush()
+    fill(client, topic, 4, partitions=2)
     sub = f"moved-{uuid.uuid4().hex[:6]}"
     a = client.subscribe(topic, subscription=sub, nack_delay_s=NACK_DELAY_S)
     b = None

@@ -292,11 +292,12 @@ def restarts(client: Client, tc_id: int) -> int:
     return {s.tc_id: s.stats for s in client.admin.coordinator_stats()}[tc_id]["restarts"]
 
 
-def fill(client: Client, topic: str, n: int) -> None:
-    """``n`` plain records ``m0``.. ``m{n-1}`` to partition 0 of ``topic``."""
+def fill(client: Client, topic: str, n: int, partitions: int = 1) -> None:
+    """``n`` plain records ``m0``.. ``m{n-1}`` to ``topic``, record i to partition
+    ``i % partitions``."""
     p = client.create_producer(topic)
     for i in range(n):
-        p.send(f"m{i}".encode(), partition=0)
+        p.send(f"m{i}".encode(), partition=i % partitions)
     p.flush()
 
 
