@@ -61,6 +61,11 @@ SCAN_RETRY_S = 15.0
 """How long a snapshot scan that meets a Kafka error (a broker restarting, a leader
 moving) is retried before the error is raised (``follow``) or the partition waits for
 the next rescan (``poll``, and ``follow`` of a partition known transactional)."""
+FOLLOW_FETCH_WAIT_MS = 100
+"""The follower's fetch wait: a delta is fetched as soon as it is written (the broker
+answers at the first byte), so this only bounds an idle follower's polls (ten a second;
+at 5 ms one follower cost the broker about as much as an idle owner, issue 37) and how
+long a newly followed or re-read state partition waits for the fetch already parked."""
 WAIT_WARN_AFTER_S = 10.0
 """A partition registered but not served for this long is logged as a warning."""
 WAIT_WARN_EVERY_S = 60.0
@@ -81,7 +86,7 @@ class BufferStateFollower:
         self._store = TransactionBufferSnapshotStore(config)
         self._consumer = Consumer(config.consumer(
             f"{config.topics.prefix}-state-{uuid.uuid4().hex[:8]}",
-            **{"fetch.wait.max.ms": 5, "client.id": f"tb-follow-{name}"}))
+            **{"fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS, "client.id": f"tb-follow-{name}"}))
         self.views: dict[TopicPartition, BufferView] = {}
         self.status: dict[TopicPartition, ServeStatus] = {}
         self._slot: dict[TopicPartition, int] = {}
