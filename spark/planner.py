@@ -475,7 +475,7 @@ class Planner:
         parts: list[TxnStreamPartition] = []
         for tp, (s, e) in ranges.items():
             covered = self._covered_end(tp)
-            if e > covered:
+            if e > max(s, covered):  # an empty range needs no state (a view dropped)
                 if not clamp:
                     raise RuntimeError(
                         f"{tp}: the served buffer state does not reach offset {e} of this "
