@@ -67,7 +67,7 @@ from txnstream.buffer.recreation import (
     TopicIds,
     fresh_state,
 )
-from txnstream.buffer.scan import DataScan
+from txnstream.buffer.scan import PACED_FETCH, DataScan
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord
 from txnstream.buffer.snapshot_store import (
     ScanStopped,
@@ -102,9 +102,6 @@ to the session timeout, so the group keeps the member."""
 FOLD_WAIT_S = 0.005  # how long one turn waits for data records (a marker's latency)
 CLAIM_TIMEOUT_S = 10.0
 """How long the OWNER record of a claim may take to be written."""
-DATA_FETCH = {"fetch.wait.max.ms": 5, "fetch.min.bytes": 1 << 20}
-"""The owner's fetch is answered after 5 ms unless 1 MB came: under load a turn (a fold, a
-DELTA per partition) every 5 ms, not per few records (issue 36: broker µs/record -25%)."""
 
 
 class BufferWorker:
@@ -137,9 +134,10 @@ class BufferWorker:
         self._group = self._new_group_consumer()
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
-            **DATA_FETCH, **{"client.id": f"tb-data-{self.member}"}))
-        self._scan = DataScan(self._data, f"tb-data-{self.member}", resume_at=lambda tp: (
-            s.buf.last_offset + 1 if (s := self.served.get(tp)) is not None else None))
+            **PACED_FETCH, **{"client.id": f"tb-data-{self.member}"}))
+        self._scan = DataScan(
+            self._data, f"tb-data-{self.member}", pace_s=FOLD_WAIT_S, resume_at=lambda tp: (
+                s.buf.last_offset + 1 if (s := self.served.get(tp)) is not None else None))
         self._registry = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))

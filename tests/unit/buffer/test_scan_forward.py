@@ -97,3 +97,54 @@ def test_after_a_fall_back_the_partitions_are_forwarded_to_the_consumer_again(cl
     assert not any(c[0] == "attach" for c in fake.calls)
     ds.close()
     assert fake.closed
+
+
+class BusyScan(RecordingScan):
+    """Records at every scan while ``busy``: one entry of partition A."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy = True
+        self.scans = 0
+
+    def scan(self, max_records: int, timeout_ms: int) -> tuple[list[Any], list[Any]]:
+        self.scans += 1
+        return ([("orders", 0, "entry")] if self.busy else []), []
+
+
+def test_a_paced_scan_reads_again_only_a_turn_after_a_read_that_found_records(monkeypatch):
+    """One read per ``pace_s`` while records come (one fetch per turn, not per few
+    records: the owner's consumer fetches again only once the last fetch was read); a
+    read after one that found nothing is not held back (a marker's latency)."""
+    now = [1000.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    monkeypatch.setattr(scan_mod.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(scan_mod.time, "sleep", sleep)
+    fake = BusyScan()
+    ds = DataScan(IdleConsumer(), "tb-data-test", native=False,  # type: ignore[arg-type]
+                  pace_s=0.005)
+    ds._native = fake
+    assert ds.read(10, 0.005) == {("orders", 0): [("orders", 0, "entry")]}
+    now[0] += 0.001  # the caller folds for a ms
+    ds.read(10, 0.005)
+    assert slept == [pytest.approx(0.004)]  # the rest of the turn
+    fake.busy = False
+    now[0] += 0.010
+    assert ds.read(10, 0.005) == {}  # a turn had passed: not held back
+    assert slept == [pytest.approx(0.004)]
+    ds.read(10, 0.005)  # after a read that found nothing: at once
+    assert slept == [pytest.approx(0.004)] and fake.scans == 4
+
+
+def test_an_unpaced_scan_never_waits_between_reads(monkeypatch):
+    monkeypatch.setattr(scan_mod.time, "sleep", lambda s: pytest.fail(f"slept {s}"))
+    fake = BusyScan()
+    ds = DataScan(IdleConsumer(), "tb-data-test", native=False)  # type: ignore[arg-type]
+    ds._native = fake
+    for _ in range(3):
+        assert ds.read(10, 0.0)
