@@ -27,18 +27,26 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
+from txnstream.fencing import admits
 from txnstream.kafka.fetch import KafkaRecord, drain
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
     PendingAckCheckpoint,
     PendingAckEntry,
+    PendingAckKind,
     is_checkpoint,
     key_of,
 )
+from txnstream.ratelog import RateLimitedLog
 
 __all__ = ["Fold", "fold_log", "hand_out"]
 
+_ACKS = (PendingAckKind.ACK_INDIVIDUAL, PendingAckKind.ACK_CUMULATIVE)
+
 log = logging.getLogger(__name__)
+_refused = RateLimitedLog(log)
+"""Acks a replay left out although their generation was current (a line per partition per
+10 s)."""
 
 READ_BATCH = 5000
 IDLE_POLL_S = 0.2
@@ -106,7 +114,24 @@ def _apply(handle: PendingAckHandle, m: KafkaRecord) -> None:
         log.error("skipping unreadable pending-ack record at %s[%d]@%d: %s",
                   m.topic(), m.partition(), m.offset(), exc)
         return
-    handle.apply(entry)
+    if handle.apply(entry) or entry.txn_id is None or entry.kind not in _ACKS \
+            or not admits(entry.generation, handle.generation):
+        return
+    # The live owner took this ack, so the fold disagrees with what it held then: the
+    # acks it makes fall back to unacked, and a new owner delivers them again (stop 54's
+    # exactly-once duplicate was one such: an ack logged before the mark of an END).
+    _refused.warning(
+        f"refused {handle.subscription} {handle.tp}", "pending-ack replay of %s for %r: "
+        "the %s of offsets %s in txn %s at %s[%d]@%d (generation %d, the current one) "
+        "conflicts with the state folded before it and is left out: those offsets may be "
+        "delivered again", handle.tp, handle.subscription, entry.kind.name,
+        _brief(entry.offsets), entry.txn_id, m.topic(), m.partition(), m.offset(),
+        entry.generation)
+
+
+def _brief(offsets: tuple[int, ...]) -> str:
+    return str(list(offsets)) if len(offsets) <= 8 else \
+        f"[{offsets[0]}..{offsets[-1]}] ({len(offsets)})"
 
 
 def fold_log(config: Config, topic: str, folds: Iterable[Fold], timeout_s: float) -> int:

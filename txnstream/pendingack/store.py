@@ -35,7 +35,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
 from txnstream.kafka.clients import close_producer
-from txnstream.kafka.fetch import KafkaRecord, consume, delivered_at, delivered_offset
+from txnstream.kafka.fetch import consume, delivered_at, delivered_offset
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
@@ -162,16 +162,6 @@ class PendingAckStore:
         """The next offset the tail reads in ``tp``'s log partition."""
         with self._lock:
             return self._tail_pos.get(self.log_partition(tp), -1)
-
-    def _apply(self, handle: PendingAckHandle, m: KafkaRecord) -> PendingAckEntry | None:
-        try:
-            entry = PendingAckEntry.decode(m.value())
-        except CorruptRecordError as exc:
-            log.error("skipping unreadable pending-ack record at %s[%d]@%d: %s",
-                      m.topic(), m.partition(), m.offset(), exc)
-            return None
-        handle.apply(entry)
-        return entry
 
     def claim(self, handle: PendingAckHandle, cursor: int, log_epoch: int = -1) -> int:
         """Append this member's OWNER record (a newer generation); fold up to it.

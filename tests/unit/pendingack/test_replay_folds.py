@@ -133,3 +133,28 @@ def test_a_checkpoint_not_where_the_pointer_says_leaves_the_handle_untouched():
     assert f.gone and g.gone
     for h in (f.handle, g.handle):
         assert state(h) == state(PendingAckHandle(SUB, a))
+
+
+def test_a_replayed_ack_of_the_current_generation_that_conflicts_is_named_in_a_warning(
+        caplog):
+    """Stop 54's duplicate was a replay that silently left out a transactional ack the
+    live owner had taken (logged before the mark of the END it depended on). Such an ack
+    is now named in a WARNING; an ack of a fenced generation is left out quietly, as
+    before (it was never valid)."""
+    tp = TopicPartition("in", 0)
+    k = key_of(SUB, tp)
+    owner = PendingAckEntry(PendingAckKind.OWNER, SUB, tp.topic, 0, generation=0,
+                            member_id="m-0", cursor=0)
+    first = PendingAckEntry(PendingAckKind.ACK_INDIVIDUAL, SUB, tp.topic, 0, TxnID(0, 1),
+                            (3,), 0, "m-0")
+    clash = PendingAckEntry(PendingAckKind.ACK_INDIVIDUAL, SUB, tp.topic, 0, TxnID(0, 2),
+                            (3,), 0, "m-0")
+    fenced = PendingAckEntry(PendingAckKind.ACK_INDIVIDUAL, SUB, tp.topic, 0, TxnID(0, 3),
+                             (3,), -1, "m-old")
+    log = [Rec(i, k, e.encode()) for i, e in enumerate((owner, first, fenced, clash))]
+    with caplog.at_level("WARNING", logger="txnstream.pendingack.replay"):
+        fold_all(log, [Fold(PendingAckHandle(SUB, tp), 0, start=0)])
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "ACK_INDIVIDUAL of offsets [3] in txn" in lines[0], lines[0]
+    assert str(TxnID(0, 2)) in lines[0] and "__pa[0]@3" in lines[0], lines[0]
