@@ -31,7 +31,7 @@ from txnstream.types import TopicPartition
 
 from .options import Offsets
 
-__all__ = ["EPOCHS_KEY", "join", "replaced", "split"]
+__all__ = ["EPOCHS_KEY", "gone_since_planned", "join", "replaced", "split"]
 
 EPOCHS_KEY = "@log_epochs"
 """Where the log epochs sit in a stream's offsets JSON (never a topic's name)."""
@@ -75,3 +75,18 @@ def replaced(noted: Mapping[TopicPartition, int], now: Mapping[TopicPartition, i
     """Partitions whose log now is newer than the one noted: tp -> (noted, now)."""
     return {tp: (e, now[tp]) for tp, e in sorted(noted.items())
             if tp in now and now[tp] > e}
+
+
+def gone_since_planned(tp: TopicPartition, first: int, end: int, planned_on: int | None,
+                       now: int | None) -> str | None:
+    """Why a range of ``tp`` planned on log epoch ``planned_on`` is of a log gone since.
+
+    ``now``: the newest epoch seen (None: not known); None if the range is not. Spark
+    plans a micro-batch's end, then its tasks: a topic recreated in between leaves a
+    range of the deleted log, whose records went with it.
+    """
+    if end <= first or planned_on is None or now is None or now <= planned_on:
+        return None
+    return (f"{tp} was deleted and created again while offsets {first}..{end} of its log "
+            f"(log epoch {planned_on}, now {now}) were being planned: they may not have "
+            "been read")

@@ -20,7 +20,7 @@ from txnstream.errors import ConfigError
 from txnstream.types import TopicPartition
 
 from .deferred import released_partitions
-from .log_epochs import replaced, split
+from .log_epochs import gone_since_planned, replaced, split
 from .options import EARLIEST, LATEST, Offsets, SourceOptions, Timestamps, named_offsets
 from .partition import TxnStreamPartition
 
@@ -115,11 +115,7 @@ class Planner:
         self.follower.close()
 
     def _topic_ids(self) -> dict[str, str]:
-        """The subscribed topics' ids now (none where not known).
-
-        A view naming another id is of a log deleted since, whose owner has not
-        restarted it on the new one yet.
-        """
+        """The topics' ids now (none where unknown); a view naming another is of a deleted log."""
         from confluent_kafka.admin import AdminClient
 
         from txnstream.buffer.recreation import TopicIds
@@ -434,15 +430,12 @@ class Planner:
 
         ``defer``: runs not delivered (not due: :mod:`txnstream_spark.deferred`);
         ``released``: spans deferred before, read by tasks of their own (not on a
-        partition whose log was replaced since).
-
-        ``latest``: partitions whose end is ``latest`` -> their high watermark when
-        planned; each is planned even if its range is empty (see :meth:`plan_batch`).
-
-        ``clamp``: a range past the committed end is cut there (``endingOffsets``, or an
-        offset from elsewhere, would hold records of txns that have not ended). Else
-        (a micro-batch, whose end was found committed) the state is waited for until
-        it covers the range; ``RuntimeError`` if it does not in ``COVER_WAIT_S``.
+        replaced log). ``latest``: partitions whose end is ``latest`` -> their high
+        watermark when planned, each planned even if empty (:meth:`plan_batch`).
+        ``clamp``: a range past the committed end is cut there (it would hold records
+        of txns not ended); else (a micro-batch) the state is waited for until it
+        covers the range (``RuntimeError`` after ``COVER_WAIT_S``). A range of a log
+        replaced since it was planned is not read (``gone_since_planned``).
         """
         ranges: dict[TopicPartition, tuple[int, int]] = {}
         (start, began), (end, ends_on) = split(start), split(end)
@@ -461,6 +454,12 @@ class Planner:
                 released = {k: v for k, v in (released or {}).items() if k != tp}
             elif e >= s:
                 self._restart_from.pop(tp, None)
+            if why := gone_since_planned(tp, s, e, ends_on.get(tp, began.get(tp)),
+                                         self.follower.log_epoch(tp)):
+                if self.opts.fail_on_data_loss:
+                    raise RuntimeError(f"{why}. {LOST_HINT}")
+                log.warning("%s: not read, as failOnDataLoss=false asks", why)
+                e = s
             ranges[tp] = s, max(s, e)
 
         def short() -> list[TopicPartition]:

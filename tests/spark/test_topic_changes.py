@@ -270,3 +270,47 @@ def test_an_empty_range_of_a_partition_whose_view_was_just_dropped_is_planned(
         assert planner.partitions(at, at, clamp=False) == []
     finally:
         planner.close()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_range_whose_log_was_replaced_before_its_tasks_were_planned(
+        config, worker, client, monkeypatch, fail_on_data_loss):
+    """Spark plans a micro-batch's end (``latestOffset``), then its tasks
+    (``planInputPartitions``). A topic recreated in between leaves a range of the deleted
+    log, whose view the follower has dropped for the new log's. The old planner planned
+    it all the same (2 of 2 failed here): its refresh followed the partition again from
+    the old log's snapshot, so tasks would have read the new log's offsets 0..4 with
+    the old log's skip info (or, with no snapshot found, it waited ``COVER_WAIT_S`` and
+    failed the query, also under ``failOnDataLoss=false``). Now: with ``false`` the range
+    is not read (its log is gone; the next micro-batch reads the new log from its
+    start), with ``true`` the query fails at once naming the recreation, as
+    ``latestOffset`` would have."""
+    import txnstream_spark.planner as planner_mod
+    from txnstream.buffer.served import BufferStateKind, BufferStateRecord
+    from txnstream_spark.log_epochs import join
+    from txnstream_spark.options import SourceOptions
+    from txnstream_spark.planner import Planner
+
+    monkeypatch.setattr(planner_mod, "COVER_WAIT_S", 2.0)
+    topic = make_topic(config, 1)
+    commit_values(client, topic, [b"a", b"b"], 0)
+    planner = Planner(SourceOptions.parse(
+        opts(config, subscribe=topic, failOnDataLoss=fail_on_data_loss), stream=True))
+    try:
+        end = planner.ends(10.0)[topic]["0"]
+        tp = TopicPartition(topic, 0)
+        view = planner.follower.views[tp]
+        assert (end, view.log_epoch) == (4, 0)
+        start, stop = (join({topic: {"0": o}}, {tp: 0}) for o in (0, end))
+        # the owner restarted tp on a new log: the follower reads its first DELTA
+        planner.follower._restart(tp, view, BufferStateRecord(  # noqa: SLF001
+            BufferStateKind.DELTA, "owner", view.generation, topic, 0, log_epoch=1))
+        t0 = time.monotonic()
+        if fail_on_data_loss == "true":
+            with pytest.raises(RuntimeError, match="deleted and created again"):
+                planner.partitions(start, stop, clamp=False)
+        else:
+            assert planner.partitions(start, stop, clamp=False) == []
+        assert time.monotonic() - t0 < 1.5, "it waited for the deleted log's view"
+    finally:
+        planner.close()

@@ -444,6 +444,13 @@ class BufferStateFollower:
             return None
         return [TopicPartition(topic, p) for p in sorted(t.partitions)]
 
+    def log_epoch(self, tp: TopicPartition) -> int | None:
+        """The newest log epoch seen of ``tp`` (None: not known), its view dropped or not.
+
+        Ahead of the view's while the view is dropped for a newer log's (WAITING).
+        """
+        return self._epoch.get(tp)
+
     def waiting_for(self, tp: TopicPartition) -> float | None:
         """Seconds ``tp`` has waited for served state, or None if it does not wait."""
         since = self._waiting_since.get(tp)

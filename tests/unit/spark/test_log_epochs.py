@@ -7,7 +7,7 @@ import json
 import pytest
 
 from txnstream.types import TopicPartition
-from txnstream_spark.log_epochs import EPOCHS_KEY, join, replaced, split
+from txnstream_spark.log_epochs import EPOCHS_KEY, gone_since_planned, join, replaced, split
 
 T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
 
@@ -42,3 +42,14 @@ def test_a_partition_is_on_a_new_log_only_where_its_epoch_grew():
 def test_a_malformed_epochs_entry_is_named(bad, says):
     with pytest.raises(ValueError, match=says):
         split(bad)
+
+
+def test_a_range_is_gone_only_if_nonempty_and_planned_on_an_older_log_than_seen_now():
+    tp = TopicPartition("t", 0)
+    assert gone_since_planned(tp, 0, 4, 0, 1) == (
+        "t-0 was deleted and created again while offsets 0..4 of its log (log epoch 0, "
+        "now 1) were being planned: they may not have been read")
+    assert gone_since_planned(tp, 4, 4, 0, 1) is None  # empty: nothing to read
+    assert gone_since_planned(tp, 0, 4, 1, 1) is None  # the same log
+    assert gone_since_planned(tp, 0, 4, None, 1) is None  # planned with no epoch noted
+    assert gone_since_planned(tp, 0, 4, 0, None) is None  # not followed: not known
