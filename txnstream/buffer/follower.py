@@ -190,7 +190,9 @@ class BufferStateFollower:
     def _follow_found(self, tp: TopicPartition, found: LatestSnapshotFinder,
                       plain_ok: bool) -> ServeStatus:
         """Start following ``tp`` from what a scan ``found`` (see :meth:`follow`)."""
-        if found.best is not None:
+        if found.best is not None and found.best.log_epoch < self._epoch.get(tp, 0):
+            self._wait(tp)  # of a log older than one seen: wait for the newer log's
+        elif found.best is not None:
             self._start_view(tp, found.best)
         elif found.registered:
             self._wait(tp)

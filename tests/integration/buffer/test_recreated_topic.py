@@ -252,3 +252,33 @@ def test_a_topic_recreated_while_no_owner_ran_is_served_from_its_new_log(config,
               and r.name == "txnstream.buffer.recreation" and str(tp) in r.getMessage()]
     assert len(warned) == 1 and "topic id changed" in warned[0], warned
     assert "folded to offset 13" in warned[0], warned
+
+
+def test_a_follower_that_saw_a_newer_log_never_follows_an_older_snapshot_again(
+        config, worker, client):
+    """A DELTA of a newer log epoch drops the view until that epoch's snapshot is read
+    (the follower's rule: never a view of an older log again). Old code: a ``catch_up``
+    meanwhile (a Spark planner's refresh does one) followed the partition again from the
+    newest snapshot it found, the deleted log's, and its ranges were planned with that
+    log's skip info over the new log's offsets."""
+    from txnstream.buffer.follower import ServeStatus
+    from txnstream.buffer.served import BufferStateKind, BufferStateRecord
+
+    topic = make_topic(config, 1, "epochs")
+    tp = TopicPartition(topic, 0)
+    write(client, topic, [("commit", [b"a", b"b"])])
+    f = BufferStateFollower(config, "epochs")
+    try:
+        f.catch_up([tp])
+        wait_reads(config, f, tp, [b"a", b"b"], "the first log read")
+        view = f.views[tp]
+        assert view.log_epoch == 0
+        f._restart(tp, view, BufferStateRecord(  # noqa: SLF001 - as its owner's DELTA does
+            BufferStateKind.DELTA, "owner", view.generation, topic, 0, log_epoch=1))
+        for again in (lambda: f.catch_up([tp]), lambda: f.follow_many([tp]),
+                      lambda: f.follow(tp), lambda: f.poll(0.3)):
+            again()
+            assert tp not in f.views, f"a view of log epoch {f.views[tp].log_epoch} again"
+            assert f.status[tp] is ServeStatus.WAITING and f.log_epoch(tp) == 1
+    finally:
+        f.close()
