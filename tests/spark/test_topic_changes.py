@@ -274,7 +274,7 @@ def test_an_empty_range_of_a_partition_whose_view_was_just_dropped_is_planned(
 
 @pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
 def test_a_range_whose_log_was_replaced_before_its_tasks_were_planned(
-        config, worker, client, monkeypatch, fail_on_data_loss):
+        config, worker, client, fail_on_data_loss):
     """Spark plans a micro-batch's end (``latestOffset``), then its tasks
     (``planInputPartitions``). A topic recreated in between leaves a range of the deleted
     log, whose view the follower has dropped for the new log's. The old planner planned
@@ -285,13 +285,11 @@ def test_a_range_whose_log_was_replaced_before_its_tasks_were_planned(
     is not read (its log is gone; the next micro-batch reads the new log from its
     start), with ``true`` the query fails at once naming the recreation, as
     ``latestOffset`` would have."""
-    import txnstream_spark.planner as planner_mod
     from txnstream.buffer.served import BufferStateKind, BufferStateRecord
     from txnstream_spark.log_epochs import join
     from txnstream_spark.options import SourceOptions
     from txnstream_spark.planner import Planner
 
-    monkeypatch.setattr(planner_mod, "COVER_WAIT_S", 2.0)
     topic = make_topic(config, 1)
     commit_values(client, topic, [b"a", b"b"], 0)
     planner = Planner(SourceOptions.parse(
@@ -311,6 +309,8 @@ def test_a_range_whose_log_was_replaced_before_its_tasks_were_planned(
                 planner.partitions(start, stop, clamp=False)
         else:
             assert planner.partitions(start, stop, clamp=False) == []
-        assert time.monotonic() - t0 < 1.5, "it waited for the deleted log's view"
+        # far below COVER_WAIT_S (30 s), which the old planner could wait out: a margin
+        # for a loaded machine, not a speed goal
+        assert time.monotonic() - t0 < 10, "it waited for the deleted log's view"
     finally:
         planner.close()
