@@ -396,8 +396,10 @@ class TxnStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if isinstance(limit, ReadMaxRows):
             ends = _rate_limit(begin, ends, limit.max_rows)
         ends, later = self._defer(begin, ends, carried)
-        # the log each end is of, and what each defers for its time, beside it
-        return deferred.join(join(ends, planner.log_epochs()), later)
+        # the log each end is of (a view dropped for a new log's: still its start's,
+        # unless it restarts on the new one), and what each defers for its time
+        on = {tp: e for tp, e in noted.items() if not planner.restarted(tp)}
+        return deferred.join(join(ends, on | planner.log_epochs()), later)
 
     def _defer(self, begin: Offsets, ends: Offsets,
                carried: dict[TopicPartition, list[tuple[int, int, int]]]

@@ -130,3 +130,57 @@ def test_available_now_whose_topic_comes_back_with_fewer_partitions_fails(
         assert "these partitions no longer exist" in msg and f"{topic}-4" in msg, msg[-1500:]
     finally:
         q.stop()
+
+
+def test_an_end_taken_while_the_view_is_dropped_keeps_the_log_it_is_of(
+        config, worker, client):
+    """``latestOffset`` notes beside each end the log it is of; it read that from the
+    served views. While the follower has dropped a partition's view for its new log's
+    (the owner restarted it on a recreated topic; WAITING for the new log's snapshot),
+    the old code noted nothing for it: Spark ran an empty micro-batch to that un-noted
+    end, and once the new log was served nothing said the query's offset was of the old
+    one. A new log that had passed it was read from there, its first records never
+    delivered (CI on 350ddbb: ``test_a_running_query_over_a_topic_recreated_with_a_
+    longer_log_reads_all_of_it`` saw new4..new7 of new0..new7). An end still on the log
+    its start was on keeps that log's epoch; the next range starts at the new log's start.
+    """
+    from pyspark.sql.datasource import ReadAllAvailable
+
+    from txnstream.buffer.served import BufferStateKind, BufferStateRecord
+    from txnstream_spark.log_epochs import split
+    from txnstream_spark.source import TxnStreamStreamReader
+
+    topic = make_topic(config, 1)
+    tp = TopicPartition(topic, 0)
+    commit_values(client, topic, OLD, 0)
+    reader = TxnStreamStreamReader(opts(config, subscribe=topic, failOnDataLoss="false",
+                                        startingOffsets="earliest"))
+    try:
+        def latest(start, at: int) -> dict:  # once the served state reaches ``at``
+            deadline = time.monotonic() + 60
+            while (split(end := reader.latestOffset(start, ReadAllAvailable()))[0][topic]["0"]
+                   != at and time.monotonic() < deadline):
+                time.sleep(0.2)
+            return end
+
+        first = latest(reader.initialOffset(), 8)
+        assert split(first) == ({topic: {"0": 8}}, {tp: 0}), first
+        # the owner restarted tp on a new log: the follower read its first DELTA and
+        # dropped the view, waiting for the new log's snapshot
+        follower = reader._planner.follower  # noqa: SLF001
+        view = follower.views[tp]
+        follower._restart(tp, view, BufferStateRecord(  # noqa: SLF001
+            BufferStateKind.DELTA, "owner", view.generation, topic, 0, log_epoch=1))
+        waiting = reader.latestOffset(first, ReadAllAvailable())
+        assert split(waiting)[1] == {tp: 0}, \
+            f"an end of the old log noted without its log epoch: {waiting}"
+        recreate(config, worker, topic)
+        with Client(config=config) as fresh:
+            commit_values(fresh, topic, NEW, 0)  # 16 offsets: past the query's 8
+        now = latest(waiting, 16)
+        assert split(now) == ({topic: {"0": 16}}, {tp: 1}), now
+        ranges = reader.partitions(waiting, now)
+        assert [(p.start, p.end) for p in ranges] == [(0, 16)], \
+            "the new log was not read from its start"
+    finally:
+        reader.stop()
