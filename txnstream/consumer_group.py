@@ -16,8 +16,9 @@ log before delivering anything (DESIGN.md section 7):
 4. **cursor commits** (batched, twice a second) carry the latest pending-ack checkpoint
    as offset metadata, so lag tools keep working and a new owner replays seconds of the
    log, never all of it;
-5. **pause and resume**: a partition waits (paused, sought back) at the first record
-   past the served max read position, and resumes when the position reaches it;
+5. **wait and resume**: a partition waits at the first record past the served max read
+   position (what is fetched beyond held: :class:`~txnstream.ingest.Ingest`; past the
+   hold's bound the fetcher paused there), and resumes when the position reaches it;
 6. **a new log**: the cursor and the pending-ack state note the partition's log epoch
    (the served buffer state's). When the view moves to a newer epoch (the topic was
    deleted and created again) the partition is taken again at once: the claim starts the
@@ -60,10 +61,9 @@ __all__ = ["DeliveryOwner", "GroupMember"]
 
 log = logging.getLogger("txnstream.consumer")
 
-DATA_FETCH_WAIT_MS = 5
-"""The broker's long-poll wait for data fetches. A reader pauses a partition at the max
-read position and resumes it when a commit moves it: a fetch still parked on the broker
-(librdkafka's default 500 ms) would delay the records the commit made visible."""
+DATA_FETCH_WAIT_MS = 100
+"""The broker's long-poll wait for data fetches: how late a paused partition's records
+can be after its resume (:meth:`GroupMember.wait_at`); shorter costs the broker at rest."""
 COMMIT_INTERVAL_S = 0.5
 """Cursor commits are batched: at most two offset commits a second per consumer."""
 RETAKE_AFTER_S = 10.0
@@ -323,18 +323,19 @@ class GroupMember:
                 self.resume(r)
 
     def resume(self, r: PartitionDelivery) -> None:
-        """Fetch ``r`` again from where it waits (:meth:`wait_at`)."""
+        """Take ``r`` again from where it waits: its hold, and a paused fetch resumed."""
         assert r.wait_at is not None
-        # Seek again after the resume: a resumed partition alone is fetched again only at
-        # librdkafka's next periodic fetch decision (~1 s later).
-        ktp = KafkaTP(r.tp.topic, r.tp.partition, r.wait_at)
-        try:
-            self.kafka.resume([ktp])
-            self.kafka.seek(ktp)
-        except KafkaException as exc:
-            log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
-            return
-        r.wait_at, r.delay_paused = None, False
+        if r.paused_at is not None:
+            # Seek again after the resume: a resumed partition alone is fetched again
+            # only at librdkafka's next periodic fetch decision (~1 s later).
+            ktp = KafkaTP(r.tp.topic, r.tp.partition, r.paused_at)
+            try:
+                self.kafka.resume([ktp])
+                self.kafka.seek(ktp)
+            except KafkaException as exc:
+                log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
+                return
+        r.wait_at, r.paused_at, r.delay_paused = None, None, False
 
     def _follow_log_epochs(self) -> None:
         """Note each view's log epoch beside the cursor; a newer one: take it again now.
@@ -359,12 +360,10 @@ class GroupMember:
                 self.fenced(r.tp, f"new log (epoch {view.log_epoch})", retake_after_s=0.0)
 
     def wait_at(self, r: PartitionDelivery, offset: int) -> None:
-        """Stop fetching ``r`` at ``offset`` until the served state covers it.
-
-        The rest of the current fetch batch for it is ignored (``wait_at`` is set); the
-        seek makes the fetcher drop what it prefetched beyond.
-        """
-        r.wait_at = offset
+        """Pause ``r``'s fetch at ``offset``: where it waits, or where its full hold ends."""
+        if r.wait_at is None:
+            r.wait_at = offset
+        r.paused_at = offset
         ktp = KafkaTP(r.tp.topic, r.tp.partition, offset)
         try:
             self.kafka.pause([ktp])

@@ -43,6 +43,7 @@ from txnstream.types import TopicPartition, TxnID
 
 if TYPE_CHECKING:
     from txnstream.buffer.served import BufferView, ServeStatus
+    from txnstream.kafka.fetch import KafkaRecord
     from txnstream.pendingack.handle import PendingAckHandle
     from txnstream.pendingack.records import Checkpointed
 
@@ -146,7 +147,17 @@ class PartitionDelivery:
     deliver_pos: int
     """Next offset to deliver (or skip)."""
     wait_at: int | None = None
-    """Paused here (sought back) until the served max read position reaches it."""
+    """The first record not taken yet: the partition waits here until the served max read
+    position reaches it, its records from here on held (:attr:`held`) or, past the
+    hold's bound, the fetcher paused (:attr:`paused_at`)."""
+    held: list[KafkaRecord] = field(default_factory=list)
+    """Records fetched from :attr:`wait_at` on, in offset order, taken once it is served
+    (:class:`txnstream.ingest.Ingest`): the fetcher goes on instead of pausing."""
+    held_bytes: int = 0
+    held_next: int = -1
+    """The next offset the hold takes (one the fetcher gives again is skipped)."""
+    paused_at: int | None = None
+    """The fetcher is paused and sought here (a full hold, or delayed records held)."""
     unacked: dict[int, Message] = field(default_factory=dict)
     """Delivered (or queued) and not yet acked, by offset."""
     committed: int = -1

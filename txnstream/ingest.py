@@ -36,6 +36,13 @@ WAIT, SKIP = Verdict.WAIT, Verdict.SKIP
 
 TXN_ID_CACHE = 10_000
 """Parsed ``txn.id`` headers kept per consumer (one per txn in flight, cleared past it)."""
+HOLD_PARTITION_BYTES = 1 << 20
+"""What one partition's hold keeps at most (records fetched past where it waits); past
+it the fetcher pauses there, and fetches them again once the partition is served."""
+HOLD_BYTES = 16 << 20
+"""What one consumer's holds keep at most, all partitions together."""
+HOLD_RECORD_OVERHEAD = 128
+"""Bytes counted per held record beside its key, value and headers (the object)."""
 
 
 class Ingest:
@@ -52,7 +59,11 @@ class Ingest:
         self._txn_ids: dict[bytes, TxnID] = {}
         self._bad_delays = RateLimitedLog(log)
         self._paused: set[TopicPartition] = set()
-        """Partitions paused because this consumer holds all it may."""
+        """Partitions paused because this consumer holds all the delayed records it may."""
+        self._holding: dict[TopicPartition, PartitionDelivery] = {}
+        """Partitions whose records are held where they wait (:meth:`_hold`)."""
+        self.held_bytes = 0
+        """What the holds keep (at most :data:`HOLD_BYTES`)."""
         self.delayed_total = 0
         """Records held for their time since the start (each holding counts)."""
 
@@ -62,9 +73,13 @@ class Ingest:
         Per run of one partition's records, the reader, its view and its pending-ack
         state are looked up once; per record, a few comparisons and the
         :class:`Message` (the same object a hand-written ``read_committed`` loop
-        builds). Records of a partition after the one it waits at are ignored (the seek
-        fetches them again).
+        builds). Records of a partition from the one it waits at on are held, in
+        order, and taken first once it is served (the fetcher goes on meanwhile: a
+        commit makes them visible without another fetch); past the hold's bound the
+        fetcher pauses there and fetches the rest again.
         """
+        if self._holding:
+            batch = self._released() + batch
         queue, views, ids = self._queue, self._follower.views, self._txn_ids
         ready, unacked_of = queue.ready, None
         key: tuple[str, int] | None = None
@@ -82,7 +97,11 @@ class Ingest:
                 view = views.get(r.tp) if r is not None else None
                 quiet = r is not None and r.quiet()
                 unacked_of = r.unacked if r is not None else None
-            if r is None or r.wait_at is not None:
+            if r is None:
+                continue
+            if r.wait_at is not None:
+                if r.paused_at is None:
+                    self._hold(r, m)
                 continue
             off = m.offset()
             if off < r.deliver_pos:
@@ -103,7 +122,7 @@ class Ingest:
                     if judged is Judgement.JUNK:
                         r.deliver_pos = off + 1
                     else:
-                        self._group.wait_at(r, off)  # asked again when due
+                        self._wait(r, m, off)  # asked again when due
                     continue
                 log.info("%s: %s has txn records from offset %d on: reading served state",
                          self.member_id, r.tp, off)
@@ -112,7 +131,7 @@ class Ingest:
                 view = views.get(r.tp)
             said = verdict(view, off, txn_raw, marker)
             if said is WAIT:
-                self._group.wait_at(r, off)
+                self._wait(r, m, off)
                 continue
             r.deliver_pos = off + 1
             if said is SKIP:
@@ -143,6 +162,43 @@ class Ingest:
                 unacked_of[off] = msg  # queued counts as unacked: the cursor stays below it
             elif (given := r.offer(msg)) is not None:
                 ready.append(given)
+
+    def _wait(self, r: PartitionDelivery, m: KafkaRecord, off: int) -> None:
+        """``r`` waits at ``m`` (at ``off``) until it is served: hold it and what follows."""
+        r.wait_at, r.held_next = off, off
+        self._holding[r.tp] = r
+        self._hold(r, m)
+
+    def _hold(self, r: PartitionDelivery, m: KafkaRecord) -> None:
+        """Keep ``m``, fetched past where ``r`` waits; a full hold pauses the fetcher at it."""
+        off = m.offset()
+        if off < r.held_next:  # fetched again (after a seek): held already
+            return
+        size = HOLD_RECORD_OVERHEAD + len(m.value() or b"") + len(m.key() or b"")
+        if (hs := m.headers()) is not None:
+            size += sum(len(k) + len(v or b"") for k, v in hs)
+        if r.held_bytes + size > HOLD_PARTITION_BYTES or self.held_bytes + size > HOLD_BYTES:
+            self._group.wait_at(r, off)
+            return
+        r.held.append(m)
+        r.held_bytes += size
+        self.held_bytes += size
+        r.held_next = off + 1
+
+    def _released(self) -> list[KafkaRecord]:
+        """The held records of partitions served since (taken first); drop dropped ones."""
+        out: list[KafkaRecord] = []
+        for tp, r in list(self._holding.items()):
+            if self._readers.get(tp) is not r:  # dropped (revoked, fenced): its hold too
+                pass
+            elif r.wait_at is not None:
+                continue
+            else:
+                out += r.held
+            del self._holding[tp]
+            self.held_bytes -= r.held_bytes
+            r.held, r.held_bytes = [], 0
+        return out
 
     def _delayed(self, r: PartitionDelivery, msg: Message, delay: Delay,
                  txn_raw: bytes | None, view: BufferView | None = None) -> bool:
