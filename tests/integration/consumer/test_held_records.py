@@ -18,8 +18,7 @@ import uuid
 import pytest
 
 from tests.integration.consumer.conftest import make_topic
-from txnstream import TopicPartition
-from txnstream import ingest
+from txnstream import TopicPartition, ingest
 
 pytestmark = pytest.mark.integration
 
