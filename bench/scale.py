@@ -43,8 +43,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 from confluent_kafka import Consumer as KafkaConsumer
@@ -127,13 +128,16 @@ def _rss_mb(pids: list[int]) -> float:
     return total / 2**20
 
 
-def steady(send: Send, receive: Receive, width: int, meter: CpuMeter, window_s: float,
-           rest_s: float, after_rest: Callable[[], object] | None = None) -> dict:
-    """The steady load, then rest with the consumer still polling; one result row's
-    figures (see the module docstring). ``after_rest`` runs after the at-rest window,
-    the consumer still polling (a profile of rest that does not load the window)."""
+def steady(send: Send, receives: Sequence[Receive], width: int, meter: CpuMeter,
+           window_s: float, rest_s: float,
+           after_rest: Callable[[], object] | None = None) -> dict:
+    """The steady load, then rest with the consumers still polling; one result row's
+    figures (see the module docstring). Each of ``receives`` is a reader of every txn,
+    polled on its own thread; latencies are pooled over them. ``after_rest`` runs after
+    the at-rest window, the consumers still polling (a profile of rest that does not
+    load the window)."""
     sent: dict[int, float] = {}
-    seen: dict[int, float] = {}
+    seens: list[dict[int, float]] = [{} for _ in receives]
     stop_w, stop_r = threading.Event(), threading.Event()
     behind = [0.0]
     errors: list[BaseException] = []
@@ -153,7 +157,7 @@ def steady(send: Send, receive: Receive, width: int, meter: CpuMeter, window_s: 
         except BaseException as e:  # reported in the row
             errors.append(e)
 
-    def read() -> None:
+    def read(receive: Receive, seen: dict[int, float]) -> None:
         try:
             while not stop_r.is_set():
                 keys = receive()
@@ -163,27 +167,34 @@ def steady(send: Send, receive: Receive, width: int, meter: CpuMeter, window_s: 
         except BaseException as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=read, daemon=True, name="scale-reader"),
-               threading.Thread(target=write, daemon=True, name="scale-writer")]
+    writer = threading.Thread(target=write, daemon=True, name="scale-writer")
+    threads = [threading.Thread(target=read, args=(rc, seen), daemon=True,
+                                name=f"scale-reader-{i}")
+               for i, (rc, seen) in enumerate(zip(receives, seens, strict=True))] + [writer]
     for t in threads:
         t.start()
     try:
         deadline = time.monotonic() + wide_start.FIRST_TIMEOUT_S
-        while not seen and time.monotonic() < deadline and not errors:
+        while not all(seens) and time.monotonic() < deadline and not errors:
             time.sleep(0.1)
-        if not seen:
-            raise RuntimeError(f"nothing delivered in {wide_start.FIRST_TIMEOUT_S:.0f}s "
-                               f"({errors!r})")
+        if not all(seens):
+            raise RuntimeError(f"nothing delivered to {sum(not s for s in seens)} reader(s) "
+                               f"in {wide_start.FIRST_TIMEOUT_S:.0f}s ({errors!r})")
         time.sleep(WARMUP_S)
         lo, c0, t0 = len(sent), _cpu(meter), time.monotonic()
         time.sleep(window_s)
         hi, c1, t1 = len(sent), _cpu(meter), time.monotonic()
         stop_w.set()
-        threads[1].join(30)
+        writer.join(30)
         deadline = time.monotonic() + DRAIN_S
-        while any(s not in seen for s in range(lo, hi)) and time.monotonic() < deadline:
+        while any(s not in seen for seen in seens for s in range(lo, hi)) \
+                and time.monotonic() < deadline:
             time.sleep(0.1)
-        lats, missing = window_latencies(sent, seen, lo, hi)
+        lats, missing = [], 0
+        for seen in seens:
+            got, lost = window_latencies(sent, seen, lo, hi)
+            lats += got
+            missing += lost
         time.sleep(SETTLE_S)
         r0, tr0 = _cpu(meter), time.monotonic()
         time.sleep(rest_s)
@@ -208,14 +219,16 @@ def steady(send: Send, receive: Receive, width: int, meter: CpuMeter, window_s: 
 
 
 def kafka_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
-                 rest_s: float) -> dict:
-    """The anchor: an idempotent producer (one record, flushed) and a ``read_committed``
-    group consumer on a plain topic."""
+                 rest_s: float, readers: int = 1) -> dict:
+    """The anchor: an idempotent producer (one record, flushed) and ``readers``
+    ``read_committed`` consumers, each its own group, on a plain topic."""
     topic = make_topic(cfg, width, f"scale-plain{width}-{uuid.uuid4().hex[:6]}")
     p = KafkaProducer(cfg.producer(**{"linger.ms": 0}))
-    c = KafkaConsumer(cfg.consumer(f"scale-{uuid.uuid4().hex[:6]}", **{
+    cs = [KafkaConsumer(cfg.consumer(f"scale-{uuid.uuid4().hex[:6]}", **{
         "isolation.level": "read_committed", "auto.offset.reset": "earliest"}))
-    c.subscribe([topic])
+        for _ in range(readers)]
+    for c in cs:
+        c.subscribe([topic])
 
     def send(seq: int, partition: int) -> float:
         t0 = time.perf_counter()
@@ -223,11 +236,15 @@ def kafka_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
         p.flush(10)
         return t0
 
+    def receive_of(c: KafkaConsumer) -> Receive:
+        return lambda: [m.key() for m in kafka_batch(c, CONSUME_BATCH, POLL_S)
+                        if m.error() is None]
+
     try:
-        return steady(send, lambda: [m.key() for m in kafka_batch(c, CONSUME_BATCH, POLL_S)
-                                     if m.error() is None], width, meter, window_s, rest_s)
+        return steady(send, [receive_of(c) for c in cs], width, meter, window_s, rest_s)
     finally:
-        c.close()
+        for c in cs:
+            c.close()
 
 
 def profile_rest(pid: int, seconds: float, path: Path) -> None:
@@ -245,14 +262,15 @@ def profile_rest(pid: int, seconds: float, path: Path) -> None:
 
 
 def txnstream_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
-                     rest_s: float, profile: Path | None = None) -> dict:
-    """txnstream: ``RECORDS_PER_TXN``-record txns, a subscription at earliest; with
-    ``profile``, the worker at rest is profiled into ``profile`` after the window."""
+                     rest_s: float, profile: Path | None = None, readers: int = 1) -> dict:
+    """txnstream: ``RECORDS_PER_TXN``-record txns, ``readers`` subscriptions at
+    earliest; with ``profile``, the worker at rest is profiled into ``profile`` after
+    the window."""
     with Client(config=cfg) as client:
         topic = wide_start.registered_topic(client, cfg, width, f"scale{width}")
         producer = client.create_producer(topic)
-        c = client.subscribe(topic, subscription=f"scale-{uuid.uuid4().hex[:6]}",
-                             initial_position="earliest")
+        cs = [client.subscribe(topic, subscription=f"scale-{uuid.uuid4().hex[:6]}",
+                               initial_position="earliest") for _ in range(readers)]
 
         def send(seq: int, partition: int) -> float:
             with client.transaction() as txn:
@@ -261,14 +279,16 @@ def txnstream_steady(cfg: Config, width: int, meter: CpuMeter, window_s: float,
                     producer.send(VALUE, key=str(seq).encode(), partition=partition, txn=txn)
             return t0
 
+        def receive_of(c: Any) -> Receive:
+            return lambda: [m.key for m in receive_batch(c, CONSUME_BATCH, POLL_S)]
+
         try:
-            return steady(send, lambda: [m.key for m in receive_batch(c, CONSUME_BATCH,
-                                                                      POLL_S)],
-                          width, meter, window_s, rest_s,
+            return steady(send, [receive_of(c) for c in cs], width, meter, window_s, rest_s,
                           None if profile is None else lambda: profile_rest(
                               (meter.roots["worker"] or [0])[0], PROFILE_S, profile))
         finally:
-            c.close()
+            for c in cs:
+                c.close()
 
 
 # ------------------------------------------------------------------ one width
@@ -285,20 +305,23 @@ def _delete_new_topics(cfg: Config, before: set[str]) -> None:
 
 
 def one_width(bootstrap: str, broker: list[int] | None, width: int, rounds: int,
-              window_s: float, rest_s: float, profile: Path | None = None) -> list[dict]:
-    """The two rows of one width: Kafka's, then txnstream's."""
-    cfg = fresh_config(bootstrap)
+              window_s: float, rest_s: float, profile: Path | None = None, *,
+              readers: int = 1, n_workers: int = 1, coordinators: int = 4) -> list[dict]:
+    """The two rows of one width: Kafka's, then txnstream's (``readers`` subscriptions
+    each, ``n_workers`` workers, ``coordinators`` TC partitions)."""
+    cfg = fresh_config(bootstrap, coordinators)
     before = set(AdminClient(cfg.admin()).list_topics(timeout=10).topics)
     rows = []
     try:
         with console.status(f"{width} partitions: Kafka ..."):
-            k = kafka_steady(cfg, width, CpuMeter([], broker), window_s, rest_s)
+            k = kafka_steady(cfg, width, CpuMeter([], broker), window_s, rest_s, readers)
             k["rounds"] = wide_start.kafka_rounds(cfg, width, rounds)
         k["rss_mb"] = float("nan")
         rows.append(_row(width, "Kafka read_committed", k))
-        with workers(cfg, 1) as pids, console.status(f"{width} partitions: txnstream ..."):
+        with workers(cfg, n_workers) as pids, \
+                console.status(f"{width} partitions: txnstream ..."):
             meter = CpuMeter(pids, broker)
-            t = txnstream_steady(cfg, width, meter, window_s, rest_s, profile)
+            t = txnstream_steady(cfg, width, meter, window_s, rest_s, profile, readers)
             t["rounds"] = wide_start.txnstream_rounds(cfg, width, rounds)
             t["rss_end_mb"] = _rss_mb(pids)
         rows.append(_row(width, "txnstream", t))

@@ -23,3 +23,20 @@ def test_net_per_txn_takes_the_rest_rate_off() -> None:
     # 3 CPU s in a 10 s window, 0.1 cores at rest: 2 s for 100 txns
     assert math.isclose(net_per_txn(3.0, 0.1, 10.0, 100), 0.02)
     assert math.isnan(net_per_txn(1.0, 0.0, 10.0, 0))
+
+
+def test_scale_axes_move_one_setting_at_a_time_and_run_the_base_once() -> None:
+    import argparse
+
+    from bench.scale_axes import BASE, points
+
+    args = argparse.Namespace(readers=[1, 4], workers=[1, 3], coordinators=[4, 32])
+    got = [(axis, v, s) for axis, v, s in points(args)]
+    assert got == [
+        ("readers", 1, BASE),
+        ("readers", 4, {**BASE, "readers": 4}),
+        ("workers", 3, {**BASE, "n_workers": 3}),
+        ("coordinators", 32, {**BASE, "coordinators": 32}),
+    ]
+    assert points(argparse.Namespace(readers=[], workers=None, coordinators=[8])) == [
+        ("coordinators", 8, {**BASE, "coordinators": 8})]
