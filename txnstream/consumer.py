@@ -187,7 +187,9 @@ class Consumer:
         moved = self._follower.poll(timeout_s if blocked else 0.0)
         with self._lock:  # and partitions read plain whose junk check may run again
             self._group.unblock(moved | self._unreg.due())
-        batch = drain(self._group.kafka, max_records, 0.0 if blocked else timeout_s)
+            released = self._ingest.released_any()  # held records to take: no wait
+        batch = drain(self._group.kafka, max_records,
+                      0.0 if blocked or released else timeout_s)
         with self._lock:
             self._ingest(batch)
             self._txn_acks.apply_marks()

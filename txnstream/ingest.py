@@ -185,6 +185,10 @@ class Ingest:
         self.held_bytes += size
         r.held_next = off + 1
 
+    def released_any(self) -> bool:
+        """Whether a partition's held records are to be taken (it was served since)."""
+        return any(r.wait_at is None for r in self._holding.values())
+
     def _released(self) -> list[KafkaRecord]:
         """The held records of partitions served since (taken first); drop dropped ones."""
         out: list[KafkaRecord] = []
