@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import platform
 import shutil
@@ -13,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +62,61 @@ def discard_cluster(cluster: LocalCluster) -> None:
     """Stop a :func:`local_cluster` and delete its state (gigabytes of logs)."""
     cluster.down()
     shutil.rmtree(cluster.state_dir, ignore_errors=True)
+
+
+@dataclass
+class RunBroker:
+    """Where a standalone bench runs: ``TXNSTREAM_BOOTSTRAP``'s broker, or a local one."""
+
+    bootstrap: str
+    pids: list[int] | None
+    """The local broker JVM's pids (its CPU is measured); None for a given broker."""
+    load: str
+    """The load average before the run (1, 5, 15 min)."""
+
+    def where(self) -> str:
+        return "one local broker (KRaft, 1 GB heap)" if self.pids is not None \
+            else self.bootstrap
+
+
+@contextmanager
+def run_broker(prefix: str) -> Iterator[RunBroker]:
+    """The broker for a standalone bench (``python -m bench.scale`` and its kin): the
+    one ``TXNSTREAM_BOOTSTRAP`` names, else a :func:`local_cluster` discarded after."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    given = os.environ.get("TXNSTREAM_BOOTSTRAP")
+    if given:
+        yield RunBroker(given, None, load)
+        return
+    cluster = local_cluster(prefix)
+    try:
+        yield RunBroker(cluster.bootstrap, list(cluster.pids().values()), load)
+    finally:
+        discard_cluster(cluster)
+
+
+def run_line(module: str, argv: list[str], load: str) -> str:
+    """A report's first line: the command, the commit, when, and the load before it."""
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    when = dt.datetime.now(dt.UTC)
+    return (f"Run: `python -m {module} {' '.join(argv)}` at {rev} on {when:%Y-%m-%d %H:%M} "
+            f"UTC, load average before it {load}.  \n")
+
+
+def plots_line(plots: list[Path]) -> str:
+    return ("Plots: " + ", ".join(f"`{p}`" for p in plots) + "\n" if plots
+            else "No plots: matplotlib is not installed (the `bench` extra).\n")
+
+
+def publish(md: str, out: Path | str | None) -> None:
+    """Append a report to ``out``, or print it."""
+    if out:
+        with open(out, "a") as f:
+            f.write(md)
+        print(f"appended to {out}")
+    else:
+        print(md)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -32,9 +32,7 @@ Not part of ``python -m bench``: run it on its own (several minutes per width).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
-import os
 import random
 import shutil
 import statistics
@@ -57,14 +55,16 @@ from bench import wide_start
 from bench.__main__ import _md_table, _show
 from bench.buffer import CONSUME_BATCH, VALUE, kafka_batch, receive_batch
 from bench.common import (
-    discard_cluster,
     fresh_config,
     goal_row,
-    local_cluster,
     machine,
     make_topic,
     pct,
+    plots_line,
+    publish,
     ratio,
+    run_broker,
+    run_line,
     workers,
 )
 from bench.cpu import CpuMeter, with_children
@@ -466,27 +466,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the unreported short run at 4 partitions first")
     args = ap.parse_args(argv)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    bootstrap = os.environ.get("TXNSTREAM_BOOTSTRAP")
-    cluster = None
-    if not bootstrap:
-        cluster = local_cluster("txnstream-scale-")
-        bootstrap = cluster.bootstrap
-    broker = list(cluster.pids().values()) if cluster is not None else None
     rows: list[dict] = []
-    try:
+    with run_broker("txnstream-scale-") as rb:
         if args.warmup:  # a fresh JVM's first minute (JIT, first topics) is not width 4's
-            one_width(bootstrap, broker, WARMUP_WIDTH, 1, 5.0, 3.0)
+            one_width(rb.bootstrap, rb.pids, WARMUP_WIDTH, 1, 5.0, 3.0)
         for width in args.partitions:
             t0 = time.monotonic()
             prof = args.profile / f"scale-rest-{width}.txt" if args.profile and \
                 width == max(args.partitions) else None
-            rows += one_width(bootstrap, broker, width, args.rounds, args.window, args.rest,
-                              prof)
+            rows += one_width(rb.bootstrap, rb.pids, width, args.rounds, args.window,
+                              args.rest, prof)
             console.print(f"{width} partitions: {time.monotonic() - t0:.0f} s")
-    finally:
-        if cluster is not None:
-            discard_cluster(cluster)
     vis = [{c: r[c] for c in VISIBILITY} for r in rows]
     cost = [{c: r[c] for c in COST} for r in rows]
     _show("Visibility: first delivery after subscribe at latest, then produce-to-delivery",
@@ -495,25 +485,13 @@ def main(argv: list[str]) -> int:
     g = goals(rows) if len(args.partitions) > 1 else []
     _show("Issue 37 goals, widest against narrowest", g)
     plots = plot(rows, args.plots)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    md = (f"\n## Scale: 4 to 1,024 partitions (issue 37)\n\n"
-          f"Run: `python -m bench.scale {' '.join(argv)}` at {rev} on "
-          f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average before it {load}.  \n"
-          f"Machine: {machine()}; "
-          f"{'one local broker (KRaft, 1 GB heap)' if cluster else bootstrap}, one worker; "
-          f"steady load {TXNS_PER_S} txn/s of {RECORDS_PER_TXN} x 1 KB for {args.window:g} s, "
-          f"at rest {args.rest:g} s.\n\n### Visibility\n\n{_md_table(vis)}\n"
-          f"### Cost\n\n{_md_table(cost)}\n"
-          + (f"### Goals\n\n{_md_table(g)}\n" if g else "")
-          + ("Plots: " + ", ".join(f"`{p}`" for p in plots) + "\n" if plots
-             else "No plots: matplotlib is not installed (the `bench` extra).\n"))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(md)
-        console.print(f"appended to {args.out}")
-    else:
-        print(md)
+    publish("\n## Scale: 4 to 1,024 partitions (issue 37)\n\n"
+            + run_line("bench.scale", argv, rb.load)
+            + f"Machine: {machine()}; {rb.where()}, one worker; steady load {TXNS_PER_S} "
+            f"txn/s of {RECORDS_PER_TXN} x 1 KB for {args.window:g} s, at rest "
+            f"{args.rest:g} s.\n\n### Visibility\n\n{_md_table(vis)}\n"
+            f"### Cost\n\n{_md_table(cost)}\n"
+            + (f"### Goals\n\n{_md_table(g)}\n" if g else "") + plots_line(plots), args.out)
     return 0
 
 

@@ -21,15 +21,12 @@ CPU is not in the figures. Not part of ``python -m bench`` (minutes per point).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench.__main__ import _md_table, _show
-from bench.common import discard_cluster, local_cluster, machine
+from bench.common import machine, plots_line, publish, run_broker, run_line
 from bench.scale import COST, PLOTS, VISIBILITY, console, one_width
 
 BASE = {"readers": 1, "n_workers": 1, "coordinators": 4}
@@ -105,53 +102,30 @@ def main(argv: list[str]) -> int:
                     help="append the markdown section to this file (default: stdout)")
     ap.add_argument("--plots", type=Path, default=PLOTS)
     args = ap.parse_args(argv)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    bootstrap = os.environ.get("TXNSTREAM_BOOTSTRAP")
-    cluster = None
-    if not bootstrap:
-        cluster = local_cluster("txnstream-scale-")
-        bootstrap = cluster.bootstrap
-    broker = list(cluster.pids().values()) if cluster is not None else None
     rows: list[dict] = []
-    try:
-        one_width(bootstrap, broker, 4, 1, 5.0, 3.0)  # warm-up: a fresh JVM's first minute
+    with run_broker("txnstream-scale-") as rb:
+        one_width(rb.bootstrap, rb.pids, 4, 1, 5.0, 3.0)  # warm-up: a fresh JVM's first minute
         for axis, v, settings in points(args):
             t0 = time.monotonic()
             base = settings == BASE
-            for r in one_width(bootstrap, broker, args.partitions, args.rounds, args.window,
-                               args.rest, **settings):
+            for r in one_width(rb.bootstrap, rb.pids, args.partitions, args.rounds,
+                               args.window, args.rest, **settings):
                 r.update(axis="base" if base else axis, value=v, **{
                     k: settings[key] for k, key in AXES})
                 rows.append(r)
             console.print(f"{axis} {v}: {time.monotonic() - t0:.0f} s")
-    finally:
-        if cluster is not None:
-            discard_cluster(cluster)
     head = ("readers", "workers", "coordinators")
     vis = [{c: r[c] for c in head + VISIBILITY} for r in rows]
     cost = [{c: r[c] for c in head + COST if c != "partitions"} for r in rows]
     _show("Visibility", vis)
     _show("Cost", cost)
     plots = plot(rows, args.plots)
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    md = (f"\n## Scale at {args.partitions} partitions: readers, workers, coordinators "
-          f"(issue 37)\n\n"
-          f"Run: `python -m bench.scale_axes {' '.join(argv)}` at {rev} on "
-          f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, load average before it {load}.  \n"
-          f"Machine: {machine()}; "
-          f"{'one local broker (KRaft, 1 GB heap)' if cluster else bootstrap}; the steady "
-          f"load and windows of `bench.scale`, one setting moved from 1 reader, 1 worker, "
-          f"4 coordinators at a time.\n\n### Visibility\n\n{_md_table(vis)}\n"
-          f"### Cost\n\n{_md_table(cost)}\n"
-          + ("Plots: " + ", ".join(f"`{p}`" for p in plots) + "\n" if plots
-             else "No plots: matplotlib is not installed (the `bench` extra).\n"))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(md)
-        console.print(f"appended to {args.out}")
-    else:
-        print(md)
+    publish(f"\n## Scale at {args.partitions} partitions: readers, workers, coordinators "
+            f"(issue 37)\n\n" + run_line("bench.scale_axes", argv, rb.load)
+            + f"Machine: {machine()}; {rb.where()}; the steady load and windows of "
+            "`bench.scale`, one setting moved from 1 reader, 1 worker, 4 coordinators at a "
+            f"time.\n\n### Visibility\n\n{_md_table(vis)}\n### Cost\n\n{_md_table(cost)}\n"
+            + plots_line(plots), args.out)
     return 0
 
 

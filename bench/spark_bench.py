@@ -151,9 +151,9 @@ def _read(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
     return r.n, time.perf_counter() - t0
 
 
-def _stream(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
-    """Rows read and seconds of one ``Trigger.AvailableNow`` query into the noop sink,
-    from building the query to the return of ``awaitTermination``."""
+def stream_progress(spark, fmt: str, options: dict[str, str]) -> tuple[list, float]:
+    """One ``Trigger.AvailableNow`` query into the noop sink: its progress reports, and
+    seconds from building the query to the return of ``awaitTermination``."""
     with tempfile.TemporaryDirectory(prefix="txnstream-bench-ckpt-") as ckpt:
         t0 = time.perf_counter()
         q = (spark.readStream.format(fmt).options(**options).load()
@@ -168,7 +168,13 @@ def _stream(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
                 "spark.sql.streaming.numRecentProgressUpdates", "100")):
             raise RuntimeError(f"{fmt} streaming query: too many micro-batches to count its "
                                "rows from its progress reports")
-        return sum(p.numInputRows for p in progress), secs
+        return progress, secs
+
+
+def _stream(spark, fmt: str, options: dict[str, str]) -> tuple[int, float]:
+    """Rows read and seconds of one :func:`stream_progress` query."""
+    progress, secs = stream_progress(spark, fmt, options)
+    return sum(p.numInputRows for p in progress), secs
 
 
 def _write(df, fmt: str, options: dict[str, str], count, n: int) -> float:
