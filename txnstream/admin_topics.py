@@ -159,9 +159,45 @@ def ensure_topics(config: Config) -> list[TopicReport]:
                     reports[spec.name] = TopicReport(spec.name, spec.partitions, "exists")
                 else:
                     raise ClusterError(f"could not create {spec.name}: {err.str()}") from exc
+        _await_listed(admin, {s.name: s.partitions for s in missing}, config)
     _keep_configs(admin, [s for s in specs if s.kept and reports[s.name].status == "exists"],
                   reports, config)
     return [reports[s.name] for s in specs]
+
+
+class _NotListedYet(Exception):
+    pass
+
+
+def _await_listed(admin: AdminClient, wanted: dict[str, int], config: Config) -> None:
+    """Return once the broker's metadata lists every topic of ``wanted`` with its partitions.
+
+    A CreateTopics answer means the controller has the topic; the broker that answers
+    metadata requests learns of it a moment later (longer on a loaded machine), and a
+    worker or store started right after ``init`` that looks it up in between was told it
+    does not exist.
+    """
+    timeout_s = config.admin_timeout_s
+
+    def listed() -> None:
+        topics = admin.list_topics(timeout=min(10.0, timeout_s)).topics
+        late = sorted(n for n, parts in wanted.items()
+                      if n not in topics or topics[n].error is not None
+                      or len(topics[n].partitions) < parts)
+        if late:
+            raise _NotListedYet(late)
+
+    try:
+        Retrying(retry=retry_if_exception(lambda e: isinstance(e, (_NotListedYet, KafkaException))),
+                 reraise=True, stop=stop_after_delay(timeout_s),
+                 wait=wait_exponential(0.05, max=1))(listed)
+    except _NotListedYet as exc:
+        raise ClusterError(f"created {', '.join(exc.args[0])}, but the broker at "
+                           f"{config.bootstrap_servers} still does not list them after "
+                           f"{timeout_s:.0f} s") from None
+    except KafkaException as exc:
+        raise ClusterError(f"created {', '.join(sorted(wanted))}, but listing them at "
+                           f"{config.bootstrap_servers} failed: {exc.args[0].str()}") from exc
 
 
 def _not_known_yet(exc: BaseException) -> bool:

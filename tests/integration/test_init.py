@@ -68,3 +68,21 @@ def test_init_makes_the_default_workers_key_once(kafka_bootstrap, tmp_path):
     again = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
     assert again.returncode == 0 and "made" not in again.stdout
     assert load_key_file(key) == made, "a key is never replaced"
+
+
+def test_init_returns_only_once_a_new_client_sees_every_topic_it_created(kafka_bootstrap):
+    """A worker or a store started right after ``init`` looks its topics up at once: a
+    topic the broker's metadata does not list yet reads as "does not exist" (CI, once)."""
+    from confluent_kafka import Producer
+
+    unseen = []
+    for _ in range(20):
+        cfg = Config(bootstrap_servers=kafka_bootstrap,
+                     topics=TopicNames(f"__v{uuid.uuid4().hex[:6]}"), num_coordinators=3)
+        reports = ensure_topics(cfg)
+        meta = Producer({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10)
+        for r in reports:
+            have = meta.topics.get(r.name)
+            if have is None or have.error is not None or len(have.partitions) != r.partitions:
+                unseen.append(r.name)
+    assert not unseen, f"init returned before the broker listed {unseen}"
