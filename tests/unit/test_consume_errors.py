@@ -243,8 +243,24 @@ class FakeProducer:
         return 0
 
 
+class FakeAdmin:
+    """Answers log-bound queries as the fake consumer's watermarks do."""
+
+    def list_offsets(self, specs, request_timeout=None):
+        from concurrent.futures import Future
+
+        from confluent_kafka.admin import OffsetSpec
+
+        end = 1 + max((r.offset() for r in FakeConsumer.script), default=-1)
+        out = {}
+        for ktp, spec in specs.items():
+            out[ktp] = f = Future()
+            f.set_result(SimpleNamespace(offset=0 if spec == OffsetSpec.earliest() else end))
+        return out
+
+
 class FakeKafka:
-    """The buffer worker's client factory: these fakes, no admin client."""
+    """The buffer worker's client factory: these fakes (its admin client asks log bounds)."""
 
     def consumer(self, conf):
         return FakeConsumer(conf)
@@ -253,7 +269,7 @@ class FakeKafka:
         return FakeProducer(conf)
 
     def admin(self, conf):
-        raise AssertionError("the buffer worker makes no admin client")
+        return FakeAdmin()
 
 
 def _worker(store):

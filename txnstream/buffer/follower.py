@@ -47,7 +47,7 @@ from txnstream.buffer.snapshot_store import LatestSnapshotFinder, TransactionBuf
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
 from txnstream.fencing import supersedes
-from txnstream.kafka.fetch import drain
+from txnstream.kafka.fetch import drain, learn_topic
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 
@@ -253,6 +253,8 @@ class BufferStateFollower:
         slot = self._slot[tp]
         start = snap.state_offset + 1 if snap.state_offset >= 0 else OFFSET_BEGINNING
         if slot not in self._assigned:
+            if not self._assigned:
+                learn_topic(self._consumer, self.topic, self.config.admin_timeout_s)
             self._assigned[slot] = start
             self._next[slot] = start
             self._consumer.incremental_assign([KafkaTP(self.topic, slot, start)])

@@ -79,7 +79,8 @@ from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.fencing import supersedes, write_owner_record
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
-from txnstream.kafka.fetch import consume
+from txnstream.kafka.fetch import consume, learn_topic
+from txnstream.kafka.offsets import LogBounds
 from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
     NO_AUTO_CREATE,
@@ -132,6 +133,7 @@ class BufferWorker:
         self._store = store if store is not None else TransactionBufferSnapshotStore(config)
         self._state_topic = config.topics.buffer_state
         self._group = self._new_group_consumer()
+        self._bounds = LogBounds(config, self.member, kafka.admin(config.admin()))
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
             **PACED_FETCH, **{"client.id": f"tb-data-{self.member}"}))
@@ -335,9 +337,8 @@ class BufferWorker:
         self.slots[slot] = OwnedSlot(generation)
         mine = {tp: found.best for tp, found in scan.finders.items()
                 if found.registered and self.serves_topic(tp.topic)}
-        ids = self._logs.topic_ids.get(tp.topic for tp in mine) if mine else {}
-        for tp, best in mine.items():
-            self._serve(tp, slot, best, ids)
+        self._serve_all(slot, mine)
+        learn_topic(self._registry, self._store.topic, self.config.admin_timeout_s)
         self._registry.incremental_assign([KafkaTP(self._store.topic, slot, end)])
         log.info("buffer worker %s: owns slot %d (generation %d), serving %d partitions "
                  "(claimed in %.0f ms, scan %.0f ms)", self.member, slot, generation,
@@ -382,27 +383,26 @@ class BufferWorker:
         log.info("buffer worker %s: slot %d %s (%d partitions)", self.member, slot, why,
                  len(gone))
 
-    def _serve(self, tp: TopicPartition, slot: int, snap,  # type: ignore[no-untyped-def]
-               topic_ids: dict[str, str] | None = None) -> None:
-        """Start serving ``tp``: restore from ``snap`` if still usable, else fold from the start.
+    def _serve_all(self, slot: int, snaps: dict) -> None:  # type: ignore[type-arg]
+        """Serve each partition of ``snaps`` not served yet, from its snapshot (or None).
 
-        Not usable: below the log start, or of another topic id (recreated while no
-        worker served it: :meth:`LogRestarts.start_state`). ``topic_ids``: if asked.
+        The snapshot if usable (:meth:`LogRestarts.start_state`); bounds in one round.
         """
-        if tp in self.served:
+        new = {tp: snap for tp, snap in snaps.items() if tp not in self.served}
+        if not new:
             return
-        ktp = KafkaTP(tp.topic, tp.partition)
-        try:
-            low, high = self._data.get_watermark_offsets(ktp,
-                                                         timeout=self.config.admin_timeout_s)
-        except KafkaException as exc:
-            log.warning("%s: log start unknown (%s); folding from the earliest", tp, exc)
-            low = high = 0
-        ids = topic_ids if topic_ids is not None else self._logs.topic_ids.get([tp.topic])
-        buf, due = self._logs.start_state(tp, snap, low, ids.get(tp.topic, ""))
-        # A partition with a usable snapshot needs none now (readers start from it and
-        # follow the deltas); one without gets its first at once, so readers can start.
-        self._start_fold(tp, slot, buf, low, snapshot_due=due, log_end=high)
+        for topic in {tp.topic for tp in new} - {tp.topic for tp in self.served}:
+            learn_topic(self._data, topic, self.config.admin_timeout_s)
+        bounds = self._bounds.get(new)
+        ids = self._logs.topic_ids.get({tp.topic for tp in new})
+        for tp, snap in new.items():
+            if isinstance(b := bounds[tp], KafkaException):
+                log.warning("%s: log start unknown (%s); folding from the earliest", tp, b)
+            low, high = b if not isinstance(b, KafkaException) else (0, 0)
+            buf, due = self._logs.start_state(tp, snap, low, ids.get(tp.topic, ""))
+            # A partition with a usable snapshot needs none now (readers start from it
+            # and follow the deltas); one without gets its first at once.
+            self._start_fold(tp, slot, buf, low, snapshot_due=due, log_end=high)
 
     def _start_fold(self, tp: TopicPartition, slot: int, buf: TransactionBuffer, low: int,
                     snapshot_due: bool, log_end: int = 0) -> None:
@@ -428,9 +428,8 @@ class BufferWorker:
         the next snapshot step; a log not known now (its topic has fewer) waits.
         """
         old = s.buf
-        ktp = KafkaTP(tp.topic, tp.partition)
         try:
-            low, high = self._data.get_watermark_offsets(ktp, timeout=self.config.admin_timeout_s)
+            low, high = self._bounds.one(tp)
         except KafkaException as exc:  # the others are restarted all the same
             log.debug("%s: not restarted now: %s", tp, exc)
             return
@@ -466,12 +465,15 @@ class BufferWorker:
     def _poll_registrations(self) -> None:
         if not self.slots:
             return
+        new: dict[int, dict[TopicPartition, None]] = {}
         for m in consume(self._registry, 100, 0):
             if message_error(m, "buffer worker registrations", log):
                 continue
             tp = registered_partition(m.key(), m.value())
             if tp is not None and m.partition() in self.slots and self.serves_topic(tp.topic):
-                self._serve(tp, m.partition(), None)
+                new.setdefault(m.partition(), {})[tp] = None
+        for slot, tps in new.items():
+            self._serve_all(slot, tps)
 
     # ------------------------------------------------------------ folding
 

@@ -12,8 +12,8 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 
 from txnstream.errors import KafkaErrorKind, classify_kafka_error
 
-__all__ = ["KafkaRecord", "consume", "delivered_at", "delivered_offset", "drain", "read_to",
-           "watermarks"]
+__all__ = ["KafkaRecord", "consume", "delivered_at", "delivered_offset", "drain",
+           "learn_topic", "read_to", "watermarks"]
 
 
 class KafkaRecord(Protocol):
@@ -126,3 +126,18 @@ def watermarks(consumer: Consumer, ktp: KafkaTP, timeout_s: float) -> tuple[int,
         stop=stop_after_delay(timeout_s), wait=wait_exponential(0.05, max=1.0), reraise=True)
     low, high = retrying(consumer.get_watermark_offsets, ktp, timeout=timeout_s)
     return int(low), int(high)
+
+
+def learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
+    """Have ``consumer`` know ``topic``'s partitions and leaders before it assigns any.
+
+    librdkafka asks for an assigned topic it does not know only at its next topic scan,
+    once a second: a consumer assigned a partition of a topic new to it read nothing for
+    0.5-1 s (a txn's first commit waited that long for its acks' read-back). Once asked
+    for here, the assignment fetches at once. A topic not known in time is left to that
+    scan.
+    """
+    try:
+        consumer.list_topics(topic, timeout=timeout_s)
+    except KafkaException:
+        pass

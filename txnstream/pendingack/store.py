@@ -35,7 +35,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
 from txnstream.kafka.clients import close_producer
-from txnstream.kafka.fetch import consume, delivered_at, delivered_offset
+from txnstream.kafka.fetch import consume, delivered_at, delivered_offset, learn_topic
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
@@ -275,6 +275,8 @@ class PendingAckStore:
         part = self.log_partition(tp)
         with self._lock:
             if part not in self._tailing:
+                if not self._tailing:
+                    learn_topic(self._tail, self.topic, self.config.admin_timeout_s)
                 self._tailing.add(part)
                 self._tail.incremental_assign([KafkaTP(self.topic, part, pos)])
                 self._tail_pos[part] = pos
