@@ -199,28 +199,26 @@ class Planner:
     def _watermarks(self, tps: list[TopicPartition]) -> dict[TopicPartition, tuple[int, int]]:
         """Each partition's log start and end now; one not answered for is held.
 
-        Held: left out of this round (no new range until a later round).
-
-        The metadata can list a partition whose log the broker no longer or not yet
-        serves (a topic being deleted or just created again: ``UNKNOWN_TOPIC_OR_PART``,
-        no leader yet) or a leader that is moving. Kafka's source retries such a fetch;
-        here the next trigger asks again. An error that is not transient (not
-        authorized, say) fails the query, naming it.
+        Held: left out of this round (no new range until a later round). The metadata
+        can list a partition whose log the broker no longer or not yet serves (a topic
+        being deleted or just created again: ``UNKNOWN_TOPIC_OR_PART``, no leader yet) or
+        a leader that is moving. Kafka's source retries such a fetch; here the next
+        trigger asks again. An error that is not transient (not authorized, say) fails
+        the query, naming it.
         """
         out: dict[TopicPartition, tuple[int, int]] = {}
-        for tp in tps:
-            try:
-                out[tp] = self.follower.watermarks(tp)
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
+        for tp, b in self.follower.bounds(tps).items():  # one round for all
+            if isinstance(b, KafkaException):
+                err = b.args[0] if b.args else None
                 if not isinstance(err, KafkaError) or not (
                         err.retriable() or err.code() in _LOG_NOT_SERVED):
-                    raise
+                    raise b
                 if tp not in self._unanswered:
                     self._unanswered.add(tp)
                     log.warning("%s: its log start and end are not known now (%s); held "
                                 "until the broker answers for it", tp, err.str())
                 continue
+            out[tp] = b
             self._unanswered.discard(tp)
         return out
 
@@ -368,12 +366,15 @@ class Planner:
         """Where a stream starts (JSON offsets): -2 the log start, -1 the committed end."""
         want = self.offsets(spec, "startingOffsets")
         ends = self.refresh(FRESH_WAIT_S) if LATEST in want.values() else {}
+        bounds = self.follower.bounds([tp for tp, o in want.items() if o == EARLIEST])
         out: dict[TopicPartition, int] = {}
         for tp, o in want.items():
             if o == LATEST:
                 out[tp] = ends[tp]
             elif o == EARLIEST:
-                out[tp] = self.follower.watermarks(tp)[0]
+                if isinstance(b := bounds[tp], KafkaException):
+                    raise b
+                out[tp] = b[0]
             else:
                 out[tp] = o
         return self._json(out)

@@ -48,6 +48,7 @@ from txnstream.config import Config
 from txnstream.errors import CorruptRecordError, message_error
 from txnstream.fencing import supersedes
 from txnstream.kafka.fetch import drain, learn_topic
+from txnstream.kafka.offsets import Bounds, LogBounds
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 
@@ -87,6 +88,7 @@ class BufferStateFollower:
         self._consumer = Consumer(config.consumer(
             f"{config.topics.prefix}-state-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": FOLLOW_FETCH_WAIT_MS, "client.id": f"tb-follow-{name}"}))
+        self._bounds: LogBounds | None = None
         self.views: dict[TopicPartition, BufferView] = {}
         self.status: dict[TopicPartition, ServeStatus] = {}
         self._slot: dict[TopicPartition, int] = {}
@@ -300,10 +302,11 @@ class BufferStateFollower:
         self.follow_many(tps)
         self._do_reseeks()
         ends = {}
-        for slot in {self._slot[tp] for tp in tps if tp in self.views}:
-            _, high = self._consumer.get_watermark_offsets(
-                KafkaTP(self.topic, slot), timeout=self.config.admin_timeout_s)
-            ends[slot] = high
+        for stp, b in self.bounds({TopicPartition(self.topic, self._slot[tp])
+                                   for tp in tps if tp in self.views}).items():
+            if isinstance(b, KafkaException):
+                raise b
+            ends[stp.partition] = b[1]
         deadline = time.monotonic() + timeout_s
         for slot in list(ends):
             if self._position(slot) >= ends[slot]:
@@ -417,11 +420,21 @@ class BufferStateFollower:
                 "role running, and do its --buffer-topics include %r?", self.name, tp.topic,
                 tp, time.monotonic() - since, tp.topic)
 
+    def bounds(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Bounds]:
+        """Each partition's log start and end (high watermark) now, asked once, in one round.
+
+        An error is given as Kafka gave it. Not asked of this follower's consumer: a
+        query waits behind its parked fetch (:mod:`txnstream.kafka.offsets`).
+        """
+        if self._bounds is None:
+            self._bounds = LogBounds(self.config, f"follow-{self.name}")
+        return self._bounds.get(tps, retry=False)
+
     def watermarks(self, tp: TopicPartition) -> tuple[int, int]:
-        """``tp``'s log start and end (high watermark) now."""
-        low, high = self._consumer.get_watermark_offsets(
-            KafkaTP(tp.topic, tp.partition), timeout=self.config.admin_timeout_s)
-        return int(low), int(high)
+        """``tp``'s log start and end (high watermark) now; raises Kafka's error."""
+        if isinstance(b := self.bounds([tp])[tp], KafkaException):
+            raise b
+        return b
 
     def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Each partition's first offset whose record time is at or after its time (ms).

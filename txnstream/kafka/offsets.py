@@ -40,12 +40,12 @@ class LogBounds:
             config.admin() | {"client.id": f"bounds-{name}"})
         self._timeout_s = config.admin_timeout_s
 
-    def get(self, tps: Iterable[TopicPartition], timeout_s: float | None = None
-            ) -> dict[TopicPartition, Bounds]:
+    def get(self, tps: Iterable[TopicPartition], timeout_s: float | None = None,
+            retry: bool = True) -> dict[TopicPartition, Bounds]:
         """Each of ``tps``' bounds.
 
         An error Kafka calls retriable (a leader moving, a topic just created) is asked
-        again until ``timeout_s``, then given as it is.
+        again until ``timeout_s`` (not at all without ``retry``), then given as it is.
         """
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
@@ -57,7 +57,7 @@ class LogBounds:
             out.update(got)
             left = [tp for tp, b in got.items() if isinstance(b, KafkaException)
                     and classify_kafka_error(b) is KafkaErrorKind.RETRIABLE]
-            if not left or time.monotonic() + pause > deadline:
+            if not left or not retry or time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)
             pause = min(pause * 2, RETRY_WAIT_S[1])
