@@ -79,7 +79,7 @@ from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.fencing import supersedes, write_owner_record
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
-from txnstream.kafka.fetch import consume, learn_topic
+from txnstream.kafka.fetch import KnownTopics, consume, learn_topic
 from txnstream.kafka.offsets import LogBounds
 from txnstream.kafka.topics import (
     LOOKUP_TIMEOUT_S,
@@ -137,6 +137,7 @@ class BufferWorker:
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
             **PACED_FETCH, **{"client.id": f"tb-data-{self.member}"}))
+        self._data_topics = KnownTopics(self._data, config.admin_timeout_s)
         self._scan = DataScan(
             self._data, f"tb-data-{self.member}", pace_s=FOLD_WAIT_S, resume_at=lambda tp: (
                 s.buf.last_offset + 1 if (s := self.served.get(tp)) is not None else None))
@@ -391,8 +392,7 @@ class BufferWorker:
         new = {tp: snap for tp, snap in snaps.items() if tp not in self.served}
         if not new:
             return
-        for topic in {tp.topic for tp in new} - {tp.topic for tp in self.served}:
-            learn_topic(self._data, topic, self.config.admin_timeout_s)
+        self._data_topics.ensure(new, {tp.topic for tp in self.served})
         bounds = self._bounds.get(new)
         ids = self._logs.topic_ids.get({tp.topic for tp in new})
         for tp, snap in new.items():

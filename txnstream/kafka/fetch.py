@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
@@ -11,9 +11,10 @@ from confluent_kafka import TopicPartition as KafkaTP
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from txnstream.errors import KafkaErrorKind, classify_kafka_error
+from txnstream.types import TopicPartition
 
 __all__ = ["KafkaRecord", "consume", "delivered_at", "delivered_offset", "drain",
-           "learn_topic", "read_to", "watermarks"]
+           "KnownTopics", "learn_topic", "read_to", "watermarks"]
 
 
 class KafkaRecord(Protocol):
@@ -128,16 +129,48 @@ def watermarks(consumer: Consumer, ktp: KafkaTP, timeout_s: float) -> tuple[int,
     return int(low), int(high)
 
 
-def learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> None:
+def learn_topic(consumer: Consumer, topic: str, timeout_s: float) -> int:
     """Have ``consumer`` know ``topic``'s partitions and leaders before it assigns any.
 
-    librdkafka asks for an assigned topic it does not know only at its next topic scan,
-    once a second: a consumer assigned a partition of a topic new to it read nothing for
-    0.5-1 s (a txn's first commit waited that long for its acks' read-back). Once asked
-    for here, the assignment fetches at once. A topic not known in time is left to that
-    scan.
+    Returns how many partitions it has (0: not known now). librdkafka asks for an
+    assigned topic it does not know only at its next topic scan, once a second (for a
+    partition its metadata does not have yet, at its periodic refresh): a consumer
+    assigned a partition of a topic new to it read nothing for 0.5-1 s (a txn's first
+    commit waited that long for its acks' read-back). Once asked for here, the
+    assignment fetches at once. A topic not known in time is left to that scan.
     """
     try:
-        consumer.list_topics(topic, timeout=timeout_s)
+        t = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     except KafkaException:
-        pass
+        return 0
+    return len(t.partitions) if t is not None and t.error is None else 0
+
+
+class KnownTopics:
+    """The partition counts of the topics a consumer learnt (:func:`learn_topic`).
+
+    :meth:`ensure` asks again only for a topic not known, or a partition above what its
+    metadata had (partitions added since): one metadata request per topic, not one per
+    assignment (a request waits behind the consumer's parked fetch). Bounded by the
+    topics the caller still uses (``keep``).
+    """
+
+    def __init__(self, consumer: Consumer, timeout_s: float) -> None:
+        self._consumer = consumer
+        self._timeout_s = timeout_s
+        self._counts: dict[str, int] = {}
+
+    def ensure(self, tps: Iterable[TopicPartition], keep: Iterable[str]) -> None:
+        """Learn the topics of ``tps`` whose partitions are not all known.
+
+        Forgets the topics in neither ``keep`` nor ``tps``.
+        """
+        top: dict[str, int] = {}
+        for tp in tps:
+            top[tp.topic] = max(top.get(tp.topic, -1), tp.partition)
+        for topic, p in top.items():
+            if p >= self._counts.get(topic, 0):
+                self._counts[topic] = learn_topic(self._consumer, topic, self._timeout_s)
+        used = set(keep) | set(top)
+        for topic in [t for t in self._counts if t not in used]:
+            del self._counts[topic]

@@ -11,6 +11,7 @@ instead: one ListOffsets request per leader for all the partitions at once.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 
@@ -37,7 +38,8 @@ class LogBounds:
     def __init__(self, config: Config, name: str, admin: AdminClient | None = None) -> None:
         """``admin``: the client to ask (default: one of its own, from ``config``)."""
         self._admin = admin if admin is not None else AdminClient(
-            config.admin() | {"client.id": f"bounds-{name}"})
+            config.admin() | {"client.id": f"bounds-{name}",
+                              "logger": logging.getLogger("txnstream.librdkafka")})
         self._timeout_s = config.admin_timeout_s
 
     def get(self, tps: Iterable[TopicPartition], timeout_s: float | None = None,
@@ -54,6 +56,11 @@ class LogBounds:
         pause = RETRY_WAIT_S[0]
         while left:
             got = self._ask(left, max(0.5, deadline - time.monotonic()))
+            if unknown := [tp for tp, b in got.items() if _not_in_metadata(b)]:
+                # the admin client's metadata is refreshed every few minutes only: a
+                # partition added since (or a topic created again) is asked for now
+                self._learn({tp.topic for tp in unknown}, deadline)
+                got |= self._ask(unknown, max(0.5, deadline - time.monotonic()))
             out.update(got)
             left = [tp for tp, b in got.items() if isinstance(b, KafkaException)
                     and classify_kafka_error(b) is KafkaErrorKind.RETRIABLE]
@@ -69,6 +76,13 @@ class LogBounds:
         if isinstance(b, KafkaException):
             raise b
         return b
+
+    def _learn(self, topics: set[str], deadline: float) -> None:
+        for topic in topics:
+            try:
+                self._admin.list_topics(topic, timeout=max(0.5, deadline - time.monotonic()))
+            except KafkaException:
+                pass  # asked again below all the same; its error is the answer
 
     def _ask(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, Bounds]:
         ktps = {tp: KafkaTP(tp.topic, tp.partition) for tp in tps}
@@ -88,6 +102,12 @@ class LogBounds:
             except KafkaException as exc:
                 out[tp] = _as_partition_error(exc)
         return out
+
+
+def _not_in_metadata(b: Bounds) -> bool:
+    err = b.args[0] if isinstance(b, KafkaException) and b.args else None
+    return isinstance(err, KafkaError) and err.code() in (
+        KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
 def _as_partition_error(exc: KafkaException) -> KafkaException:
