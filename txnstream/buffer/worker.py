@@ -133,7 +133,7 @@ class BufferWorker:
         self._store = store if store is not None else TransactionBufferSnapshotStore(config)
         self._state_topic = config.topics.buffer_state
         self._group = self._new_group_consumer()
-        self._bounds = LogBounds(config, self.member, kafka.admin(config.admin()))
+        self._bounds = LogBounds(config, self.member, kafka)
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
             **PACED_FETCH, **{"client.id": f"tb-data-{self.member}"}))

@@ -17,10 +17,11 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from txnstream.config import Config
 from txnstream.errors import KafkaErrorKind, classify_kafka_error
+from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory
 from txnstream.types import TopicPartition
 
 __all__ = ["Bounds", "LogBounds"]
@@ -35,11 +36,13 @@ RETRY_WAIT_S = (0.05, 1.0)
 class LogBounds:
     """Log start and end (high watermark) of partitions, many at once (module docstring)."""
 
-    def __init__(self, config: Config, name: str, admin: AdminClient | None = None) -> None:
-        """``admin``: the client to ask (default: one of its own, from ``config``)."""
-        self._admin = admin if admin is not None else AdminClient(
-            config.admin() | {"client.id": f"bounds-{name}",
-                              "logger": logging.getLogger("txnstream.librdkafka")})
+    def __init__(self, config: Config, name: str,
+                 kafka: KafkaClientFactory = CONFLUENT_KAFKA) -> None:
+        # never one that creates a topic it asks about: a broker with
+        # auto.create.topics.enable would create a deleted topic again
+        self._admin = kafka.admin(config.admin() | {
+            "client.id": f"bounds-{name}", "allow.auto.create.topics": False,
+            "logger": logging.getLogger("txnstream.librdkafka")})
         self._timeout_s = config.admin_timeout_s
 
     def get(self, tps: Iterable[TopicPartition], timeout_s: float | None = None,
