@@ -421,14 +421,16 @@ class BufferStateFollower:
                 tp, time.monotonic() - since, tp.topic)
 
     def bounds(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Bounds]:
-        """Each partition's log start and end (high watermark) now, asked once, in one round.
+        """Each partition's log start and end (high watermark) now, in one round.
 
-        An error is given as Kafka gave it. Not asked of this follower's consumer: a
-        query waits behind its parked fetch (:mod:`txnstream.kafka.offsets`).
+        An error Kafka calls retriable (a leader not elected yet) is asked again, as a
+        consumer's own watermark query waits for the leader; the others are given as
+        Kafka gave them. Not asked of this follower's consumer: a query waits behind its
+        parked fetch (:mod:`txnstream.kafka.offsets`).
         """
         if self._bounds is None:
             self._bounds = LogBounds(self.config, f"follow-{self.name}")
-        return self._bounds.get(tps, retry=False)
+        return self._bounds.get(tps)
 
     def watermarks(self, tp: TopicPartition) -> tuple[int, int]:
         """``tp``'s log start and end (high watermark) now; raises Kafka's error."""
