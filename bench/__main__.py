@@ -86,6 +86,8 @@ def main(argv: list[str]) -> int:
                          "bench.failover.SESSION_TIMEOUT_MS, 6000)")
     ap.add_argument("--processor-records", type=int, default=100_000,
                     help="input records per consume-transform-produce loop")
+    ap.add_argument("--processor-rounds", type=int, default=3,
+                    help="rounds of the three consume-transform-produce loops, in turn")
     ap.add_argument("--records", type=int, default=100_000, help="records for buffer benches")
     ap.add_argument("--latency-txns", type=int, default=300,
                     help="10-record txns per produce-to-visible measurement (buffer)")
@@ -185,7 +187,8 @@ def main(argv: list[str]) -> int:
 
         broker = list(cluster.pids().values()) if cluster is not None else None
         rows, cpu = proc.run(fresh_config(bootstrap), records=args.processor_records,
-                             progress=lambda r: console.print(r), broker_pids=broker)
+                             progress=lambda r: console.print(r), broker_pids=broker,
+                             rounds=args.processor_rounds)
         results["processor"] = rows
         goals.extend(rows)
         section("Exactly-once consume-transform-produce (issue 5)", rows)

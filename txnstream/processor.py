@@ -144,10 +144,12 @@ class ExactlyOnceProcessor:
         # Its txns live and die with its member: a takeover aborts a predecessor's at
         # once, so inputs come back in order after a crash (Kafka's initTransactions).
         consumer_options.setdefault("abort_predecessor_txns", True)
+        self.producer = client.create_producer(output)
+        # ready while the consumer joins its group: a new handle's producer id can take
+        # librdkafka's 500 ms retry (none of its brokers is up when it first asks)
+        self.producer.prepare_batches()
         self.consumer = client.subscribe(inputs, subscription=subscription,
                                          **consumer_options)
-        self.producer = client.create_producer(output)
-        self.producer.prepare_batches()  # ready while the consumer joins its group
         self.stats = ProcessorStats()
         self._committing: _Checkpoint | None = None
         """The checkpoint :meth:`run` left committing in the background."""

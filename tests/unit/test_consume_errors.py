@@ -94,6 +94,11 @@ class FakeConsumer:
     def get_watermark_offsets(self, ktp, timeout=None, cached=False):
         return 0, 1 + max((r.offset() for r in type(self).script), default=-1)
 
+    def offsets_for_times(self, parts, timeout=None):  # ListOffsets: -2 start, -1 end
+        end = self.get_watermark_offsets(None)[1]
+        return [SimpleNamespace(topic=p.topic, partition=p.partition, error=None,
+                                offset=0 if p.offset == -2 else end) for p in parts]
+
     def assign(self, parts):
         pass
 
@@ -243,24 +248,8 @@ class FakeProducer:
         return 0
 
 
-class FakeAdmin:
-    """Answers log-bound queries as the fake consumer's watermarks do."""
-
-    def list_offsets(self, specs, request_timeout=None):
-        from concurrent.futures import Future
-
-        from confluent_kafka.admin import OffsetSpec
-
-        end = 1 + max((r.offset() for r in FakeConsumer.script), default=-1)
-        out = {}
-        for ktp, spec in specs.items():
-            out[ktp] = f = Future()
-            f.set_result(SimpleNamespace(offset=0 if spec == OffsetSpec.earliest() else end))
-        return out
-
-
 class FakeKafka:
-    """The buffer worker's client factory: these fakes (its admin client asks log bounds)."""
+    """The buffer worker's client factory: these fakes, no admin client."""
 
     def consumer(self, conf):
         return FakeConsumer(conf)
@@ -269,7 +258,7 @@ class FakeKafka:
         return FakeProducer(conf)
 
     def admin(self, conf):
-        return FakeAdmin()
+        raise AssertionError("the buffer worker makes no admin client")
 
 
 def _worker(store):

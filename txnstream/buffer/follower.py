@@ -476,8 +476,12 @@ class BufferStateFollower:
         return None if since is None else time.monotonic() - since
 
     def close(self) -> None:
-        """Release the consumer."""
-        self._consumer.close()
+        """Release the consumers."""
+        try:
+            self._consumer.close()
+        finally:
+            if self._bounds is not None:
+                self._bounds.close()
 
 
 def _scan_retries() -> Retrying:

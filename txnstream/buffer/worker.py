@@ -260,6 +260,7 @@ class BufferWorker:
                                 ("data scan close", self._scan.close),
                                 ("data close", self._data.close),
                                 ("registry close", self._registry.close),
+                                ("log bounds close", self._bounds.close),
                                 ("coordinator client close", self._ongoing.close),
                                 ("topic ids close", self._logs.topic_ids.close),
                                 ("producer close", lambda: close_producer(self._producer, 5))):
@@ -385,10 +386,7 @@ class BufferWorker:
                  len(gone))
 
     def _serve_all(self, slot: int, snaps: dict) -> None:  # type: ignore[type-arg]
-        """Serve each partition of ``snaps`` not served yet, from its snapshot (or None).
-
-        The snapshot if usable (:meth:`LogRestarts.start_state`); bounds in one round.
-        """
+        """Serve each partition of ``snaps`` not served yet, from its snapshot (or None)."""
         new = {tp: snap for tp, snap in snaps.items() if tp not in self.served}
         if not new:
             return

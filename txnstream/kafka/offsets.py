@@ -1,33 +1,40 @@
-"""Log starts and ends of many partitions in one round, from a client that never fetches.
+"""Log starts and ends of many partitions in one round, from a consumer that never fetches.
 
 A consumer's own ``get_watermark_offsets`` goes out on the connection its fetches use,
 and a broker answers one connection's requests in order: the query waits behind a fetch
 parked there (up to that consumer's ``fetch.wait.max.ms``: 100 ms for the buffer owner
 and the followers, 500 ms at librdkafka's default). Asked partition by partition, a
 buffer owner took 0.4-0.7 s to start serving a new 4-partition topic, and a Spark plan
-over 256 partitions waited 256 such fetches. :class:`LogBounds` asks an admin client
-instead: one ListOffsets request per leader for all the partitions at once.
+over 256 partitions waited 256 such fetches. :class:`LogBounds` asks a consumer of its
+own that is never assigned anything, with ListOffsets' special times (-2 the log start,
+-1 its end: ``offsets_for_times``), one request per leader for all the partitions.
+(Not the admin client's ``list_offsets``: called from a worker thread it crashed the
+process twice in one CI run, in confluent-kafka 2.16.)
 """
 
 from __future__ import annotations
 
-import logging
+import threading
 import time
+import uuid
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
-from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from txnstream.config import Config
 from txnstream.errors import KafkaErrorKind, classify_kafka_error
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory
+from txnstream.kafka.fetch import learn_topic
 from txnstream.types import TopicPartition
 
 __all__ = ["Bounds", "LogBounds"]
 
 Bounds = tuple[int, int] | KafkaException
 """A partition's ``(log start, log end)`` (the end is the high watermark), or why not."""
+
+EARLIEST, LATEST = -2, -1
+"""ListOffsets' times for a partition's log start and its end."""
 
 RETRY_WAIT_S = (0.05, 1.0)
 """First and longest pause before partitions whose error is retriable are asked again."""
@@ -38,12 +45,14 @@ class LogBounds:
 
     def __init__(self, config: Config, name: str,
                  kafka: KafkaClientFactory = CONFLUENT_KAFKA) -> None:
-        # never one that creates a topic it asks about: a broker with
-        # auto.create.topics.enable would create a deleted topic again
-        self._admin = kafka.admin(config.admin() | {
-            "client.id": f"bounds-{name}", "allow.auto.create.topics": False,
-            "logger": logging.getLogger("txnstream.librdkafka")})
+        # read_uncommitted: the end is the high watermark, not the last stable offset
+        self._consumer = kafka.consumer(config.consumer(
+            f"{config.topics.prefix}-bounds-{uuid.uuid4().hex[:8]}",
+            **{"client.id": f"bounds-{name}", "isolation.level": "read_uncommitted",
+               "enable.auto.commit": False}))
         self._timeout_s = config.admin_timeout_s
+        self._lock = threading.Lock()
+        self._closed = False
 
     def get(self, tps: Iterable[TopicPartition], timeout_s: float | None = None,
             retry: bool = True) -> dict[TopicPartition, Bounds]:
@@ -60,9 +69,10 @@ class LogBounds:
         while left:
             got = self._ask(left, max(0.5, deadline - time.monotonic()))
             if unknown := [tp for tp, b in got.items() if _not_in_metadata(b)]:
-                # the admin client's metadata is refreshed every few minutes only: a
-                # partition added since (or a topic created again) is asked for now
-                self._learn({tp.topic for tp in unknown}, deadline)
+                # the client's metadata is refreshed every few minutes only: a partition
+                # added since (or a topic created again) is asked for now
+                for topic in {tp.topic for tp in unknown}:
+                    learn_topic(self._consumer, topic, max(0.5, deadline - time.monotonic()))
                 got |= self._ask(unknown, max(0.5, deadline - time.monotonic()))
             out.update(got)
             left = [tp for tp, b in got.items() if isinstance(b, KafkaException)
@@ -80,47 +90,44 @@ class LogBounds:
             raise b
         return b
 
-    def _learn(self, topics: set[str], deadline: float) -> None:
-        for topic in topics:
-            try:
-                self._admin.list_topics(topic, timeout=max(0.5, deadline - time.monotonic()))
-            except KafkaException:
-                pass  # asked again below all the same; its error is the answer
+    def close(self) -> None:
+        """Close the consumer (idempotent); a later :meth:`get` raises."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._consumer.close()
 
     def _ask(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, Bounds]:
-        ktps = {tp: KafkaTP(tp.topic, tp.partition) for tp in tps}
-        earliest, latest = OffsetSpec.earliest(), OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        try:
-            # both requests in flight together: one round trip, not two
-            low = self._admin.list_offsets({k: earliest for k in ktps.values()},
-                                           request_timeout=timeout_s)
-            high = self._admin.list_offsets({k: latest for k in ktps.values()},
-                                            request_timeout=timeout_s)
-        except KafkaException as exc:
-            return dict.fromkeys(tps, _as_partition_error(exc))
-        out: dict[TopicPartition, Bounds] = {}
-        for tp, k in ktps.items():
+        with self._lock:
+            if self._closed:
+                raise KafkaException(KafkaError(KafkaError._DESTROY, "log bounds closed"))
             try:
-                out[tp] = (int(low[k].result().offset), int(high[k].result().offset))
-            except KafkaException as exc:
-                out[tp] = _as_partition_error(exc)
+                low = self._times(tps, EARLIEST, timeout_s)
+                high = self._times(tps, LATEST, timeout_s)
+            except KafkaException as exc:  # the request as a whole (a timeout, say)
+                return dict.fromkeys(tps, exc)
+        out: dict[TopicPartition, Bounds] = {}
+        for tp in tps:
+            lo, hi = low.get(tp), high.get(tp)
+            if isinstance(lo, KafkaException) or isinstance(hi, KafkaException):
+                out[tp] = lo if isinstance(lo, KafkaException) else hi  # type: ignore[assignment]
+            elif lo is None or hi is None:
+                out[tp] = KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION,
+                                                    f"{tp}: no answer for it"))
+            else:
+                out[tp] = (lo, hi)
         return out
+
+    def _times(self, tps: list[TopicPartition], at: int, timeout_s: float
+               ) -> dict[TopicPartition, int | KafkaException]:
+        found = self._consumer.offsets_for_times(
+            [KafkaTP(tp.topic, tp.partition, at) for tp in tps], timeout=timeout_s)
+        return {TopicPartition(k.topic, k.partition):
+                KafkaException(k.error) if k.error is not None else int(k.offset)
+                for k in found}
 
 
 def _not_in_metadata(b: Bounds) -> bool:
     err = b.args[0] if isinstance(b, KafkaException) and b.args else None
     return isinstance(err, KafkaError) and err.code() in (
         KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART)
-
-
-def _as_partition_error(exc: KafkaException) -> KafkaException:
-    """The error a consumer's watermark query gives for the same cause.
-
-    With no partition of the request led by a known broker, the admin client fails it
-    as a whole (``_NOENT``, "no leaders found"); asked of a consumer, the same partition
-    answers ``UNKNOWN_TOPIC_OR_PART``, which callers treat as a log not served (yet).
-    """
-    err = exc.args[0] if exc.args else None
-    if isinstance(err, KafkaError) and err.code() == KafkaError._NOENT:
-        return KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, err.str()))
-    return exc
