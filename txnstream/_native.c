@@ -70,6 +70,7 @@ static struct {
     rd_kafka_queue_t *(*queue_get_consumer)(rd_kafka_t *);
     void (*queue_forward)(rd_kafka_queue_t *, rd_kafka_queue_t *);
     rd_kafka_event_t *(*queue_poll)(rd_kafka_queue_t *, int);
+    void (*queue_io_event_enable)(rd_kafka_queue_t *, int, const void *, size_t);
     int (*event_type)(const rd_kafka_event_t *);
     const rd_kafka_message_t *(*event_message_next)(rd_kafka_event_t *);
     rd_kafka_resp_err_t (*event_error)(rd_kafka_event_t *);
@@ -373,6 +374,7 @@ static PyObject *load(PyObject *self, PyObject *args) {
     SYM(queue_forward, "rd_kafka_queue_forward");
     SYM(queue_get_consumer, "rd_kafka_queue_get_consumer");
     SYM(queue_poll, "rd_kafka_queue_poll");
+    SYM(queue_io_event_enable, "rd_kafka_queue_io_event_enable");
     SYM(event_type, "rd_kafka_event_type");
     SYM(event_message_next, "rd_kafka_event_message_next");
     SYM(event_error, "rd_kafka_event_error");
@@ -410,32 +412,41 @@ static rd_kafka_t *scan_rk(Scan *s) {
     return h;
 }
 
-static int Scan_init(Scan *s, PyObject *args, PyObject *kw) {
-    PyObject *consumer;
-    const char *prefix;
-    if (!PyArg_ParseTuple(args, "Os", &consumer, &prefix))
-        return -1;
+/* The rd_kafka_t of a confluent_kafka.Consumer, checked: its type, and librdkafka's
+ * name of it starting with prefix (the client.id given; "" takes any name). */
+static rd_kafka_t *consumer_handle(PyObject *consumer, const char *prefix) {
     if (rk_lib == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "load() librdkafka first");
-        return -1;
+        return NULL;
     }
     if (!PyObject_TypeCheck(consumer, consumer_type)) {
-        PyErr_Format(PyExc_TypeError, "a scan reads a %s, not a %s", consumer_type->tp_name,
+        PyErr_Format(PyExc_TypeError, "expected a %s, not a %s", consumer_type->tp_name,
                      Py_TYPE(consumer)->tp_name);
-        return -1;
+        return NULL;
     }
     rd_kafka_t *h = ((HandleHead *)consumer)->rk;
     if (h == NULL) {
         PyErr_SetString(PyExc_ValueError, "the consumer is closed");
-        return -1;
+        return NULL;
     }
     const char *name = rk.name(h);
     if (rk.type(h) != RD_KAFKA_CONSUMER || name == NULL ||
         strncmp(name, prefix, strlen(prefix)) != 0) {
         PyErr_Format(PyExc_TypeError, "not the handle of consumer %s: its layout is not the "
-                     "one this scan knows", prefix);
-        return -1;
+                     "one this module knows", prefix);
+        return NULL;
     }
+    return h;
+}
+
+static int Scan_init(Scan *s, PyObject *args, PyObject *kw) {
+    PyObject *consumer;
+    const char *prefix;
+    if (!PyArg_ParseTuple(args, "Os", &consumer, &prefix))
+        return -1;
+    rd_kafka_t *h = consumer_handle(consumer, prefix);
+    if (h == NULL)
+        return -1;
     s->q = rk.queue_new(h);
     if (s->q == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "librdkafka made no queue");
@@ -629,6 +640,81 @@ static PyTypeObject ScanType = {
     .tp_init = (initproc)Scan_init,
     .tp_dealloc = (destructor)Scan_dealloc,
     .tp_methods = Scan_methods,
+};
+
+/* ---- Wake: a file descriptor written when a consumer's queue gets something ---- */
+/* librdkafka writes one byte to the fd when an op (a fetched batch, an error, a
+ * rebalance) is enqueued on the consumer's queue and the queue was read since its last
+ * byte (rd_kafka_queue_io_event_enable). A reader that polls two consumers (the
+ * committed-only consumer's data and its follower's state) waits on both fds at once
+ * instead of on one consumer's poll while the other's news waits (txnstream/kafka/wake.py).
+ * The queue reference is destroyed by close(), before the consumer is closed. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *consumer;
+    rd_kafka_queue_t *q;
+} Wake;
+
+static int Wake_init(Wake *w, PyObject *args, PyObject *kw) {
+    PyObject *consumer;
+    const char *prefix;
+    int fd;
+    if (!PyArg_ParseTuple(args, "Osi", &consumer, &prefix, &fd))
+        return -1;
+    if (w->q != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "this wake watches a queue already");
+        return -1;
+    }
+    if (fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "fd must be an open file descriptor");
+        return -1;
+    }
+    rd_kafka_t *h = consumer_handle(consumer, prefix);
+    if (h == NULL)
+        return -1;
+    w->q = rk.queue_get_consumer(h);
+    if (w->q == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the consumer has no consumer queue (no group.id)");
+        return -1;
+    }
+    rk.queue_io_event_enable(w->q, fd, "w", 1);
+    Py_XSETREF(w->consumer, Py_NewRef(consumer));
+    return 0;
+}
+
+static PyObject *Wake_close(Wake *w, PyObject *ignored) {
+    if (w->q != NULL) {
+        /* After the consumer's close its handle is gone, and the queue with it. */
+        if (w->consumer != NULL && ((HandleHead *)w->consumer)->rk != NULL) {
+            rk.queue_io_event_enable(w->q, -1, NULL, 0);
+            rk.queue_destroy(w->q);
+        }
+        w->q = NULL;
+    }
+    Py_CLEAR(w->consumer);
+    Py_RETURN_NONE;
+}
+
+static void Wake_dealloc(Wake *w) {
+    Py_XDECREF(Wake_close(w, NULL));
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyMethodDef Wake_methods[] = {
+    {"close", (PyCFunction)Wake_close, METH_NOARGS,
+     "close(): stop writing to the fd and release the queue (before the consumer's close)"},
+    {NULL}};
+
+static PyTypeObject WakeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "txnstream._native.Wake",
+    .tp_basicsize = sizeof(Wake),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Wake(consumer, client_id_prefix, fd): a byte to fd when the consumer's queue "
+              "gets an op.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Wake_init,
+    .tp_dealloc = (destructor)Wake_dealloc,
+    .tp_methods = Wake_methods,
 };
 
 /* Kafka's murmur2 (Java's Utils.murmur2, as txnstream/kafka/partitioning.py transcribes it). */
@@ -1051,7 +1137,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "txnstream._native",
                                     -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&ScanType) < 0 || PyType_Ready(&MakerType) < 0)
+    if (PyType_Ready(&ScanType) < 0 || PyType_Ready(&MakerType) < 0 ||
+        PyType_Ready(&WakeType) < 0)
         return NULL;
 #define INTERN(var, text)                                                                  \
     if (var == NULL && (var = PyUnicode_InternFromString(text)) == NULL)                   \
@@ -1069,7 +1156,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Scan", (PyObject *)&ScanType) < 0 ||
-        PyModule_AddObjectRef(m, "Maker", (PyObject *)&MakerType) < 0) {
+        PyModule_AddObjectRef(m, "Maker", (PyObject *)&MakerType) < 0 ||
+        PyModule_AddObjectRef(m, "Wake", (PyObject *)&WakeType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

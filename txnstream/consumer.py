@@ -43,7 +43,8 @@ from txnstream.errors import (
     TxnStreamError,
 )
 from txnstream.ingest import Ingest
-from txnstream.kafka.fetch import drain
+from txnstream.kafka.fetch import KafkaRecord, drain
+from txnstream.kafka.wake import Wakeup
 from txnstream.lifecycle import DeadLetters, Redeliveries
 from txnstream.message import Message
 from txnstream.pendingack.handle import PendingAckStats
@@ -106,6 +107,8 @@ class Consumer:
         self.dead_letters = dead_letters  # its policy and count (None: none)
         if dead_letters is not None:
             dead_letters.bind(lambda msgs, txn: self._ack(msgs, txn, cumulative=False))
+        self._wake = Wakeup()
+        self._wake.watch((self._group.kafka, ""), self._follower.wake_source())
         self._closed = False
 
     def partition_dropped(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
@@ -181,15 +184,15 @@ class Consumer:
         self._group.retake_due()
         with self._lock:
             readers = list(self._readers.values())
-        blocked = bool(readers) and all(r.wait_at is not None or r.status is ServeStatus.WAITING
-                                        for r in readers)
-        # Waiting on served state only: block on it (a commit shows up as a delta).
-        moved = self._follower.poll(timeout_s if blocked else 0.0)
-        with self._lock:  # and partitions read plain whose junk check may run again
-            self._group.unblock(moved | self._unreg.due())
-            released = self._ingest.released_any()  # held records to take: no wait
-        batch = drain(self._group.kafka, max_records,
-                      0.0 if blocked or released else timeout_s)
+        if self._wake.active:  # wait on both consumers at once (txnstream.kafka.wake)
+            self._wake.clear()
+            batch, found = self._take(False, 0.0, max_records)
+            if not found and self._wake.wait(timeout_s):
+                batch, _ = self._take(False, 0.0, max_records)
+        else:  # one at a time: on served state only if every partition waits for it
+            blocked = bool(readers) and all(
+                r.wait_at is not None or r.status is ServeStatus.WAITING for r in readers)
+            batch, _ = self._take(blocked, timeout_s, max_records)
         with self._lock:
             self._ingest(batch)
             self._txn_acks.apply_marks()
@@ -198,6 +201,21 @@ class Consumer:
                 view = self._follower.views.get(r.tp)
                 if view is not None:  # below the cursor nothing is asked again
                     view.trim(min(r.cursor(), r.deliver_pos))
+
+    def _take(self, blocked: bool, timeout_s: float, max_records: int
+              ) -> tuple[list[KafkaRecord], bool]:
+        """Served state, then records; the records, and whether anything at all came.
+
+        Waits up to ``timeout_s`` on served state if ``blocked``, else on records.
+        """
+        moved = self._follower.poll(timeout_s if blocked else 0.0)
+        polled = self._follower.polled
+        with self._lock:  # and partitions read plain whose junk check may run again
+            self._group.unblock(moved | self._unreg.due())
+            released = self._ingest.released_any()  # held records to take: no wait
+        batch = drain(self._group.kafka, max_records,
+                      0.0 if blocked or released else timeout_s)
+        return batch, bool(batch or polled or released)
 
     def unregistered_skipped(self) -> dict[TopicPartition, int]:
         """Per partition: the junk txn records skipped (no coordinator registered its topic)."""
@@ -442,6 +460,7 @@ class Consumer:
         finally:
             with self._lock:
                 self._txn_acks.closed = True
+            self._wake.close()  # its queue references go before the consumers close
             self._group.close()
             self._acks.close()
             self._follower.close()

@@ -98,6 +98,7 @@ class BufferStateFollower:
         """Partitions waiting for an owner, logged per topic (:meth:`_rescan`)."""
         self._assigned: dict[int, int] = {}
         """Slot -> the offset it was (re)assigned at."""
+        self.polled = 0  # records the last poll() read
         self._reseek: dict[int, int] = {}
         """Slots to seek back (a newly followed partition's snapshot is older)."""
         self._next: dict[int, int] = {}
@@ -277,8 +278,10 @@ class BufferStateFollower:
         """
         self._do_reseeks()
         moved: set[TopicPartition] = set()
+        self.polled = 0
         if self._assigned:
             msgs = drain(self._consumer, 1000, timeout_s)
+            self.polled = len(msgs)
             before = {tp: v.max_read_position for tp, v in self.views.items()}
             for m in msgs:
                 self._apply(m)
@@ -474,6 +477,10 @@ class BufferStateFollower:
         """Seconds ``tp`` has waited for served state, or None if it does not wait."""
         since = self._waiting_since.get(tp)
         return None if since is None else time.monotonic() - since
+
+    def wake_source(self) -> tuple[Consumer, str]:
+        """Its consumer and ``client.id``, for a reader's :class:`~txnstream.kafka.wake.Wakeup`."""
+        return self._consumer, f"tb-follow-{self.name}"
 
     def close(self) -> None:
         """Release the consumers."""

@@ -24,14 +24,12 @@ nobody read. Forwarding again moves what that queue holds, in order, to the scan
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaTP
@@ -39,11 +37,15 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.buffer.runs import Entry, runs_of
 from txnstream.errors import message_error
 from txnstream.kafka.fetch import KafkaRecord, drain
-from txnstream.kafka.librdkafka import NATIVE_ENV, librdkafka_path, native_allowed
+from txnstream.kafka.librdkafka import NATIVE_ENV, native_librdkafka
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 
 __all__ = ["DataScan", "native_scan"]
+
+native_scan = native_librdkafka
+"""``txnstream._native`` over confluent-kafka's librdkafka, or None
+(:func:`txnstream.kafka.librdkafka.native_librdkafka`)."""
 
 log = logging.getLogger(__name__)
 _rate_limited = RateLimitedLog(log)
@@ -70,35 +72,6 @@ returns: within 100 ms."""
 REFORWARD_S = 0.2
 """How often every partition read natively has its fetch queue forwarded again (at most
 this long a partition restarted at once goes unread; a forward costs about a µs)."""
-
-
-@functools.cache
-def native_scan() -> ModuleType | None:
-    """``txnstream._native`` loaded over confluent-kafka's librdkafka, or None (why: logged)."""
-    if not native_allowed():
-        return None
-    try:
-        from txnstream import _native  # type: ignore[attr-defined]
-    except ImportError as exc:
-        log.info("the buffer's native scan is not built (%s): folding through Python", exc)
-        return None
-    import confluent_kafka
-
-    path = librdkafka_path()
-    if path is None:
-        log.info("no librdkafka found mapped: the buffer folds through Python")
-        return None
-    try:
-        version = _native.load(path, confluent_kafka.Consumer)
-    except (ImportError, RuntimeError) as exc:
-        log.warning("the buffer's native scan cannot load %s (%s): folding through Python",
-                    path, exc)
-        return None
-    if version != confluent_kafka.libversion()[1]:
-        log.warning("librdkafka at %s is 0x%x, confluent-kafka's 0x%x: folding through "
-                    "Python", path, version, confluent_kafka.libversion()[1])
-        return None
-    return cast(ModuleType, _native)
 
 
 class DataScan:

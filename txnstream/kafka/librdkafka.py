@@ -8,11 +8,17 @@ no librdkafka headers or library at build time, and one librdkafka per process.
 
 from __future__ import annotations
 
+import functools
+import logging
 from pathlib import Path
+from types import ModuleType
+from typing import cast
 
 from txnstream.native import NATIVE_ENV, native_allowed
 
-__all__ = ["NATIVE_ENV", "librdkafka_path", "native_allowed"]
+__all__ = ["NATIVE_ENV", "librdkafka_path", "native_allowed", "native_librdkafka"]
+
+log = logging.getLogger(__name__)
 
 
 def librdkafka_path() -> str | None:
@@ -28,3 +34,36 @@ def librdkafka_path() -> str | None:
         if Path(path).name.startswith("librdkafka"):
             return path
     return None
+
+
+@functools.cache
+def native_librdkafka() -> ModuleType | None:
+    """``txnstream._native`` loaded over confluent-kafka's librdkafka, or None (why: logged).
+
+    Its consumer parts (the buffer owner's scan, a reader's wake-up) read confluent-kafka's
+    consumer handles; without it their Python twins run.
+    """
+    if not native_allowed():
+        return None
+    try:
+        from txnstream import _native  # type: ignore[attr-defined]
+    except ImportError as exc:
+        log.info("txnstream._native is not built (%s): consumers run through Python", exc)
+        return None
+    import confluent_kafka
+
+    path = librdkafka_path()
+    if path is None:
+        log.info("no librdkafka found mapped: consumers run through Python")
+        return None
+    try:
+        version = _native.load(path, confluent_kafka.Consumer)
+    except (ImportError, RuntimeError) as exc:
+        log.warning("txnstream._native cannot load %s (%s): consumers run through Python",
+                    path, exc)
+        return None
+    if version != confluent_kafka.libversion()[1]:
+        log.warning("librdkafka at %s is 0x%x, confluent-kafka's 0x%x: consumers run "
+                    "through Python", path, version, confluent_kafka.libversion()[1])
+        return None
+    return cast(ModuleType, _native)
