@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaException
@@ -46,7 +46,6 @@ from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.delivery import PartitionDelivery, StartPlan, newer_log, start_on_log
 from txnstream.errors import KafkaErrorKind, TxnStreamError, classify_kafka_error
 from txnstream.kafka.clients import leave_group
-from txnstream.kafka.fetch import watermarks
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import CursorMetadata
 from txnstream.pendingack.store import PendingAckStore
@@ -203,10 +202,11 @@ class GroupMember:
         except KafkaException as exc:
             return [], dict.fromkeys(tps, exc)
         found = {TopicPartition(f.topic, f.partition): f for f in found_all}
+        bounds = self._follower.bounds(tps)  # one round for all, not a query each
         plans = {}
         for tp in tps:
             try:
-                plans[tp] = self._position(tp, found[tp], tp in scanned, timeout)
+                plans[tp] = self._position(tp, found[tp], tp in scanned, bounds[tp])
             except (TxnStreamError, KafkaException) as exc:
                 failed[tp] = exc
         try:
@@ -259,14 +259,15 @@ class GroupMember:
         return ready, failed
 
     def _position(self, tp: TopicPartition, found: KafkaTP, scanned: bool,
-                  timeout: float) -> _TakePlan:
+                  bounds: tuple[int, int] | KafkaException) -> _TakePlan:
         """What a take of ``tp`` starts from: its cursor, served state and log bounds."""
-        if found.error is not None:
-            raise KafkaException(found.error)
+        err = KafkaException(found.error) if found.error is not None else bounds
+        if isinstance(err, KafkaException):
+            raise err
         with self._lock:
             status = self._follower.status[tp] if scanned else self._follower.follow(tp)
             view = self._follower.views.get(tp)
-        low, high = watermarks(self.kafka, KafkaTP(tp.topic, tp.partition), timeout)
+        low, high = cast("tuple[int, int]", bounds)
         return _TakePlan(tp, found, CursorMetadata.from_metadata(found.metadata), status,
                          None if view is None else view.log_epoch, low, high, self._initial)
 

@@ -124,7 +124,7 @@ class BufferStateFollower:
             return self.status[tp]
         self._slot[tp] = self._store.partition_of(tp)
         try:
-            found = self._find(tp)
+            found = self._find_many([tp])[tp]
         except (KafkaException, TimeoutError) as exc:
             if plain_ok:
                 raise
@@ -143,9 +143,7 @@ class BufferStateFollower:
         """
         new = [tp for tp in tps if tp not in self.views]
         if new:
-            for attempt in _scan_retries():
-                with attempt:
-                    found = self._store.find_many(new)
+            found = self._find_many(new)
             for tp in new:
                 self._slot[tp] = self._store.partition_of(tp)
                 self._follow_found(tp, found[tp], plain_ok=True)
@@ -291,10 +289,7 @@ class BufferStateFollower:
             time.sleep(timeout_s)
         if self._waiting_since and time.monotonic() >= self._next_rescan:
             self._next_rescan = time.monotonic() + RESCAN_INTERVAL_S
-            for tp in list(self._waiting_since):
-                self._rescan(tp)
-                if tp in self.views:
-                    moved.add(tp)
+            moved |= self._rescan_many(list(self._waiting_since))
         elif self._waiting_since and not self._assigned and timeout_s > 0:
             time.sleep(min(timeout_s, RESCAN_INTERVAL_S))
         return moved
@@ -320,9 +315,7 @@ class BufferStateFollower:
             for slot in list(ends):
                 if self._position(slot) >= ends[slot]:
                     del ends[slot]
-        for tp in tps:
-            if self.status.get(tp) is ServeStatus.WAITING:
-                self._rescan(tp)
+        self._rescan_many([tp for tp in tps if self.status.get(tp) is ServeStatus.WAITING])
 
     def _position(self, slot: int) -> int:
         """The next offset this follower reads in ``slot``.
@@ -377,7 +370,7 @@ class BufferStateFollower:
                         "reloading from a snapshot", self.name, tp, rec.from_position,
                         current.position)
             self._wait(tp)
-            self._rescan(tp)
+            self._rescan_many([tp])
 
     def _restart(self, tp: TopicPartition, current: BufferView, rec: BufferStateRecord) -> None:
         """The owner restarted ``tp`` on a new log: drop the view, reload that epoch's."""
@@ -389,25 +382,34 @@ class BufferStateFollower:
         self._epoch[tp] = rec.log_epoch
         self._count_restart(tp)
         self._wait(tp)
-        self._rescan(tp)
+        self._rescan_many([tp])
 
     def _count_restart(self, tp: TopicPartition) -> None:
         self._restarts[tp] = self._restarts.get(tp, 0) + 1
         self.restarts += 1
 
-    def _find(self, tp: TopicPartition) -> LatestSnapshotFinder:
-        """Scan ``tp``'s snapshot partition, riding through transient Kafka errors."""
+    def _find_many(self, tps: list[TopicPartition]) -> dict[TopicPartition, LatestSnapshotFinder]:
+        """Scan their snapshot partitions, once each, riding through transient Kafka errors."""
         for attempt in _scan_retries():
             with attempt:
-                return self._store.find(tp)
+                return self._store.find_many(tps)
         raise AssertionError("unreachable")
 
-    def _rescan(self, tp: TopicPartition) -> None:
+    def _rescan_many(self, tps: list[TopicPartition]) -> set[TopicPartition]:
+        """Look again for waiting partitions' snapshots (one scan per slot); those served."""
+        if not tps:
+            return set()
         try:
-            found = self._find(tp)
+            found = self._find_many(tps)
         except (KafkaException, TimeoutError) as exc:  # still waiting: the next rescan
-            log.warning("%s: cannot read the buffer state of %s yet: %s", self.name, tp, exc)
-            return
+            log.warning("%s: cannot read the buffer state of %s yet: %s", self.name,
+                        tps[0] if len(tps) == 1 else f"{len(tps)} partitions", exc)
+            return set()
+        for tp in tps:
+            self._rescan_found(tp, found[tp])
+        return {tp for tp in tps if tp in self.views}
+
+    def _rescan_found(self, tp: TopicPartition, found: LatestSnapshotFinder) -> None:
         old = self.views.get(tp)
         best = found.best
         if best is not None and best.log_epoch >= self._epoch.get(tp, 0) and (
