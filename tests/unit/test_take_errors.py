@@ -36,9 +36,6 @@ class Kafka:
     def committed(self, ktps, timeout):
         return [KafkaTP(k.topic, k.partition, -1001) for k in ktps]
 
-    def get_watermark_offsets(self, ktp, timeout):
-        return 0, 10
-
     def incremental_assign(self, parts):
         self.assigned += [(p.topic, p.partition) for p in parts]
 
@@ -52,6 +49,11 @@ class Kafka:
 class Follower:
     views: dict = {}
     status: dict = {}
+    bounds_error: KafkaException | None = None
+
+    def bounds(self, tps):
+        """The log of 10 records of each (the take's one ListOffsets round)."""
+        return {tp: self.bounds_error or (0, 10) for tp in tps}
 
     def prefetch(self, tps):
         return set()
@@ -72,14 +74,16 @@ class Acks:
     def claim_many(self, claims):
         if self.claim_error:
             raise self.claim_error
-        raise AssertionError("not reached in these tests")
+        assert not claims, "no partition is claimed in these tests"
+        return {}
 
 
-def member(acks: Acks) -> GroupMember:
+def member(acks: Acks, bounds_error: KafkaException | None = None) -> GroupMember:
     m = GroupMember.__new__(GroupMember)
     m._config = Config(bootstrap_servers="127.0.0.1:1")
     m.kafka = Kafka()  # type: ignore[assignment]
     m._follower = Follower()  # type: ignore[assignment]
+    m._follower.bounds_error = bounds_error
     m._acks = acks  # type: ignore[assignment]
     m._lock = threading.RLock()
     m._initial = "earliest"
@@ -97,5 +101,14 @@ def test_a_kafka_error_in_a_take_leaves_the_partitions_paused_for_a_retake(acks)
     m._on_assign(kafka, parts)  # type: ignore[arg-type]
     want = [("in", 0), ("in", 1)]
     assert kafka.assigned == want and kafka.paused == want and not kafka.resumed
+    assert set(m._retake) == {TopicPartition("in", 0), TopicPartition("in", 1)}
+    assert not m.readers
+
+
+def test_a_partition_whose_log_bounds_failed_is_left_paused_for_a_retake():
+    m = member(Acks(), bounds_error=TIMED_OUT)
+    kafka = m.kafka
+    m._on_assign(kafka, [KafkaTP("in", 0), KafkaTP("in", 1)])  # type: ignore[arg-type]
+    assert kafka.paused == [("in", 0), ("in", 1)] and not kafka.resumed
     assert set(m._retake) == {TopicPartition("in", 0), TopicPartition("in", 1)}
     assert not m.readers

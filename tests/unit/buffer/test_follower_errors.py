@@ -42,6 +42,9 @@ class FlakyStore:
         found.registered = True
         return found
 
+    def find_many(self, tps):  # the follower scans many at once
+        return {tp: self.find(tp) for tp in tps}
+
 
 @pytest.fixture
 def follower(monkeypatch):
@@ -62,7 +65,7 @@ def test_a_rescan_that_keeps_failing_leaves_the_partition_waiting(follower, capl
     assert follower.follow(TP) is ServeStatus.WAITING
     follower._store = FlakyStore(failures=10**6)
     with caplog.at_level(logging.WARNING):
-        follower._rescan(TP)  # must not raise
+        follower._rescan_many([TP])  # must not raise
     assert follower.status[TP] is ServeStatus.WAITING
     assert "cannot read the buffer state of t-0 yet" in caplog.text
 
@@ -79,7 +82,7 @@ def test_a_partition_known_transactional_waits_when_its_scan_keeps_failing(follo
     assert TP not in follower.views
     assert "cannot read the buffer state of t-0 yet" in caplog.text
     follower._store = FlakyStore(failures=0)
-    follower._rescan(TP)  # the next rescan: registered, still no snapshot
+    follower._rescan_many([TP])  # the next rescan: registered, still no snapshot
     assert follower.status[TP] is ServeStatus.WAITING
 
 

@@ -213,6 +213,9 @@ class _Store:
                 finder.add(k, v, f"@{i}")
         return finder
 
+    def find_many(self, tps):  # the follower scans many at once
+        return {tp: self.find(tp) for tp in tps}
+
 
 def test_a_follower_restarts_a_view_on_a_newer_log_epoch_and_never_goes_back(caplog):
     from txnstream.buffer.follower import BufferStateFollower, ServeStatus

@@ -141,6 +141,9 @@ class NeverRegisteredStore:
     def find(self, tp: TopicPartition) -> LatestSnapshotFinder:
         return LatestSnapshotFinder(tp)
 
+    def find_many(self, tps):  # the follower scans many at once
+        return {tp: self.find(tp) for tp in tps}
+
     def register(self, tps: list[TopicPartition], timeout_s: float) -> bool:
         raise AssertionError("a reader wrote a registration")
 
