@@ -604,14 +604,22 @@ done:
     return result;
 }
 
-static PyObject *Scan_close(Scan *s, PyObject *ignored) {
-    if (s->q != NULL) {
+/* Give a queue reference back (io events off first if they were on), and the consumer. */
+static void release_queue(PyObject **consumer, rd_kafka_queue_t **q, int io_events) {
+    if (*q != NULL) {
         /* After the consumer's close its handle is gone, and the queue with it. */
-        if (s->consumer != NULL && ((HandleHead *)s->consumer)->rk != NULL)
-            rk.queue_destroy(s->q);
-        s->q = NULL;
+        if (*consumer != NULL && ((HandleHead *)*consumer)->rk != NULL) {
+            if (io_events)
+                rk.queue_io_event_enable(*q, -1, NULL, 0);
+            rk.queue_destroy(*q);
+        }
+        *q = NULL;
     }
-    Py_CLEAR(s->consumer);
+    Py_CLEAR(*consumer);
+}
+
+static PyObject *Scan_close(Scan *s, PyObject *ignored) {
+    release_queue(&s->consumer, &s->q, 0);
     Py_RETURN_NONE;
 }
 
@@ -683,15 +691,7 @@ static int Wake_init(Wake *w, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *Wake_close(Wake *w, PyObject *ignored) {
-    if (w->q != NULL) {
-        /* After the consumer's close its handle is gone, and the queue with it. */
-        if (w->consumer != NULL && ((HandleHead *)w->consumer)->rk != NULL) {
-            rk.queue_io_event_enable(w->q, -1, NULL, 0);
-            rk.queue_destroy(w->q);
-        }
-        w->q = NULL;
-    }
-    Py_CLEAR(w->consumer);
+    release_queue(&w->consumer, &w->q, 1);
     Py_RETURN_NONE;
 }
 

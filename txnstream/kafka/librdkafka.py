@@ -12,7 +12,6 @@ import functools
 import logging
 from pathlib import Path
 from types import ModuleType
-from typing import cast
 
 from txnstream.native import NATIVE_ENV, native_allowed
 
@@ -36,6 +35,31 @@ def librdkafka_path() -> str | None:
     return None
 
 
+def load_over_librdkafka(module: ModuleType, fallback: str, *args: object
+                         ) -> ModuleType | None:
+    """``module.load(path, *args)`` over the librdkafka confluent-kafka mapped, checked.
+
+    Returns ``module``, or None with why logged (``fallback``: what runs instead); its
+    librdkafka's version must be confluent-kafka's.
+    """
+    import confluent_kafka
+
+    path = librdkafka_path()
+    if path is None:
+        log.info("no librdkafka found mapped: %s", fallback)
+        return None
+    try:
+        version = module.load(path, *args)
+    except (ImportError, RuntimeError) as exc:
+        log.warning("%s cannot load %s (%s): %s", module.__name__, path, exc, fallback)
+        return None
+    if version != confluent_kafka.libversion()[1]:
+        log.warning("librdkafka at %s is 0x%x, confluent-kafka's 0x%x: %s", path, version,
+                    confluent_kafka.libversion()[1], fallback)
+        return None
+    return module
+
+
 @functools.cache
 def native_librdkafka() -> ModuleType | None:
     """``txnstream._native`` loaded over confluent-kafka's librdkafka, or None (why: logged).
@@ -52,18 +76,5 @@ def native_librdkafka() -> ModuleType | None:
         return None
     import confluent_kafka
 
-    path = librdkafka_path()
-    if path is None:
-        log.info("no librdkafka found mapped: consumers run through Python")
-        return None
-    try:
-        version = _native.load(path, confluent_kafka.Consumer)
-    except (ImportError, RuntimeError) as exc:
-        log.warning("txnstream._native cannot load %s (%s): consumers run through Python",
-                    path, exc)
-        return None
-    if version != confluent_kafka.libversion()[1]:
-        log.warning("librdkafka at %s is 0x%x, confluent-kafka's 0x%x: consumers run "
-                    "through Python", path, version, confluent_kafka.libversion()[1])
-        return None
-    return cast(ModuleType, _native)
+    return load_over_librdkafka(_native, "consumers run through Python",
+                                confluent_kafka.Consumer)

@@ -30,7 +30,7 @@ from typing import Any, Protocol, cast
 
 import confluent_kafka
 
-from txnstream.kafka.librdkafka import librdkafka_path, native_allowed
+from txnstream.kafka.librdkafka import load_over_librdkafka, native_allowed
 
 __all__ = ["NativeSender", "Tally", "native_send"]
 
@@ -77,21 +77,7 @@ def native_send() -> ModuleType | None:
         log.info("the native send is not built (%s): send_batch goes through "
                  "confluent-kafka", exc)
         return None
-    path = librdkafka_path()
-    if path is None:
-        log.info("no librdkafka found mapped: send_batch goes through confluent-kafka")
-        return None
-    try:
-        version = _native_send.load(path)
-    except (ImportError, RuntimeError) as exc:
-        log.warning("the native send cannot load %s (%s): send_batch goes through "
-                    "confluent-kafka", path, exc)
-        return None
-    if version != confluent_kafka.libversion()[1]:
-        log.warning("librdkafka at %s is 0x%x, confluent-kafka's 0x%x: send_batch goes "
-                    "through confluent-kafka", path, version, confluent_kafka.libversion()[1])
-        return None
-    return cast(ModuleType, _native_send)
+    return load_over_librdkafka(_native_send, "send_batch goes through confluent-kafka")
 
 
 def librdkafka_settings(settings: Mapping[str, Any]) -> list[tuple[str, str]] | str:

@@ -10,12 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from confluent_kafka import Producer
 
-from tests.integration.coordinator.conftest import make_topic, read_all, wait_until
-from txnstream import Config, TopicPartition, TxnID, TxnStatus
+from tests.integration.coordinator.conftest import (
+    FAST_FAILOVER_MS,
+    make_topic,
+    read_all,
+    wait_until,
+)
+from txnstream import Client, Config, TopicPartition, TxnID, TxnStatus
 from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.log_entry import LogEntryKind, TransactionLogEntry
 from txnstream.coordinator.protocol import TcOp
+from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.transport import IoLoop
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.errors import (
     CoordinatorNotFoundError,
     InvalidTxnStatusError,
@@ -102,17 +109,29 @@ def test_slow_transactions_and_admin_abort(config, worker, client):
         txn.commit()
 
 
-def test_low_watermark_waits_for_the_oldest_open_transaction(config, worker, client):
-    first = client.new_transaction()
-    tc = first.id.tc_id
-    later = [client.new_transaction() for _ in range(2 * config.num_coordinators)]
-    for t in later:
-        t.commit()
-    stats = {s.tc_id: s.stats for s in client.admin.coordinator_stats()}
-    assert stats[tc]["low_watermark"] == first.id.least_bits
-    first.commit()
-    wait_until(lambda: {s.tc_id: s.stats for s in client.admin.coordinator_stats()}[tc]
-               ["low_watermark"] > first.id.least_bits, 10, "lwm advance")
+def test_low_watermark_waits_for_the_oldest_open_transaction(own_config):
+    # A log of its own: on the session's shared one, an earlier test's txn still open on
+    # the same TC (a long timeout) is older than ``first`` and holds the watermark
+    worker = CoordinatorWorker(own_config,
+                               settings=WorkerSettings(session_timeout_ms=FAST_FAILOVER_MS))
+    worker.start()
+    client = Client(config=own_config)
+    try:
+        wait_until(lambda: len(worker.serving()) == own_config.num_coordinators, 60,
+                   "worker serving")
+        first = client.new_transaction()
+        tc = first.id.tc_id
+        later = [client.new_transaction() for _ in range(2 * own_config.num_coordinators)]
+        for t in later:
+            t.commit()
+        stats = {s.tc_id: s.stats for s in client.admin.coordinator_stats()}
+        assert stats[tc]["low_watermark"] == first.id.least_bits
+        first.commit()
+        wait_until(lambda: {s.tc_id: s.stats for s in client.admin.coordinator_stats()}[tc]
+                   ["low_watermark"] > first.id.least_bits, 10, "lwm advance")
+    finally:
+        client.close()
+        worker.stop()
 
 
 def test_group_end_is_all_or_none_and_idempotent(config, worker, client):
