@@ -182,14 +182,14 @@ class Consumer:
     def _pump(self, timeout_s: float, max_records: int) -> None:
         """One round: served state first, then records; acks' marks; the cursor."""
         self._group.retake_due()
-        with self._lock:
-            readers = list(self._readers.values())
         if self._wake.active:  # wait on both consumers at once (txnstream.kafka.wake)
             self._wake.clear()
             batch, found = self._take(False, 0.0, max_records)
             if not found and self._wake.wait(timeout_s):
                 batch, _ = self._take(False, 0.0, max_records)
         else:  # one at a time: on served state only if every partition waits for it
+            with self._lock:
+                readers = list(self._readers.values())
             blocked = bool(readers) and all(
                 r.wait_at is not None or r.status is ServeStatus.WAITING for r in readers)
             batch, _ = self._take(blocked, timeout_s, max_records)

@@ -199,10 +199,10 @@ class GroupMember:
         try:
             found_all = self.kafka.committed([KafkaTP(tp.topic, tp.partition) for tp in tps],
                                              timeout=timeout)
+            bounds = self._follower.bounds(tps)  # one round for all, not a query each
         except KafkaException as exc:
             return [], dict.fromkeys(tps, exc)
         found = {TopicPartition(f.topic, f.partition): f for f in found_all}
-        bounds = self._follower.bounds(tps)  # one round for all, not a query each
         plans = {}
         for tp in tps:
             try:

@@ -51,8 +51,12 @@ class Follower:
     status: dict = {}
     bounds_error: KafkaException | None = None
 
+    bounds_raises: KafkaException | None = None
+
     def bounds(self, tps):
         """The log of 10 records of each (the take's one ListOffsets round)."""
+        if self.bounds_raises:
+            raise self.bounds_raises
         return {tp: self.bounds_error or (0, 10) for tp in tps}
 
     def prefetch(self, tps):
@@ -112,3 +116,13 @@ def test_a_partition_whose_log_bounds_failed_is_left_paused_for_a_retake():
     assert kafka.paused == [("in", 0), ("in", 1)] and not kafka.resumed
     assert set(m._retake) == {TopicPartition("in", 0), TopicPartition("in", 1)}
     assert not m.readers
+
+
+def test_a_bounds_round_that_raises_leaves_the_partitions_paused_for_a_retake():
+    """Its client made lazily, or asked after its close: the callback must not raise."""
+    m = member(Acks())
+    m._follower.bounds_raises = TIMED_OUT
+    kafka = m.kafka
+    m._on_assign(kafka, [KafkaTP("in", 0), KafkaTP("in", 1)])  # type: ignore[arg-type]
+    assert kafka.paused == [("in", 0), ("in", 1)] and not kafka.resumed
+    assert set(m._retake) == {TopicPartition("in", 0), TopicPartition("in", 1)}
