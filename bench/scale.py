@@ -19,8 +19,9 @@ The steady load: one writer sends a ``RECORDS_PER_TXN`` x 1 KB txn (Kafka: one r
 flushed) to a random partition at ``TXNS_PER_S``, a consumer subscribed at earliest
 notes when each arrives. After the first delivery and ``WARMUP_S``, a ``window_s``
 window counts the txns sent, their produce-to-delivery latency (from just before the
-send) and the CPU of the worker with its children and of the broker JVM
-(:class:`bench.cpu.CpuMeter`'s samples). Then the writer stops, the consumer stays
+send) and the CPU of the worker with its children, of the broker JVM
+(:class:`bench.cpu.CpuMeter`'s samples) and of the reader threads of this process
+(:data:`GROUPS`). Then the writer stops, the consumer stays
 subscribed, and after ``SETTLE_S`` an at-rest window of ``rest_s`` measures the same
 processes' cores; the worker's RSS (its tree) is read at its end. CPU per txn is shown
 gross (the window's CPU / txns) and net (less the at-rest rate over the window: what
@@ -32,7 +33,6 @@ Not part of ``python -m bench``: run it on its own (several minutes per width).
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import shutil
 import statistics
@@ -56,18 +56,17 @@ from bench.__main__ import _md_table, _show
 from bench.buffer import CONSUME_BATCH, VALUE, kafka_batch, receive_batch
 from bench.common import (
     fresh_config,
-    goal_row,
     machine,
     make_topic,
     pct,
     plots_line,
     publish,
-    ratio,
     run_broker,
     run_line,
     workers,
 )
-from bench.cpu import CpuMeter, with_children
+from bench.cpu import CLK_TCK, CpuMeter, with_children
+from bench.scale_report import goals, plot
 from txnstream import Client, Config
 
 console = Console()
@@ -111,11 +110,29 @@ Receive = Callable[[], list[bytes | None]]
 """The keys (``seq``) of what has arrived."""
 
 
-def _cpu(meter: CpuMeter) -> dict[str, float]:
-    """Worker tree and broker CPU seconds so far (NaN: not measured)."""
+GROUPS = ("worker", "broker", "reader")
+"""What a window measures: the worker tree, the broker JVM, and the reader threads of
+this process (each one's own CPU, librdkafka's threads not included: the per-record and
+per-partition work a committed-only reader does on the caller's thread)."""
+
+
+def thread_cpu_seconds(tid: int) -> float:
+    """utime + stime of thread ``tid`` of this process (0 once it ended)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _cpu(meter: CpuMeter, reader_tids: Sequence[int]) -> dict[str, float]:
+    """Worker tree, broker and reader threads' CPU seconds so far (NaN: not measured)."""
     s = meter.sample()
-    return {g: float("nan") if meter.roots[g] is None else sum(s[g].values())
-            for g in ("worker", "broker")}
+    out = {g: float("nan") if meter.roots[g] is None else sum(s[g].values())
+           for g in ("worker", "broker")}
+    out["reader"] = sum(thread_cpu_seconds(t) for t in reader_tids)
+    return out
 
 
 def _rss_mb(pids: list[int]) -> float:
@@ -141,6 +158,7 @@ def steady(send: Send, receives: Sequence[Receive], width: int, meter: CpuMeter,
     stop_w, stop_r = threading.Event(), threading.Event()
     behind = [0.0]
     errors: list[BaseException] = []
+    tids: list[int] = []
 
     def write() -> None:
         rng, seq, next_at = random.Random(11), 0, time.monotonic()
@@ -158,6 +176,7 @@ def steady(send: Send, receives: Sequence[Receive], width: int, meter: CpuMeter,
             errors.append(e)
 
     def read(receive: Receive, seen: dict[int, float]) -> None:
+        tids.append(threading.get_native_id())
         try:
             while not stop_r.is_set():
                 keys = receive()
@@ -181,9 +200,9 @@ def steady(send: Send, receives: Sequence[Receive], width: int, meter: CpuMeter,
             raise RuntimeError(f"nothing delivered to {sum(not s for s in seens)} reader(s) "
                                f"in {wide_start.FIRST_TIMEOUT_S:.0f}s ({errors!r})")
         time.sleep(WARMUP_S)
-        lo, c0, t0 = len(sent), _cpu(meter), time.monotonic()
+        lo, c0, t0 = len(sent), _cpu(meter, tids), time.monotonic()
         time.sleep(window_s)
-        hi, c1, t1 = len(sent), _cpu(meter), time.monotonic()
+        hi, c1, t1 = len(sent), _cpu(meter, tids), time.monotonic()
         stop_w.set()
         writer.join(30)
         deadline = time.monotonic() + DRAIN_S
@@ -196,9 +215,9 @@ def steady(send: Send, receives: Sequence[Receive], width: int, meter: CpuMeter,
             lats += got
             missing += lost
         time.sleep(SETTLE_S)
-        r0, tr0 = _cpu(meter), time.monotonic()
+        r0, tr0 = _cpu(meter, tids), time.monotonic()
         time.sleep(rest_s)
-        r1, tr1 = _cpu(meter), time.monotonic()
+        r1, tr1 = _cpu(meter, tids), time.monotonic()
         rss = _rss_mb(meter.roots["worker"] or [])
         if after_rest is not None:
             after_rest()
@@ -210,7 +229,7 @@ def steady(send: Send, receives: Sequence[Receive], width: int, meter: CpuMeter,
     txns, win = hi - lo, t1 - t0
     out = {"txns": txns, "missing": missing, "behind_s": behind[0], "p50": pct(lats, 50),
            "p99": pct(lats, 99), "rss_mb": rss, "errors": [repr(e) for e in errors]}
-    for g in ("worker", "broker"):
+    for g in GROUPS:
         rest = (r1[g] - r0[g]) / (tr1 - tr0)
         out[f"{g}_rest"] = rest
         out[f"{g}_txn_ms"] = (c1[g] - c0[g]) / txns * 1000 if txns else float("nan")
@@ -356,6 +375,8 @@ def _row(width: int, system: str, m: dict) -> dict:
         "worker ms/txn (net)": f"{f(m['worker_txn_ms'], '.2f')} ({f(m['worker_net_ms'], '.2f')})"
         if system == "txnstream" else "",
         "broker ms/txn (net)": f"{f(m['broker_txn_ms'], '.2f')} ({f(m['broker_net_ms'], '.2f')})",
+        "reader ms/txn (net)": f"{f(m['reader_txn_ms'], '.2f')} ({f(m['reader_net_ms'], '.2f')})",
+        "rest reader cores": f(m["reader_rest"], ".3f"),
         "rest worker cores": f(m["worker_rest"], ".3f") if system == "txnstream" else "",
         "rest broker cores": f(m["broker_rest"], ".3f"),
         "rest worker mcores/partition": f(m["worker_rest"] / width * 1000, ".3f")
@@ -366,89 +387,13 @@ def _row(width: int, system: str, m: dict) -> dict:
     }
 
 
-# ------------------------------------------------------------------ goals, plots
-
-def goals(rows: list[dict]) -> list[dict]:
-    """Issue 37's Show items: the widest width against the narrowest, same run."""
-    def get(width: int, system: str) -> dict:
-        return next(r["_m"] for r in rows if r["partitions"] == width and r["system"] == system)
-    widths = sorted({r["partitions"] for r in rows})
-    lo, hi = widths[0], widths[-1]
-    t_lo, t_hi, k_hi = get(lo, "txnstream"), get(hi, "txnstream"), get(hi, "Kafka read_committed")
-
-    def med(m: dict) -> float:
-        return statistics.median(d for _, d in m["rounds"])
-
-    out = [goal_row(f"first delivery after subscribe, {hi} partitions", f"{med(t_hi):.2f} s",
-                    f"Kafka at {hi}", f"{med(k_hi):.2f} s", ratio(med(t_hi), med(k_hi)),
-                    "<=", 2.0),
-           goal_row(f"produce-to-visible p99, {hi} partitions", f"{t_hi['p99']:.0f} ms",
-                    f"txnstream at {lo}", f"{t_lo['p99']:.0f} ms",
-                    ratio(t_hi["p99"], t_lo["p99"]), "<=", 1.5)]
-    for g in ("worker", "broker"):
-        for kind in ("txn", "net"):
-            a, b = t_hi[f"{g}_{kind}_ms"], t_lo[f"{g}_{kind}_ms"]
-            out.append(goal_row(f"{g} CPU per txn ({'gross' if kind == 'txn' else 'net of rest'})"
-                                f", {hi} partitions", f"{a:.2f} ms", f"txnstream at {lo}",
-                                f"{b:.2f} ms", ratio(a, b), "<=", 1.5))
-    return out
-
-
-PLOT_SPECS = (
-    ("first-delivery", "s from subscribe at latest to first delivery",
-     lambda m: statistics.median(d for _, d in m["rounds"])),
-    ("p99", "produce-to-visible p99, ms", lambda m: m["p99"]),
-    ("p50", "produce-to-visible p50, ms", lambda m: m["p50"]),
-    ("worker-cpu-per-txn", "worker CPU per txn, ms (gross)", lambda m: m["worker_txn_ms"]),
-    ("broker-cpu-per-txn", "broker CPU per txn, ms (gross)", lambda m: m["broker_txn_ms"]),
-    ("rest-per-partition", "at rest, worker + broker millicores per partition",
-     lambda m: (m["worker_rest"] + m["broker_rest"]) / m["_width"] * 1000),
-    ("worker-rss", "worker RSS at rest, MB", lambda m: m["rss_mb"]),
-)
-
-
-def plot(rows: list[dict], folder: Path) -> list[Path]:
-    """One plot per measure against width (log scale), txnstream beside Kafka, into
-    ``folder/scale-*.png``; [] without matplotlib (the ``bench`` extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    folder.mkdir(parents=True, exist_ok=True)
-    for r in rows:
-        r["_m"]["_width"] = r["partitions"]
-    out = []
-    for name, label, value in PLOT_SPECS:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for system in ("txnstream", "Kafka read_committed"):
-            pts = sorted((r["partitions"], value(r["_m"])) for r in rows if r["system"] == system)
-            pts = [(x, y) for x, y in pts if y == y and not math.isinf(y)]
-            if pts:
-                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=system)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("partitions")
-        ax.set_ylabel(label)
-        ax.set_title(f"{label} against width")
-        ax.legend()
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        path = folder / f"scale-{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        out.append(path)
-    return out
-
-
 # ------------------------------------------------------------------ main
 
 VISIBILITY = ("partitions", "system", "first written s", "first delivered s",
               "rounds (written/delivered)", "p50 ms", "p99 ms", "txns", "notes")
 COST = ("partitions", "system", "worker ms/txn (net)", "broker ms/txn (net)",
-        "rest worker cores", "rest broker cores", "rest worker mcores/partition",
-        "rest broker mcores/partition", "worker RSS MB")
+        "reader ms/txn (net)", "rest reader cores", "rest worker cores", "rest broker cores",
+        "rest worker mcores/partition",        "rest broker mcores/partition", "worker RSS MB")
 
 
 def main(argv: list[str]) -> int:
