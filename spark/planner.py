@@ -86,7 +86,7 @@ class Planner:
         """Partitions of a subscribed topic that no longer exists (deleted)."""
         try:
             for t in opts.topics if tps is None else ():
-                found = self.follower.partitions_of(t)
+                found = self.follower.log_queries().partitions_of(t)
                 if found is None:
                     raise ConfigError(f"option 'subscribe': topic {t!r} does not exist on "
                                       f"{opts.config.bootstrap_servers}")
@@ -236,7 +236,7 @@ class Planner:
         gone: set[TopicPartition] = set()
         fewer: list[TopicPartition] = []  # Kafka never takes a partition away: recreated
         for t in self.opts.topics:
-            found = self.follower.partitions_of(t)
+            found = self.follower.log_queries().partitions_of(t)
             if found is None:
                 gone.update(tp for tp in self.tps if tp.topic == t)
                 continue
@@ -359,7 +359,8 @@ class Planner:
         if isinstance(spec, str):
             return dict.fromkeys(self.tps, LATEST if spec == "latest" else EARLIEST)
         if isinstance(spec, Timestamps):
-            return spec.resolve(self.opts.topics, self.tps, self.follower.offsets_for_times)
+            return spec.resolve(self.opts.topics, self.tps,
+                                self.follower.log_queries().offsets_for_times)
         return named_offsets(spec, name, self.opts.topics, self.tps)
 
     def starts(self, spec: str | Offsets | Timestamps) -> Offsets:

@@ -196,11 +196,7 @@ class Consumer:
         with self._lock:
             self._ingest(batch)
             self._txn_acks.apply_marks()
-            self._group.commit()
-            for r in self._readers.values():
-                view = self._follower.views.get(r.tp)
-                if view is not None:  # below the cursor nothing is asked again
-                    view.trim(min(r.cursor(), r.deliver_pos))
+            self._group.commit()  # (and, at its pace, the sweep that trims the views)
 
     def _take(self, blocked: bool, timeout_s: float, max_records: int
               ) -> tuple[list[KafkaRecord], bool]:

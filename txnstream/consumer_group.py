@@ -35,21 +35,19 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
-from txnstream.delivery import PartitionDelivery, StartPlan, newer_log, start_on_log
+from txnstream.delivery import PartitionDelivery, newer_log
 from txnstream.errors import KafkaErrorKind, TxnStreamError, classify_kafka_error
 from txnstream.kafka.clients import leave_group
-from txnstream.pendingack.handle import PendingAckHandle
-from txnstream.pendingack.records import CursorMetadata
 from txnstream.pendingack.store import PendingAckStore
 from txnstream.predecessors import end_predecessors
+from txnstream.take_plan import TakePlan
 from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -116,6 +114,10 @@ class GroupMember:
         """Partitions the group assigns to this member (whether or not claimed yet)."""
         self._retake: dict[TopicPartition, float] = {}
         """Owned partitions to (re)claim, with when: failed takeovers and fenced ones."""
+        self.waiting: dict[TopicPartition, PartitionDelivery] = {}
+        """Readers that wait somewhere (``wait_at`` set): those a round looks at."""
+        self._taken: set[TopicPartition] = set()
+        """Partitions taken since the last round: their log epoch is looked at once."""
         self._last_commit = 0.0
         self.kafka = KafkaConsumer(config.consumer(
             subscription, **{"auto.offset.reset": initial_position,
@@ -127,6 +129,7 @@ class GroupMember:
     def drop(self, tp: TopicPartition, why: str, fence_txns: bool) -> None:
         """Stop delivering ``tp`` (lock held)."""
         self.readers.pop(tp, None)
+        self.waiting.pop(tp, None)
         self._follower.unfollow(tp)
         self._owner.partition_dropped(tp, why, fence_txns)
 
@@ -206,7 +209,8 @@ class GroupMember:
         plans = {}
         for tp in tps:
             try:
-                plans[tp] = self._position(tp, found[tp], tp in scanned, bounds[tp])
+                plans[tp] = TakePlan.of(tp, found[tp], bounds[tp], self._follower,
+                                        tp in scanned, self._lock, self._initial)
             except (TxnStreamError, KafkaException) as exc:
                 failed[tp] = exc
         try:
@@ -251,25 +255,13 @@ class GroupMember:
             reader.pointer_dirty = reader.metadata() != found_at.metadata  # a new epoch
             with self._lock:
                 self.readers[tp] = reader
+                self._taken.add(tp)
                 self._retake.pop(tp, None)
                 # The tail passes what follows the OWNER to this reader from now on:
                 # under the consumer lock, as every reader of the tail runs.
                 self._acks.resume_tail(tp, owner_at + 1)
             ready.append(KafkaTP(tp.topic, tp.partition, plan.start))
         return ready, failed
-
-    def _position(self, tp: TopicPartition, found: KafkaTP, scanned: bool,
-                  bounds: tuple[int, int] | KafkaException) -> _TakePlan:
-        """What a take of ``tp`` starts from: its cursor, served state and log bounds."""
-        err = KafkaException(found.error) if found.error is not None else bounds
-        if isinstance(err, KafkaException):
-            raise err
-        with self._lock:
-            status = self._follower.status[tp] if scanned else self._follower.follow(tp)
-            view = self._follower.views.get(tp)
-        low, high = cast("tuple[int, int]", bounds)
-        return _TakePlan(tp, found, CursorMetadata.from_metadata(found.metadata), status,
-                         None if view is None else view.log_epoch, low, high, self._initial)
 
     def _on_revoke(self, consumer: KafkaConsumer, parts: list[KafkaTP]) -> None:
         """A clean revoke: our acks are made durable and the cursor committed first."""
@@ -309,19 +301,48 @@ class GroupMember:
 
         A partition read plain waits only at a txn record whose junk check is not due
         yet; ``moved`` names it once it is (:mod:`txnstream.buffer.unregistered`).
-        First, a partition whose view moved to a newer log is taken again.
+        First, a partition whose view moved to a newer log is taken again. Only the
+        partitions that changed (the follower's, those taken since) and those waiting
+        are looked at: a round costs what happened, not the width of the assignment.
         """
-        self._follow_log_epochs()
-        for r in self.readers.values():
-            if r.status is ServeStatus.WAITING:
-                r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
-            if r.wait_at is None or r.delay_paused or (
-                    r.tp not in moved and r.status is not ServeStatus.SERVED):
+        changed = self._follower.take_changed() | self._taken
+        self._taken = set()
+        self._follow_log_epochs(changed)
+        for tp in changed:
+            r = self.readers.get(tp)
+            if r is not None and r.status is ServeStatus.WAITING:
+                r.status = self._follower.status.get(tp, ServeStatus.WAITING)
+        for r in list(self.waiting.values()):
+            if r.wait_at is None:
+                del self.waiting[r.tp]
+                continue
+            if r.delay_paused or (r.tp not in moved and r.status is not ServeStatus.SERVED):
                 continue  # (one paused for held delayed records resumes as they fall due)
             view = self._follower.views.get(r.tp)
             if r.status is ServeStatus.PLAIN or (
                     view is not None and view.max_read_position >= r.wait_at):
                 self.resume(r)
+
+    def hold_at(self, r: PartitionDelivery, offset: int) -> None:
+        """``r`` waits at ``offset`` (its fetch goes on, held: :mod:`txnstream.ingest`)."""
+        r.wait_at = offset
+        self.waiting[r.tp] = r
+
+    def sweep(self) -> None:
+        """Look at every partition as a round looks at the changed ones; trim the views.
+
+        At the cursor commit's pace: what a round's bookkeeping might have missed waits
+        no longer than that, and a view keeps nothing below where its reader's cursor is.
+        """
+        self._follow_log_epochs(set(self.readers))
+        for r in self.readers.values():
+            if r.status is ServeStatus.WAITING:
+                r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
+            if r.wait_at is not None:
+                self.waiting[r.tp] = r
+            view = self._follower.views.get(r.tp)
+            if view is not None:  # below the cursor nothing is asked again
+                view.trim(min(r.cursor(), r.deliver_pos))
 
     def resume(self, r: PartitionDelivery) -> None:
         """Take ``r`` again from where it waits: its hold, and a paused fetch resumed."""
@@ -337,8 +358,9 @@ class GroupMember:
                 log.warning("%s: resume %s: %s", self.member_id, r.tp, exc)
                 return
         r.wait_at, r.paused_at, r.delay_paused = None, None, False
+        self.waiting.pop(r.tp, None)
 
-    def _follow_log_epochs(self) -> None:
+    def _follow_log_epochs(self, tps: set[TopicPartition]) -> None:
         """Note each view's log epoch beside the cursor; a newer one: take it again now.
 
         A view of a newer epoch serves a new log (the topic was deleted and created
@@ -348,7 +370,9 @@ class GroupMember:
         pending-ack state over on the new log's start. An epoch not known yet (state
         written before epochs were noted, a partition read plain so far) is 0.
         """
-        for r in list(self.readers.values()):
+        for tp in tps:
+            if (r := self.readers.get(tp)) is None:
+                continue
             view, h = self._follower.views.get(r.tp), r.handle
             if view is None or h is None or view.log_epoch == h.log_epoch:
                 continue
@@ -363,7 +387,7 @@ class GroupMember:
     def wait_at(self, r: PartitionDelivery, offset: int) -> None:
         """Pause ``r``'s fetch at ``offset``: where it waits, or where its full hold ends."""
         if r.wait_at is None:
-            r.wait_at = offset
+            self.hold_at(r, offset)
         r.paused_at = offset
         ktp = KafkaTP(r.tp.topic, r.tp.partition, offset)
         try:
@@ -422,6 +446,8 @@ class GroupMember:
         now = time.monotonic()
         if not force and now - self._last_commit < COMMIT_INTERVAL_S:
             return
+        if not force:  # (a forced one runs in a revoke or a close: nothing else then)
+            self.sweep()
         offsets = []
         for r in self.readers.values():
             c = r.cursor()
@@ -470,31 +496,3 @@ class GroupMember:
             r.checkpoint = done
             r.pointer_dirty = True
 
-
-@dataclass
-class _TakePlan:
-    """One partition's take, before its replay: what its start is computed from."""
-
-    tp: TopicPartition
-    found: KafkaTP
-    meta: CursorMetadata
-    status: ServeStatus
-    view_epoch: int | None
-    low: int
-    high: int
-    initial: str
-
-    def start_on(self, handle: PendingAckHandle, follower: BufferStateFollower,
-                 lock: threading.RLock, timeout: float) -> StartPlan:
-        """Where delivery starts: on the log the view serves.
-
-        A state of an older log starts over in the claim.
-        """
-
-        def initial() -> int:  # latest: the committed end (Kafka's LSO) as of now
-            if self.initial == "earliest" or self.status is ServeStatus.PLAIN:
-                return self.low if self.initial == "earliest" else self.high
-            return follower.committed_end(self.tp, self.high, self.low, timeout, lock)
-
-        return start_on_log(self.found.offset, self.meta.log_epoch, handle.log_epoch,
-                            handle.cursor, self.view_epoch, self.low, initial)

@@ -165,7 +165,8 @@ class Ingest:
 
     def _wait(self, r: PartitionDelivery, m: KafkaRecord, off: int) -> None:
         """``r`` waits at ``m`` (at ``off``) until it is served: hold it and what follows."""
-        r.wait_at, r.held_next = off, off
+        self._group.hold_at(r, off)
+        r.held_next = off
         self._holding[r.tp] = r
         self._hold(r, m)
 

@@ -253,7 +253,7 @@ class Sampler:
         """The watched subscriptions' partitions, replayed from their pending-ack logs."""
         rows: list[AckRow] = []
         for topic, sub in self.subscriptions:
-            tps = self.follower.partitions_of(topic)
+            tps = self.follower.log_queries().partitions_of(topic)
             if not tps:
                 rows.append(AckRow(sub, TopicPartition(topic, 0), None, "no such topic"))
                 continue

@@ -48,7 +48,8 @@ LAYERS: dict[str, int] = {
     "txnstream.pipeline": 6, "txnstream.fate": 6, "txnstream.txn_handle": 6,
     "txnstream.transaction": 6,
     "txnstream.send_paths": 6, "txnstream.producer": 6,
-    "txnstream.consumer_group": 6, "txnstream.predecessors": 6, "txnstream.consumer_txns": 6,
+    "txnstream.consumer_group": 6, "txnstream.take_plan": 6,
+    "txnstream.predecessors": 6, "txnstream.consumer_txns": 6,
     "txnstream.consumer": 6, "txnstream.lifecycle": 6, "txnstream.ingest": 6,
     "txnstream.admin": 6, "txnstream.arrow": 6,
     # 7. composition; 8-9. tools

@@ -99,6 +99,10 @@ class BufferStateFollower:
         self._assigned: dict[int, int] = {}
         """Slot -> the offset it was (re)assigned at."""
         self.polled = 0  # records the last poll() read
+        self._changed: set[TopicPartition] = set()
+        """Partitions whose status or view changed since :meth:`take_changed`."""
+        self._moved: dict[TopicPartition, int] = {}
+        """In a poll: each partition a record touched, with its max read position before."""
         self._reseek: dict[int, int] = {}
         """Slots to seek back (a newly followed partition's snapshot is older)."""
         self._next: dict[int, int] = {}
@@ -205,6 +209,7 @@ class BufferStateFollower:
             self._wait(tp)
         else:
             self.status[tp] = ServeStatus.PLAIN
+            self._changed.add(tp)
         return self.status[tp]
 
     def any_registered(self, tps: list[TopicPartition]) -> bool:
@@ -224,6 +229,7 @@ class BufferStateFollower:
 
     def unfollow(self, tp: TopicPartition) -> None:
         """Stop following ``tp``."""
+        self._changed.add(tp)
         self.views.pop(tp, None)
         self.status.pop(tp, None)
         self._waiting_since.pop(tp, None)
@@ -236,7 +242,16 @@ class BufferStateFollower:
             self._next.pop(slot, None)
             self._consumer.incremental_unassign([KafkaTP(self.topic, slot)])
 
+    def take_changed(self) -> set[TopicPartition]:
+        """The partitions whose status or view (its log epoch) changed since the last call.
+
+        A reader looks at these, not at every partition it reads, on each round.
+        """
+        out, self._changed = self._changed, set()
+        return out
+
     def _wait(self, tp: TopicPartition) -> None:
+        self._changed.add(tp)
         self.status[tp] = ServeStatus.WAITING
         self._waiting_since.setdefault(tp, time.monotonic())
         self.views.pop(tp, None)
@@ -250,6 +265,8 @@ class BufferStateFollower:
         view.restarts = self._restarts.get(tp, 0)
         self.views[tp] = view
         self.status[tp] = ServeStatus.SERVED
+        self._changed.add(tp)
+        self._moved.setdefault(tp, -2)
         self._waiting_since.pop(tp, None)
         slot = self._slot[tp]
         start = snap.state_offset + 1 if snap.state_offset >= 0 else OFFSET_BEGINNING
@@ -280,11 +297,11 @@ class BufferStateFollower:
         if self._assigned:
             msgs = drain(self._consumer, 1000, timeout_s)
             self.polled = len(msgs)
-            before = {tp: v.max_read_position for tp, v in self.views.items()}
+            self._moved = {}  # only what the records touch: not a loop over every view
             for m in msgs:
                 self._apply(m)
-            moved = {tp for tp, v in self.views.items()
-                     if v.max_read_position != before.get(tp, -2)}
+            moved = {tp for tp, before in self._moved.items()
+                     if (v := self.views.get(tp)) is not None and v.max_read_position != before}
         elif timeout_s > 0 and not self._waiting_since:
             time.sleep(timeout_s)
         if self._waiting_since and time.monotonic() >= self._next_rescan:
@@ -361,6 +378,7 @@ class BufferStateFollower:
         current = self.views.get(tp)
         if current is None:
             return
+        self._moved.setdefault(tp, current.max_read_position)
         if rec.log_epoch > current.log_epoch and rec.generation >= current.generation:
             self._restart(tp, current, rec)
             return
@@ -425,48 +443,28 @@ class BufferStateFollower:
                 "role running, and do its --buffer-topics include %r?", self.name, tp.topic,
                 tp, time.monotonic() - since, tp.topic)
 
+    def log_queries(self) -> LogBounds:
+        """Log bounds, times and partitions, asked of a consumer that never fetches.
+
+        Not of this follower's own consumer: a query waits behind its parked fetch
+        (:mod:`txnstream.kafka.offsets`). Made at first use.
+        """
+        if self._bounds is None:
+            self._bounds = LogBounds(self.config, f"follow-{self.name}")
+        return self._bounds
+
     def bounds(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, Bounds]:
         """Each partition's log start and end (high watermark) now, in one round.
 
         An error Kafka calls retriable (a leader not elected yet) is asked again, as a
         consumer's own watermark query waits for the leader; the others are given as
-        Kafka gave them. Not asked of this follower's consumer: a query waits behind its
-        parked fetch (:mod:`txnstream.kafka.offsets`).
+        Kafka gave them.
         """
-        if self._bounds is None:
-            self._bounds = LogBounds(self.config, f"follow-{self.name}")
-        return self._bounds.get(tps)
+        return self.log_queries().get(tps)
 
     def watermarks(self, tp: TopicPartition) -> tuple[int, int]:
         """``tp``'s log start and end (high watermark) now; raises Kafka's error."""
-        if isinstance(b := self.bounds([tp])[tp], KafkaException):
-            raise b
-        return b
-
-    def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """Each partition's first offset whose record time is at or after its time (ms).
-
-        -1 where no record is that late (Kafka's ListOffsets by timestamp).
-        """
-        if not times:
-            return {}
-        found = self._consumer.offsets_for_times(
-            [KafkaTP(tp.topic, tp.partition, ts) for tp, ts in times.items()],
-            timeout=self.config.admin_timeout_s)
-        out: dict[TopicPartition, int] = {}
-        for k in found:
-            if k.error is not None:
-                raise KafkaException(k.error)
-            out[TopicPartition(k.topic, k.partition)] = k.offset if k.offset >= 0 else -1
-        return out
-
-    def partitions_of(self, topic: str) -> list[TopicPartition] | None:
-        """Every partition of ``topic``; None if it does not exist."""
-        meta = self._consumer.list_topics(topic, timeout=self.config.admin_timeout_s)
-        t = meta.topics.get(topic)
-        if t is None or t.error is not None:
-            return None
-        return [TopicPartition(topic, p) for p in sorted(t.partitions)]
+        return self.log_queries().one(tp)
 
     def log_epoch(self, tp: TopicPartition) -> int | None:
         """The newest log epoch seen of ``tp`` (None: not known), its view dropped or not.

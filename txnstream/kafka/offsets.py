@@ -90,6 +90,36 @@ class LogBounds:
             raise b
         return b
 
+    def offsets_for_times(self, times: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Each partition's first offset whose record time is at or after its time (ms).
+
+        -1 where no record is that late (Kafka's ListOffsets by timestamp); raises
+        Kafka's error of any partition.
+        """
+        if not times:
+            return {}
+        with self._lock:
+            self._open()
+            found = self._consumer.offsets_for_times(
+                [KafkaTP(tp.topic, tp.partition, ts) for tp, ts in times.items()],
+                timeout=self._timeout_s)
+        out: dict[TopicPartition, int] = {}
+        for k in found:
+            if k.error is not None:
+                raise KafkaException(k.error)
+            out[TopicPartition(k.topic, k.partition)] = k.offset if k.offset >= 0 else -1
+        return out
+
+    def partitions_of(self, topic: str) -> list[TopicPartition] | None:
+        """Every partition of ``topic``; None if it does not exist."""
+        with self._lock:
+            self._open()
+            meta = self._consumer.list_topics(topic, timeout=self._timeout_s)
+        t = meta.topics.get(topic)
+        if t is None or t.error is not None:
+            return None
+        return [TopicPartition(topic, p) for p in sorted(t.partitions)]
+
     def close(self) -> None:
         """Close the consumer (idempotent); a later :meth:`get` raises."""
         with self._lock:
@@ -97,10 +127,14 @@ class LogBounds:
                 self._closed = True
                 self._consumer.close()
 
+    def _open(self) -> None:
+        """Raise if closed (lock held)."""
+        if self._closed:
+            raise KafkaException(KafkaError(KafkaError._DESTROY, "log bounds closed"))
+
     def _ask(self, tps: list[TopicPartition], timeout_s: float) -> dict[TopicPartition, Bounds]:
         with self._lock:
-            if self._closed:
-                raise KafkaException(KafkaError(KafkaError._DESTROY, "log bounds closed"))
+            self._open()
             try:
                 low = self._times(tps, EARLIEST, timeout_s)
                 high = self._times(tps, LATEST, timeout_s)
