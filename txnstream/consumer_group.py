@@ -300,18 +300,12 @@ class GroupMember:
         """Resume partitions whose served max read position reached where they wait.
 
         A partition read plain waits only at a txn record whose junk check is not due
-        yet; ``moved`` names it once it is (:mod:`txnstream.buffer.unregistered`).
-        First, a partition whose view moved to a newer log is taken again. Only the
-        partitions that changed (the follower's, those taken since) and those waiting
-        are looked at: a round costs what happened, not the width of the assignment.
+        yet; ``moved`` names it once it is (:mod:`txnstream.buffer.unregistered`). Only
+        the partitions that changed (the follower's, those taken since: :meth:`_look_at`
+        first) and those waiting are looked at: a round costs what happened, not width.
         """
-        changed = self._follower.take_changed() | self._taken
+        self._look_at(self._follower.take_changed() | self._taken)
         self._taken = set()
-        self._follow_log_epochs(changed)
-        for tp in changed:
-            r = self.readers.get(tp)
-            if r is not None and r.status is ServeStatus.WAITING:
-                r.status = self._follower.status.get(tp, ServeStatus.WAITING)
         for r in list(self.waiting.values()):
             if r.wait_at is None:
                 del self.waiting[r.tp]
@@ -334,10 +328,8 @@ class GroupMember:
         At the cursor commit's pace: what a round's bookkeeping might have missed waits
         no longer than that, and a view keeps nothing below where its reader's cursor is.
         """
-        self._follow_log_epochs(set(self.readers))
+        self._look_at(set(self.readers))
         for r in self.readers.values():
-            if r.status is ServeStatus.WAITING:
-                r.status = self._follower.status.get(r.tp, ServeStatus.WAITING)
             if r.wait_at is not None:
                 self.waiting[r.tp] = r
             view = self._follower.views.get(r.tp)
@@ -360,8 +352,8 @@ class GroupMember:
         r.wait_at, r.paused_at, r.delay_paused = None, None, False
         self.waiting.pop(r.tp, None)
 
-    def _follow_log_epochs(self, tps: set[TopicPartition]) -> None:
-        """Note each view's log epoch beside the cursor; a newer one: take it again now.
+    def _look_at(self, tps: set[TopicPartition]) -> None:
+        """Their served status; their views' log epochs beside the cursors (newer: retake).
 
         A view of a newer epoch serves a new log (the topic was deleted and created
         again): every position held here is of the old one. The partition is dropped
@@ -373,6 +365,8 @@ class GroupMember:
         for tp in tps:
             if (r := self.readers.get(tp)) is None:
                 continue
+            if r.status is ServeStatus.WAITING:
+                r.status = self._follower.status.get(tp, ServeStatus.WAITING)
             view, h = self._follower.views.get(r.tp), r.handle
             if view is None or h is None or view.log_epoch == h.log_epoch:
                 continue
@@ -448,10 +442,10 @@ class GroupMember:
             return
         if not force:  # (a forced one runs in a revoke or a close: nothing else then)
             self.sweep()
+        self._checkpoint([r for r in self.readers.values() if self._checkpoint_due(r, now)])
         offsets = []
         for r in self.readers.values():
             c = r.cursor()
-            self._maybe_checkpoint(r, now)
             if c > r.committed or r.pointer_dirty:
                 offsets.append((r, c))
         self._last_commit = now
@@ -478,21 +472,29 @@ class GroupMember:
             r.committed = max(c, r.committed)
             r.pointer_dirty = False
 
-    def _maybe_checkpoint(self, r: PartitionDelivery, now: float) -> None:
-        """Checkpoint ``r``'s pending acks when due (consumer lock held).
+    def _checkpoint_due(self, r: PartitionDelivery, now: float) -> bool:
+        """Whether ``r``'s pending acks are to be checkpointed now (consumer lock held).
 
-        Under the lock the handle reflects every record the tail has read (each
+        Every ``checkpoint_interval`` at most, and only if its log partition has had a
+        record other than a checkpoint since the last one: else a replay from that one
+        reads checkpoints only, and a quiet reader writes nothing at rest.
+        """
+        if r.handle is None or now < r.checkpoint_due:
+            return False
+        r.checkpoint_due = now + self._checkpoint_interval
+        return self._acks.tail_position(r.tp) >= 0 and (
+            r.checkpoint is None or r.checkpoint.position < self._acks.moved_position(r.tp))
+
+    def _checkpoint(self, due: list[PartitionDelivery]) -> None:
+        """Checkpoint ``due`` (one flush for all; consumer lock held).
+
+        Under the lock each handle reflects every record the tail has read (each
         ``poll_marks`` batch is applied in the same locked call), so the tail position
         is the checkpoint's replay position.
         """
-        if r.handle is None or now < r.checkpoint_due:
-            return
-        r.checkpoint_due = now + self._checkpoint_interval
-        position = self._acks.tail_position(r.tp)
-        if position < 0 or (r.checkpoint is not None and r.checkpoint.position >= position):
-            return  # nothing new in the log since the last one
-        done = self._acks.checkpoint(r.handle, position)
-        if done is not None:
-            r.checkpoint = done
-            r.pointer_dirty = True
-
+        done = self._acks.checkpoint_many([(r.handle, self._acks.tail_position(r.tp))
+                                           for r in due if r.handle is not None])
+        for r, ckpt in zip(due, done, strict=True):
+            if ckpt is not None:
+                r.checkpoint = ckpt
+                r.pointer_dirty = True

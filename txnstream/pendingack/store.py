@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
@@ -90,6 +90,9 @@ class PendingAckStore:
         """txn -> log partitions where an ack record's offset is not known (a retried
         write the broker had taken: reported delivered with no offset)."""
         self._tail_pos: dict[int, int] = {}
+        self._moved_pos: dict[int, int] = {}
+        """Per log partition: just past the last record the tail read that was not a
+        checkpoint (where it was assigned, before it read any)."""
         self._replayed_to: dict[TopicPartition, int] = {}
         self.replayed_records = 0
         """Log records the latest replay read (what a checkpoint bounds)."""
@@ -133,35 +136,52 @@ class PendingAckStore:
                 self._replayed_to[tp] = f.end
         return {tp: f.handle for tp, f in folds.items()}
 
-    def checkpoint(self, handle: PendingAckHandle, position: int) -> Checkpointed | None:
-        """Write ``handle``'s state as of log ``position``; where to replay from then.
+    def checkpoint_many(self, states: list[tuple[PendingAckHandle, int]]
+                        ) -> list[Checkpointed | None]:
+        """Write each handle's state as of its log position; where to replay from then.
 
-        Everything of its key before ``position`` must be reflected in the state. None
-        if the write failed (the previous checkpoint stays valid).
+        Everything of a handle's key before its position must be reflected in its state.
+        One flush for all (a wide reader's checkpoints fall due together); None for a
+        write that failed (its previous checkpoint stays valid).
         """
-        ckpt = handle.checkpoint()
-        written: list[int] = []
+        written: list[int | None] = [None] * len(states)
 
-        def delivered(err: KafkaError | None, m: Message) -> None:
-            if err is None and (off := delivered_offset(m)) is not None:
-                written.append(off)
-            elif err is None:  # a retried write the broker had taken, offset not known:
-                log.info("pending-ack checkpoint of %s written at an unknown offset; the "
-                         "next one is used", handle.tp)
-            else:
-                log.warning("pending-ack checkpoint of %s not written: %s", handle.tp, err)
+        def delivered(i: int, handle: PendingAckHandle) -> Callable[..., None]:
+            def done(err: KafkaError | None, m: Message) -> None:
+                if err is None and (off := delivered_offset(m)) is not None:
+                    written[i] = off
+                elif err is None:  # a retried write the broker had taken, offset not known:
+                    log.info("pending-ack checkpoint of %s written at an unknown offset; "
+                             "the next one is used", handle.tp)
+                else:
+                    log.warning("pending-ack checkpoint of %s not written: %s", handle.tp, err)
+            return done
 
-        self._producer.produce(self.topic, ckpt.encode(), key=ckpt.key(),
-                               partition=self.log_partition(handle.tp),
-                               headers=[(CHECKPOINT_HEADER, b"checkpoint")],
-                               on_delivery=delivered)
-        self._producer.flush(FLUSH_TIMEOUT_S)
-        return Checkpointed(position, written[0]) if written else None
+        for i, (handle, _) in enumerate(states):
+            ckpt = handle.checkpoint()
+            self._producer.produce(self.topic, ckpt.encode(), key=ckpt.key(),
+                                   partition=self.log_partition(handle.tp),
+                                   headers=[(CHECKPOINT_HEADER, b"checkpoint")],
+                                   on_delivery=delivered(i, handle))
+        if states:
+            self._producer.flush(FLUSH_TIMEOUT_S)
+        return [None if at is None else Checkpointed(pos, at)
+                for (_, pos), at in zip(states, written, strict=True)]
 
     def tail_position(self, tp: TopicPartition) -> int:
         """The next offset the tail reads in ``tp``'s log partition."""
         with self._lock:
             return self._tail_pos.get(self.log_partition(tp), -1)
+
+    def moved_position(self, tp: TopicPartition) -> int:
+        """Just past the last record of ``tp``'s log partition that is not a checkpoint.
+
+        A checkpoint at or past it holds all a replay needs: what follows it is
+        checkpoints only (so a quiet log is not checkpointed again and again, each
+        checkpoint moving the log end for every partition that shares it).
+        """
+        with self._lock:
+            return self._moved_pos.get(self.log_partition(tp), -1)
 
     def claim(self, handle: PendingAckHandle, cursor: int, log_epoch: int = -1) -> int:
         """Append this member's OWNER record (a newer generation); fold up to it.
@@ -280,6 +300,7 @@ class PendingAckStore:
                 self._tailing.add(part)
                 self._tail.incremental_assign([KafkaTP(self.topic, part, pos)])
                 self._tail_pos[part] = pos
+                self._moved_pos[part] = max(self._moved_pos.get(part, -1), pos)
             elif self._tail_pos.get(part, -1) > pos:
                 # unassign + assign rather than seek: valid in any fetch state
                 self._tail.incremental_unassign([KafkaTP(self.topic, part)])
@@ -394,6 +415,7 @@ class PendingAckStore:
             self._tail_pos[m.partition()] = m.offset() + 1
             if is_checkpoint(m.headers()):
                 continue  # a state for replays; the tail's readers hold the live state
+            self._moved_pos[m.partition()] = m.offset() + 1
             try:
                 out.append(PendingAckEntry.decode(m.value()))
             except CorruptRecordError as exc:
