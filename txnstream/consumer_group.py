@@ -63,6 +63,9 @@ DATA_FETCH_WAIT_MS = 100
 can be after its resume (:meth:`GroupMember.wait_at`); shorter costs the broker at rest."""
 COMMIT_INTERVAL_S = 0.5
 """Cursor commits are batched: at most two offset commits a second per consumer."""
+SWEEP_INTERVAL_S = 5.0
+"""How often every partition is looked at (:meth:`GroupMember.sweep`), not only those
+that changed or wait: what a round's bookkeeping missed waits no longer than this."""
 RETAKE_AFTER_S = 10.0
 """After a newer owner fenced this member on a partition the group still assigns to it,
 wait this long (about a session timeout, in which the group settles who owns it; a
@@ -118,7 +121,7 @@ class GroupMember:
         """Readers that wait somewhere (``wait_at`` set): those a round looks at."""
         self._taken: set[TopicPartition] = set()
         """Partitions taken since the last round: their log epoch is looked at once."""
-        self._last_commit = 0.0
+        self._last_commit = self._last_sweep = 0.0
         self.kafka = KafkaConsumer(config.consumer(
             subscription, **{"auto.offset.reset": initial_position,
                              "partition.assignment.strategy": "cooperative-sticky",
@@ -325,8 +328,8 @@ class GroupMember:
     def sweep(self) -> None:
         """Look at every partition as a round looks at the changed ones; trim the views.
 
-        At the cursor commit's pace: what a round's bookkeeping might have missed waits
-        no longer than that, and a view keeps nothing below where its reader's cursor is.
+        Every ``SWEEP_INTERVAL_S``, with a cursor commit: a view keeps nothing for long
+        below where its reader's cursor is.
         """
         self._look_at(set(self.readers))
         for r in self.readers.values():
@@ -440,7 +443,8 @@ class GroupMember:
         now = time.monotonic()
         if not force and now - self._last_commit < COMMIT_INTERVAL_S:
             return
-        if not force:  # (a forced one runs in a revoke or a close: nothing else then)
+        if not force and now - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._last_sweep = now  # (not in a forced one: a revoke's, a close's)
             self.sweep()
         self._checkpoint([r for r in self.readers.values() if self._checkpoint_due(r, now)])
         offsets = []
@@ -473,11 +477,9 @@ class GroupMember:
             r.pointer_dirty = False
 
     def _checkpoint_due(self, r: PartitionDelivery, now: float) -> bool:
-        """Whether ``r``'s pending acks are to be checkpointed now (consumer lock held).
+        """Whether ``r``'s pending acks are due for a checkpoint (lock held).
 
-        Every ``checkpoint_interval`` at most, and only if its log partition has had a
-        record other than a checkpoint since the last one: else a replay from that one
-        reads checkpoints only, and a quiet reader writes nothing at rest.
+        At most every interval, and only with a non-checkpoint record in its log since.
         """
         if r.handle is None or now < r.checkpoint_due:
             return False
@@ -486,11 +488,9 @@ class GroupMember:
             r.checkpoint is None or r.checkpoint.position < self._acks.moved_position(r.tp))
 
     def _checkpoint(self, due: list[PartitionDelivery]) -> None:
-        """Checkpoint ``due`` (one flush for all; consumer lock held).
+        """Checkpoint ``due``, one flush for all (lock held).
 
-        Under the lock each handle reflects every record the tail has read (each
-        ``poll_marks`` batch is applied in the same locked call), so the tail position
-        is the checkpoint's replay position.
+        Each handle reflects every record the tail read: the tail position is the replay's.
         """
         done = self._acks.checkpoint_many([(r.handle, self._acks.tail_position(r.tp))
                                            for r in due if r.handle is not None])

@@ -58,6 +58,8 @@ FLUSH_TIMEOUT_S = 30.0
 REPLAY_TIMEOUT_S = 120.0
 """How long a new owner may take to fold its log range before it gives the claim up
 (and retries it); replay is bounded by the log's retention and checkpoints."""
+LOG_PARTITION_CACHE = 65_536
+"""Subscription partitions whose log partition is remembered (cleared when full)."""
 
 
 class _CheckpointGone(TxnStreamError):
@@ -94,12 +96,20 @@ class PendingAckStore:
         """Per log partition: just past the last record the tail read that was not a
         checkpoint (where it was assigned, before it read any)."""
         self._replayed_to: dict[TopicPartition, int] = {}
+        self._log_part: dict[TopicPartition, int] = {}
+        """:meth:`log_partition`'s answers (at most :data:`LOG_PARTITION_CACHE`)."""
         self.replayed_records = 0
         """Log records the latest replay read (what a checkpoint bounds)."""
 
     def log_partition(self, tp: TopicPartition) -> int:
         """The log partition that holds ``tp``'s records for this subscription."""
-        return murmur2_partition(key_of(self.subscription, tp), self.partitions)
+        part = self._log_part.get(tp)
+        if part is None:  # murmur2 in Python: once per partition, not per commit round
+            if len(self._log_part) >= LOG_PARTITION_CACHE:
+                self._log_part.clear()
+            part = self._log_part[tp] = murmur2_partition(key_of(self.subscription, tp),
+                                                          self.partitions)
+        return part
 
     def replay(self, tp: TopicPartition, pointer: Checkpointed | None = None
                ) -> PendingAckHandle:
