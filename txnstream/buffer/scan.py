@@ -56,18 +56,24 @@ _rate_limited = RateLimitedLog(log)
 # after the owner restarted the partition, in 3 of 6 parallel runs of the buffer's
 # integration suite (a forward undone by the old assignment's stop, above).
 
-PACED_FETCH = {"fetch.min.bytes": 1, "fetch.wait.max.ms": 100, "queued.min.messages": 1,
-               "fetch.queue.backoff.ms": 1}
+QUEUED_MIN = 1000
+"""``queued.min.messages`` of the owner's data consumer. At 1 (a fetch only once the last
+one's records were read) a partition whose record was fetched while another was unread
+was left out of the fetch parked next, and its commit marker waited out the fetch wait:
+produce-to-visible p99 111 ms at 1,024 partitions against 9 at 4 (stop 59). At 1,000 a
+partition stays in every fetch below a turn's worth of unread records (5,000 a turn)."""
+PACED_FETCH = {"fetch.min.bytes": 1, "fetch.wait.max.ms": 100,
+               "queued.min.messages": QUEUED_MIN, "fetch.queue.backoff.ms": 1}
 """Settings for the consumer a :class:`DataScan` with ``pace_s`` reads (the buffer owner's).
 
-The broker answers a fetch as soon as a record is there, else after 100 ms; librdkafka
-sends the next fetch only once what the last one brought has been read (within a ms of
-that). An idle owner so sends ten fetches a second over all its partitions; the 5 ms
-poll it used cost the broker 0.38 cores at 4 partitions and 0.82 at 1,024 (issue 37).
-Under load the reads, one per ``pace_s`` turn at most, pace the fetches: one per turn,
-each bringing what came during the last, so a turn folds many records at once, as the
-5 ms poll did. A partition added while a fetch waits on the broker is fetched once it
-returns: within 100 ms."""
+The broker answers a fetch as soon as a record is there, else after 100 ms: an idle
+owner sends ten fetches a second over all its partitions (the 5 ms poll it used cost the
+broker 0.38 cores at 4 partitions and 0.82 at 1,024, issue 37). Under load the reads,
+one per ``pace_s`` turn at most, pace the fetches: librdkafka leaves a partition out of
+the next fetch while :data:`QUEUED_MIN` records wait unread (the count is of the queue
+the native scan reads, which every partition's fetch queue is forwarded to), so a turn
+folds many records at once. A partition added while a fetch waits on the broker is
+fetched once it returns: within 100 ms."""
 
 REFORWARD_S = 0.2
 """How often every partition read natively has its fetch queue forwarded again (at most
