@@ -90,15 +90,30 @@ class BufferPublisher:
         self.snapshot_failures = 0
         self.deltas_published = 0
         self.delta_failures = 0
+        self.dirty: set[TopicPartition] = set()
+        """Partitions that folded something since their last delta (:meth:`fold`)."""
+        self.due: set[TopicPartition] = set()
+        """Partitions whose snapshot may be due (:meth:`snapshot_due`): an owner's turn
+        looks at these, not at every partition it serves (issue 37)."""
+
+    def folded(self, tp: TopicPartition, s: ServedPartition) -> None:
+        """``tp`` folded something: its next turn publishes a delta."""
+        s.dirty = True
+        self.dirty.add(tp)
+
+    def snapshot_due(self, tp: TopicPartition, s: ServedPartition) -> None:
+        """``tp`` needs a snapshot (new, a failed delta or snapshot): the next step's."""
+        s.snapshot_due = True
+        self.due.add(tp)
 
     def deltas(self, served: Mapping[TopicPartition, ServedPartition],
                slots: Mapping[int, OwnedSlot]) -> None:
         """One DELTA per partition that folded something since the last one."""
         now_ms = int(time.time() * 1000)
-        for tp, s in list(served.items()):
-            if not s.dirty:
-                continue
-            self.delta(tp, s, slots, now_ms)
+        dirty, self.dirty = self.dirty, set()
+        for tp in dirty:
+            if (s := served.get(tp)) is not None and s.dirty:
+                self.delta(tp, s, slots, now_ms)
         self._producer.poll(0)
 
     def delta(self, tp: TopicPartition, s: ServedPartition, slots: Mapping[int, OwnedSlot],
@@ -114,7 +129,7 @@ class BufferPublisher:
             if err is not None:
                 self.delta_failures += 1
                 metrics.BUFFER_DELTAS.labels("failed").inc()
-                s.snapshot_due = True  # readers see a gap and reload from a snapshot
+                self.snapshot_due(tp, s)  # readers see a gap and reload from a snapshot
                 _rate_limited.error(f"delta {tp}", "buffer worker: delta of %s at %d not "
                                     "written (%s): publishing a snapshot", tp, rec.position,
                                     err)
@@ -152,26 +167,29 @@ class BufferPublisher:
         try:
             for tp in self._store.take_failed():
                 if tp in served:
-                    served[tp].snapshot_due = True
+                    self.snapshot_due(tp, served[tp])
         except Exception:
             log.exception("buffer worker: reading snapshot deliveries failed")
         now = time.monotonic()
-        todo = [(tp, s) for tp, s in served.items()
+        looked = served.items() if force or only is not None else [
+            (tp, served[tp]) for tp in self.due if tp in served]
+        todo = [(tp, s) for tp, s in looked
                 if (only is None or s.slot in only) and (only is not None or s.retry_at <= now)
                 and (s.snapshot_due or (force and s.delta_offset >= 0
                                         and s.produced > s.snapshots_at))]
+        self.due = {tp for tp in self.due if tp in served and served[tp].snapshot_due}
         if not todo:
             return
         now_ms = int(time.time() * 1000)
         for tp, s in todo:
             if s.dirty or s.delivered == 0:
-                s.dirty = True
+                self.folded(tp, s)
                 self.delta(tp, s, slots, now_ms)
         self._producer.flush(self._admin_timeout_s)
         for tp, s in todo:
             slot = slots.get(s.slot)
             if slot is None or s.delivered < s.produced or s.delta_offset < 0:
-                s.snapshot_due = True  # a delta is missing: next turn
+                self.snapshot_due(tp, s)  # a delta is missing: next turn
                 continue
             try:
                 low = self._log_start(tp)
@@ -184,8 +202,10 @@ class BufferPublisher:
                 _rate_limited.error(f"snapshot {tp}", "buffer worker: snapshot of %s at %d "
                                     "not published (%r); retrying in %.0f s", tp,
                                     s.buf.last_offset, exc, SNAPSHOT_RETRY_S)
-                s.snapshot_due, s.retry_at = True, time.monotonic() + SNAPSHOT_RETRY_S
+                self.snapshot_due(tp, s)
+                s.retry_at = time.monotonic() + SNAPSHOT_RETRY_S
                 continue
             self.snapshots_published += 1
             s.snapshot_due = False
+            self.due.discard(tp)
             s.snapshots_at = s.produced

@@ -56,12 +56,15 @@ _rate_limited = RateLimitedLog(log)
 # after the owner restarted the partition, in 3 of 6 parallel runs of the buffer's
 # integration suite (a forward undone by the old assignment's stop, above).
 
-QUEUED_MIN = 1000
+QUEUED_MIN = 100
 """``queued.min.messages`` of the owner's data consumer. At 1 (a fetch only once the last
 one's records were read) a partition whose record was fetched while another was unread
 was left out of the fetch parked next, and its commit marker waited out the fetch wait:
-produce-to-visible p99 111 ms at 1,024 partitions against 9 at 4 (stop 59). At 1,000 a
-partition stays in every fetch below a turn's worth of unread records (5,000 a turn)."""
+produce-to-visible p99 111 ms at 1,024 partitions against 9 at 4 (stop 59). At 100 the
+partitions stay in every fetch while records come slowly (where the wait showed), and
+under load, with more than that unread between turns, the turns still pace the fetches
+(at 1,000 one A/B run of the produce bench gave the worker 20-35% more CPU per record,
+its fetches no longer paced below 1,000 a turn; within that bench's noise)."""
 PACED_FETCH = {"fetch.min.bytes": 1, "fetch.wait.max.ms": 100,
                "queued.min.messages": QUEUED_MIN, "fetch.queue.backoff.ms": 1}
 """Settings for the consumer a :class:`DataScan` with ``pace_s`` reads (the buffer owner's).

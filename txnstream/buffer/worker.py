@@ -242,7 +242,7 @@ class BufferWorker:
                 if self._retry_claim:
                     self._step("claims", self._retry_claims)
                 due = now >= next_snap
-                if due or any(s.snapshot_due for s in self.served.values()):
+                if due or self._publisher.due:
                     self._step("snapshot", partial(self._publish_snapshots, force=due))
                     if due:
                         next_snap = now + self.snapshot_interval_s
@@ -408,8 +408,10 @@ class BufferWorker:
         buf.trim(low)
         buf.journal = Journal()
         buf.attach_signer(self._signer, log_end)
-        self.served[tp] = ServedPartition(buf, slot, next_from=buf.last_offset + 1,
-                                          snapshot_due=snapshot_due)
+        self.served[tp] = s = ServedPartition(buf, slot, next_from=buf.last_offset + 1,
+                                              snapshot_due=snapshot_due)
+        if snapshot_due:
+            self._publisher.snapshot_due(tp, s)
         self.slots[slot].served.add(tp)
         self._scan.attach(tp)
         self._data.incremental_assign([KafkaTP(tp.topic, tp.partition, buf.last_offset + 1)])
@@ -482,7 +484,7 @@ class BufferWorker:
         for (topic, partition), entries in self._scan.read(5000, FOLD_WAIT_S).items():
             s = self.served.get(TopicPartition(topic, partition))
             if s is not None and (n := s.buf.fold_entries(entries)):
-                s.dirty = True
+                self._publisher.folded(TopicPartition(topic, partition), s)
                 metrics.BUFFER_RECORDS_FOLDED.inc(n)
                 if s.buf.journal is not None and s.buf.journal.unmarked:
                     self._markers.abort_ended(TopicPartition(topic, partition),
