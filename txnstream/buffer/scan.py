@@ -14,8 +14,9 @@ consumer's own queue (records fetched before the forward, after librdkafka made 
 partition anew) is read there first, every turn, and cut into runs in Python; that poll
 also serves the consumer's logs and errors.
 
-The forward is made again every ``REFORWARD_S``: librdkafka stops a partition's fetch on
-its own thread after ``incremental_unassign`` returns, and that stop clears the forward.
+The forward is made again (``REFORWARD_S``, ``REFORWARD_FOR_S``): librdkafka stops a
+partition's fetch on its own thread after ``incremental_unassign`` returns, and that stop
+clears the forward.
 Once an application has forwarded a fetch queue, librdkafka never forwards it to the
 consumer's queue again, so a forward made before the stop ran (the owner's restart of a
 partition: unassign, attach, assign at once) left the new assignment's records in a queue
@@ -28,7 +29,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -79,8 +80,15 @@ folds many records at once. A partition added while a fetch waits on the broker 
 fetched once it returns: within 100 ms."""
 
 REFORWARD_S = 0.2
-"""How often every partition read natively has its fetch queue forwarded again (at most
-this long a partition restarted at once goes unread; a forward costs about a µs)."""
+"""How often a partition read natively has its fetch queue forwarded again (at most this
+long a partition restarted at once goes unread; a forward costs about a µs)."""
+REFORWARD_FOR_S = 30.0
+"""For how long after its attach a partition is forwarded again every ``REFORWARD_S``: the
+stop that undoes a forward is the old assignment's, run within moments of the unassign.
+Every partition is forwarded again every ``REFORWARD_ALL_S`` (a stop of another kind
+would otherwise leave its records unread for good), not every ``REFORWARD_S``: at 1,024
+partitions that was 5,000 forwards a second at rest (issue 37)."""
+REFORWARD_ALL_S = 5.0
 
 
 class DataScan:
@@ -105,7 +113,9 @@ class DataScan:
         self._pace_s = pace_s
         self._read_at = 0.0
         self._attached: set[TopicPartition] = set()
-        self._forwarded_at = 0.0
+        self._recent: dict[TopicPartition, float] = {}
+        """Partitions attached within ``REFORWARD_FOR_S``, with when."""
+        self._forwarded_at = self._all_forwarded_at = 0.0
         self._native: Any = None
         self._detached: Any = None
         """After a fall-back: the scan whose forwards back to the consumer are renewed."""
@@ -128,14 +138,17 @@ class DataScan:
         """Read ``tp`` natively: call before the consumer is assigned it (again)."""
         if self._native is not None:
             self._native.attach(tp.topic, tp.partition)
-            self._attached.add(tp)
         elif self._detached is not None:  # forwarded once: librdkafka no longer does it
             self._detached.detach(tp.topic, tp.partition)
-            self._attached.add(tp)
+        else:
+            return
+        self._attached.add(tp)
+        self._recent[tp] = time.monotonic()
 
     def forget(self, tp: TopicPartition) -> None:
         """``tp`` is not read any more (unassigned): a later :meth:`attach` reads it again."""
         self._attached.discard(tp)
+        self._recent.pop(tp, None)
 
     def read(self, max_records: int, timeout_s: float) -> dict[tuple[str, int], list[Entry]]:
         """Up to about ``max_records`` records as entries, by partition, in offset order.
@@ -169,11 +182,23 @@ class DataScan:
         return entries
 
     def _forward_again(self) -> None:
-        """Forward each read partition's fetch queue again (an unassign's stop undoes it)."""
-        self._forwarded_at = time.monotonic()
+        """Forward fetch queues again: an unassign's stop undoes a forward made before it.
+
+        The partitions attached within ``REFORWARD_FOR_S``, and every ``REFORWARD_ALL_S``
+        all of them.
+        """
+        self._forwarded_at = now = time.monotonic()
         scan = self._native or self._detached
         forward = scan.attach if self._native is not None else scan.detach
-        for tp in self._attached:
+        for tp, at in list(self._recent.items()):
+            if now - at > REFORWARD_FOR_S:
+                del self._recent[tp]
+        if now - self._all_forwarded_at >= REFORWARD_ALL_S:
+            self._all_forwarded_at = now
+            todo: Iterable[TopicPartition] = self._attached
+        else:
+            todo = self._recent
+        for tp in todo:
             try:
                 forward(tp.topic, tp.partition)
             except (ValueError, RuntimeError) as exc:  # a partition librdkafka dropped

@@ -63,7 +63,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return now
 
 
-def test_every_partition_read_is_forwarded_again_each_interval_and_no_more(clock):
+def test_a_partition_attached_lately_is_forwarded_again_each_interval_and_no_more(clock):
     fake = RecordingScan()
     ds = _scan(fake)
     ds.attach(A)
@@ -80,6 +80,24 @@ def test_every_partition_read_is_forwarded_again_each_interval_and_no_more(clock
     ds.forget(B)  # unassigned: no longer forwarded
     ds.read(10, 0.0)
     assert fake.calls == [("attach", "orders", 0)]
+
+
+def test_past_its_first_moments_a_partition_is_forwarded_again_only_with_all(clock):
+    """Issue 37: every partition every 0.2 s was 5,000 forwards a second at 1,024."""
+    fake = RecordingScan()
+    ds = _scan(fake)
+    ds.attach(A)
+    clock[0] += scan_mod.REFORWARD_FOR_S - scan_mod.REFORWARD_S
+    ds.attach(B)
+    ds.read(10, 0.0)  # the first read forwards all
+    clock[0] += 2 * scan_mod.REFORWARD_S  # A attached long ago, B lately
+    fake.calls.clear()
+    ds.read(10, 0.0)
+    assert fake.calls == [("attach", "orders", 1)]
+    clock[0] += scan_mod.REFORWARD_ALL_S  # and all of them at the slow pace
+    fake.calls.clear()
+    ds.read(10, 0.0)
+    assert sorted(fake.calls) == [("attach", "orders", 0), ("attach", "orders", 1)]
 
 
 def test_after_a_fall_back_the_partitions_are_forwarded_to_the_consumer_again(clock):
