@@ -310,7 +310,7 @@ class GroupMember:
         self._look_at(self._follower.take_changed() | self._taken)
         self._taken = set()
         for r in list(self.waiting.values()):
-            if r.wait_at is None:
+            if r.wait_at is None or self.readers.get(r.tp) is not r:  # (or taken anew)
                 del self.waiting[r.tp]
                 continue
             if r.delay_paused or (r.tp not in moved and r.status is not ServeStatus.SERVED):

@@ -162,3 +162,14 @@ def test_the_sweep_looks_at_every_partition_and_trims_every_view():
     assert m.waiting == {tp(5): r}
     assert tp(6) not in m.readers
     assert all(m._follower.views[tp(i)].trimmed_to == 50 for i in range(8) if i != 6)
+
+
+def test_a_reader_taken_anew_is_never_resumed_at_where_its_predecessor_waited():
+    m = member(4)
+    old = m.readers[tp(1)]
+    m.wait_at(old, 120)  # paused there: a resume seeks the fetch to 120
+    m.readers[tp(1)] = PartitionDelivery(tp(1), ServeStatus.SERVED, deliver_pos=300)
+    m._follower.views[tp(1)].max_read_position = 400
+    m.kafka.paused.clear()
+    m.unblock({tp(1)})
+    assert m.kafka.resumed == [] and tp(1) not in m.waiting
