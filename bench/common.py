@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -107,6 +107,16 @@ def run_line(module: str, argv: list[str], load: str) -> str:
 def plots_line(plots: list[Path]) -> str:
     return ("Plots: " + ", ".join(f"`{p}`" for p in plots) + "\n" if plots
             else "No plots: matplotlib is not installed (the `bench` extra).\n")
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (100 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def publish(md: str, out: Path | str | None) -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 
-from bench.common import goal_row, make_topic, ratio, workers
+from bench.common import goal_row, make_topic, ratio, save_figure, workers
 from bench.cpu import GROUPS, CpuMeter, CpuUse, cpu_text
 from txnstream import Client, Config
 from txnstream.processor import (
@@ -324,11 +324,8 @@ def plot(rows: list[dict], path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.suptitle("consume-transform-produce, 1 worker, 4 partitions")
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

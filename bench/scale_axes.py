@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bench.__main__ import _md_table, _show
-from bench.common import machine, plots_line, publish, run_broker, run_line
+from bench.common import machine, plots_line, publish, run_broker, run_line, save_figure
 from bench.scale import COST, PLOTS, VISIBILITY, console, one_width
 
 BASE = {"readers": 1, "n_workers": 1, "coordinators": 4}
@@ -81,11 +81,7 @@ def plot(rows: list[dict], folder: Path) -> list[Path]:
             ax.grid(True, alpha=0.3)
         axs[0].legend()
         fig.suptitle(f"against {axis}, {rows[0]['partitions']} partitions")
-        fig.tight_layout()
-        path = folder / f"scale-{axis}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        out.append(path)
+        out.append(save_figure(fig, folder / f"scale-{axis}.png"))
     return out
 
 

@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from bench.common import goal_row, ratio
+from bench.common import goal_row, ratio, save_figure
 
 
 def goals(rows: list[dict]) -> list[dict]:
@@ -77,9 +77,5 @@ def plot(rows: list[dict], folder: Path) -> list[Path]:
         ax.set_title(f"{label} against width")
         ax.legend()
         ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        path = folder / f"scale-{name}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        out.append(path)
+        out.append(save_figure(fig, folder / f"scale-{name}.png"))
     return out

@@ -19,7 +19,10 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer
 from confluent_kafka import TopicPartition as KafkaTP
 
-from tests.integration.pendingack.conftest import fill, make_topic
+from tests.integration.pendingack.conftest import fill, make_topic, wait_until
+from txnstream import Client
+from txnstream.coordinator.settings import WorkerSettings
+from txnstream.coordinator.worker import CoordinatorWorker
 from txnstream.pendingack.records import is_checkpoint, key_of
 from txnstream.types import TopicPartition
 
@@ -56,27 +59,38 @@ def checkpoints_of(config, subscription: str, topic: str) -> int:
         c.close()
 
 
-def test_a_reader_that_acks_nothing_writes_no_checkpoints_at_rest(config, worker, client):
-    topic = make_topic(config, WIDTH)
-    fill(client, topic, 4 * WIDTH)
-    sub = f"rest-{uuid.uuid4().hex[:6]}"
-    c = client.subscribe(topic, subscription=sub, checkpoint_interval_s=INTERVAL_S)
+def test_a_reader_that_acks_nothing_writes_no_checkpoints_at_rest(own_config):
+    # a pending-ack log of its own: another test's acks there would make checkpoints due
+    config = own_config
+    worker = CoordinatorWorker(config, settings=WorkerSettings(session_timeout_ms=6000))
+    worker.start()
+    client = Client(config=config)
     try:
-        got = 0
-        deadline = time.monotonic() + 30
-        while got < 4 * WIDTH and time.monotonic() < deadline:
-            got += len(c.receive_batch(1000, 0.5))
-        assert got == 4 * WIDTH
-        settle = time.monotonic() + 10 * INTERVAL_S  # the takes' own checkpoints land
-        while time.monotonic() < settle:
-            c.receive_batch(1000, 0.1)
-        before = checkpoints_of(config, sub, topic)
-        rest = time.monotonic() + 15 * INTERVAL_S
-        while time.monotonic() < rest:
-            c.receive_batch(1000, 0.1)
-        after = checkpoints_of(config, sub, topic)
+        wait_until(lambda: len(worker.serving()) == config.num_coordinators, 60,
+                   "worker serving")
+        topic = make_topic(config, WIDTH)
+        fill(client, topic, 4 * WIDTH, WIDTH)
+        sub = f"rest-{uuid.uuid4().hex[:6]}"
+        c = client.subscribe(topic, subscription=sub, checkpoint_interval_s=INTERVAL_S)
+        try:
+            got = 0
+            deadline = time.monotonic() + 30
+            while got < 4 * WIDTH and time.monotonic() < deadline:
+                got += len(c.receive_batch(1000, 0.5))
+            assert got == 4 * WIDTH
+            settle = time.monotonic() + 10 * INTERVAL_S  # the takes' own checkpoints land
+            while time.monotonic() < settle:
+                c.receive_batch(1000, 0.1)
+            before = checkpoints_of(config, sub, topic)
+            rest = time.monotonic() + 15 * INTERVAL_S
+            while time.monotonic() < rest:
+                c.receive_batch(1000, 0.1)
+            after = checkpoints_of(config, sub, topic)
+        finally:
+            c.close()
     finally:
-        c.close()
+        client.close()
+        worker.stop()
     assert before > 0, "the takes checkpointed nothing: the test would see nothing"
     assert after == before, (f"{after - before} checkpoints written in "
                              f"{15 * INTERVAL_S:.0f} s at rest ({WIDTH} partitions, "
