@@ -73,7 +73,7 @@ def _store(tail: Tail) -> tuple[PendingAckStore, CapturingProducer]:
     store._lock = threading.Lock()
     store._outstanding, store._failed = defaultdict(int), {}
     store._written, store._unknown = defaultdict(dict), defaultdict(set)
-    store._tail_pos = {}
+    store._tail_pos, store._moved_pos, store._log_part = {}, {}, {}
     return store, producer
 
 
