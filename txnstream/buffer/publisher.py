@@ -114,6 +114,8 @@ class BufferPublisher:
         for tp in dirty:
             if (s := served.get(tp)) is not None and s.dirty:
                 self.delta(tp, s, slots, now_ms)
+                if s.dirty:  # not published (its slot not owned now): the next turn's
+                    self.dirty.add(tp)
         self._producer.poll(0)
 
     def delta(self, tp: TopicPartition, s: ServedPartition, slots: Mapping[int, OwnedSlot],

@@ -111,3 +111,17 @@ def test_a_turn_looks_only_at_the_partitions_that_folded_or_need_a_snapshot():
     assert Counted.looks == 0
     assert not served[one].dirty and pub.deltas_published == 1  # its delta only
     assert not pub.dirty and not pub.due
+
+
+def test_a_delta_not_published_stays_due_for_the_next_turn():
+    """A partition whose slot is not owned at a turn (a claim on its way) keeps its delta
+    due, as it did when every turn looked at every partition."""
+    pub = BufferPublisher(_Producer(), "state", _Store(), _Data(),  # type: ignore[arg-type]
+                          "owner-1", 1.0)
+    served = {TP: ServedPartition(TransactionBuffer(TP, journal=Journal()), slot=0,
+                                  next_from=0, snapshot_due=False)}
+    pub.folded(TP, served[TP])
+    pub.deltas(served, {})  # slot 0 not owned now
+    assert served[TP].dirty and TP in pub.dirty and pub.deltas_published == 0
+    pub.deltas(served, {0: OwnedSlot(generation=3, served={TP})})
+    assert not served[TP].dirty and pub.deltas_published == 1
