@@ -79,14 +79,14 @@ class Planner:
 
         self.opts = opts
         self.follower = BufferStateFollower(opts.config, name="spark")
+        self.queries = self.follower.log_queries()  # never asked behind a parked fetch
         self.tps: list[TopicPartition] = list(tps or ())
         self._discovers = tps is None
         """Whether :meth:`discover` looks for partitions added to ``opts.topics``."""
-        self.gone: set[TopicPartition] = set()
-        """Partitions of a subscribed topic that no longer exists (deleted)."""
+        self.gone: set[TopicPartition] = set()  # of subscribed topics deleted since
         try:
             for t in opts.topics if tps is None else ():
-                found = self.follower.log_queries().partitions_of(t)
+                found = self.queries.partitions_of(t)
                 if found is None:
                     raise ConfigError(f"option 'subscribe': topic {t!r} does not exist on "
                                       f"{opts.config.bootstrap_servers}")
@@ -236,7 +236,7 @@ class Planner:
         gone: set[TopicPartition] = set()
         fewer: list[TopicPartition] = []  # Kafka never takes a partition away: recreated
         for t in self.opts.topics:
-            found = self.follower.log_queries().partitions_of(t)
+            found = self.queries.partitions_of(t)
             if found is None:
                 gone.update(tp for tp in self.tps if tp.topic == t)
                 continue
@@ -359,8 +359,7 @@ class Planner:
         if isinstance(spec, str):
             return dict.fromkeys(self.tps, LATEST if spec == "latest" else EARLIEST)
         if isinstance(spec, Timestamps):
-            return spec.resolve(self.opts.topics, self.tps,
-                                self.follower.log_queries().offsets_for_times)
+            return spec.resolve(self.opts.topics, self.tps, self.queries.offsets_for_times)
         return named_offsets(spec, name, self.opts.topics, self.tps)
 
     def starts(self, spec: str | Offsets | Timestamps) -> Offsets:
