@@ -46,14 +46,15 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def local_cluster(prefix: str = "txnstream-bench-") -> LocalCluster:
-    """One local broker (KRaft, 1 GB heap) on free ports, up; :func:`discard_cluster`
-    ends it. For a run given no ``--bootstrap`` / ``TXNSTREAM_BOOTSTRAP``."""
+def local_cluster(prefix: str = "txnstream-bench-", brokers: int = 1) -> LocalCluster:
+    """A local cluster of ``brokers`` (1 or 3; KRaft, 1 GB heap each) on free ports, up;
+    :func:`discard_cluster` ends it. For a run given no ``--bootstrap`` /
+    ``TXNSTREAM_BOOTSTRAP``."""
     from tests.conftest import _free_port_pair
     from txnstream.cluster import LocalCluster
 
-    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix=prefix)), port=_free_port_pair(),
-                           heap="1g")
+    cluster = LocalCluster(Path(tempfile.mkdtemp(prefix=prefix)), brokers=brokers,
+                           port=_free_port_pair(), heap="1g")
     cluster.up()
     return cluster
 
@@ -73,24 +74,30 @@ class RunBroker:
     """The local broker JVM's pids (its CPU is measured); None for a given broker."""
     load: str
     """The load average before the run (1, 5, 15 min)."""
+    brokers: int = 1
+    """Brokers of the local cluster (1 or 3)."""
 
     def where(self) -> str:
-        return "one local broker (KRaft, 1 GB heap)" if self.pids is not None \
-            else self.bootstrap
+        if self.pids is None:
+            return self.bootstrap
+        return "one local broker (KRaft, 1 GB heap)" if self.brokers == 1 else \
+            f"{self.brokers} local brokers (KRaft, 1 GB heap each, topics replicated " \
+            f"{self.brokers} times)"
 
 
 @contextmanager
-def run_broker(prefix: str) -> Iterator[RunBroker]:
+def run_broker(prefix: str, brokers: int = 1) -> Iterator[RunBroker]:
     """The broker for a standalone bench (``python -m bench.scale`` and its kin): the
-    one ``TXNSTREAM_BOOTSTRAP`` names, else a :func:`local_cluster` discarded after."""
+    one ``TXNSTREAM_BOOTSTRAP`` names, else a :func:`local_cluster` of ``brokers``
+    discarded after."""
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     given = os.environ.get("TXNSTREAM_BOOTSTRAP")
     if given:
         yield RunBroker(given, None, load)
         return
-    cluster = local_cluster(prefix)
+    cluster = local_cluster(prefix, brokers)
     try:
-        yield RunBroker(cluster.bootstrap, list(cluster.pids().values()), load)
+        yield RunBroker(cluster.bootstrap, list(cluster.pids().values()), load, brokers)
     finally:
         discard_cluster(cluster)
 
@@ -138,13 +145,15 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def fresh_config(bootstrap: str, coordinators: int = 4) -> Config:
-    """A Config with a unique topic prefix, internal topics created, the workers' key."""
+def fresh_config(bootstrap: str, coordinators: int = 4, replication: int = 1) -> Config:
+    """A Config with a unique topic prefix, internal topics created, the workers' key;
+    every topic (the bench's data topics too) replicated ``replication`` times."""
     from txnstream.admin_topics import ensure_topics
 
     generate_key_file(WORKERS_KEY)
     cfg = Config(bootstrap_servers=bootstrap, topics=TopicNames(f"__b{uuid.uuid4().hex[:6]}"),
-                 num_coordinators=coordinators, workers_key_file=str(WORKERS_KEY.resolve()))
+                 num_coordinators=coordinators, workers_key_file=str(WORKERS_KEY.resolve()),
+                 replication_factor=replication)
     ensure_topics(cfg)
     return cfg
 
@@ -153,7 +162,8 @@ def make_topic(cfg: Config, partitions: int, name: str | None = None) -> str:
     """A data topic for one measurement."""
     name = name or f"bench-{uuid.uuid4().hex[:8]}"
     admin = AdminClient(cfg.admin())
-    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+    for f in admin.create_topics([NewTopic(name, partitions,
+                                           cfg.replication_factor)]).values():
         f.result(30)
     deadline = time.monotonic() + 30
     while name not in admin.list_topics(timeout=5).topics and time.monotonic() < deadline:

@@ -22,6 +22,12 @@ the median of a few seconds) plus :data:`QUIET_MARGIN_CORES`. A worker's childre
 looked up (psutil) at each sample; a process that started in the window counts from
 zero, one that ended in it is lost (none does in these benches). ``broker=None`` (an
 external broker): that group is not measured (NaN).
+
+Of the broker's CPU, its JIT compiler threads' is also counted apart (``jit``): a fresh
+broker compiles for minutes, and a loop that exercises more broker code pays more of it
+(stop 58: in a first window the compiler threads took more than the request threads). It
+is a lower bound: the JVM ends compiler threads it no longer needs, and a thread that
+ended within a window takes its part of that window with it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ import psutil
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 GROUPS = ("client", "worker", "broker")
+JIT = "jit"
+"""The broker's compiler threads (part of ``broker``): :func:`jit_seconds`."""
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+"""A HotSpot compiler thread's name as ``/proc/<pid>/task/<tid>/comm`` has it (15 chars)."""
 QUIET_STEP_S = 0.5
 QUIET_STEPS = 2
 """Two quiet steps in a row: one lull in the middle of a commit is not the end."""
@@ -62,6 +72,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
+def jit_seconds(pid: int, proc: str = "/proc") -> dict[int, float]:
+    """Thread id -> utime + stime, in seconds, of each JIT compiler thread of JVM ``pid``."""
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() not in JIT_THREADS:
+                    continue
+            with open(f"{proc}/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # ended since it was listed
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def with_children(pids: Sequence[int]) -> list[int]:
     """``pids`` and every live descendant of each."""
     out = []
@@ -71,6 +101,11 @@ def with_children(pids: Sequence[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def jit_text(seconds: float, records: int) -> str:
+    """The broker's compiler threads in µs per record (``n/m``: not measured)."""
+    return "n/m" if math.isnan(seconds) or not records else f"{seconds / records * 1e6:.1f}"
 
 
 def cpu_text(cpu: dict[str, float]) -> str:
@@ -90,17 +125,17 @@ class CpuUse:
 
     @property
     def total(self) -> float:
-        """All measured groups (a group not measured counts as 0)."""
-        return sum(v for v in self.seconds.values() if not math.isnan(v))
+        """All measured groups (a group not measured counts as 0; ``jit`` is the broker's)."""
+        return sum(v for g, v in self.seconds.items() if g in GROUPS and not math.isnan(v))
 
     def __add__(self, other: CpuUse) -> CpuUse:
         return CpuUse({g: self.seconds.get(g, 0.0) + other.seconds.get(g, 0.0)
-                       for g in GROUPS},
+                       for g in (*GROUPS, JIT)},
                       self.wall_s + other.wall_s, self.settle_s + other.settle_s)
 
 
 Sample = dict[str, dict[int, float]]
-"""Group -> pid -> CPU seconds so far."""
+"""Group -> pid -> CPU seconds so far (``jit``: broker compiler thread id -> seconds)."""
 
 
 @dataclass(frozen=True)
@@ -142,12 +177,18 @@ class CpuMeter:
                     out[group][pid] = cpu_seconds(pid)
                 except OSError:  # ended since it was listed
                     pass
+        out[JIT] = {tid: v for pid in out["broker"] for tid, v in jit_seconds(pid).items()}
         return out
 
     def _delta(self, a: Sample, b: Sample) -> dict[str, float]:
-        return {g: float("nan") if self.roots[g] is None
-                else sum(v - a[g].get(pid, 0.0) for pid, v in b[g].items())
-                for g in GROUPS}
+        """Each group's CPU seconds from ``a`` to ``b``; ``jit``: of the compiler threads
+        alive at both (one started since counts from zero)."""
+        out = {g: float("nan") if self.roots[g] is None
+               else sum(v - a[g].get(pid, 0.0) for pid, v in b[g].items())
+               for g in GROUPS}
+        out[JIT] = float("nan") if self.roots["broker"] is None else \
+            sum(v - a[JIT].get(tid, 0.0) for tid, v in b[JIT].items())
+        return out
 
     def _background(self, a: Sample, b: Sample) -> float:
         """Workers + broker CPU seconds from ``a`` to ``b``: what :meth:`quiet` watches."""
@@ -164,7 +205,7 @@ class CpuMeter:
             b = self.sample()
             steps.append({g: v / IDLE_STEP_S for g, v in self._delta(a, b).items()})
             a = b
-        self.idle = {g: statistics.median(st[g] for st in steps) for g in GROUPS}
+        self.idle = {g: statistics.median(st[g] for st in steps) for g in (*GROUPS, JIT)}
         return self.idle
 
     def quiet(self, timeout_s: float = QUIET_TIMEOUT_S) -> Rest:
@@ -172,7 +213,8 @@ class CpuMeter:
         if self.idle is None:
             self.measure_idle()
         assert self.idle is not None
-        idle = sum(v for g, v in self.idle.items() if g != "client" and not math.isnan(v))
+        idle = sum(v for g, v in self.idle.items()
+                   if g in ("worker", "broker") and not math.isnan(v))
         limit = (idle + QUIET_MARGIN_CORES) * QUIET_STEP_S
         t0 = time.monotonic()
         samples = [(self.sample(), t0)]

@@ -40,7 +40,7 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 
 from bench.common import goal_row, make_topic, ratio, save_figure, workers
-from bench.cpu import GROUPS, CpuMeter, CpuUse, cpu_text
+from bench.cpu import GROUPS, JIT, CpuMeter, CpuUse, cpu_text, jit_text
 from txnstream import Client, Config
 from txnstream.processor import (
     DEFAULT_BATCH_SIZE,
@@ -249,7 +249,10 @@ def run(cfg: Config, records: int = 100_000, progress=None,
                          "rounds": ", ".join(f"{p[name] / 1000:.1f}k" for p in per_round),
                          "CPU µs/rec client / worker / broker": cpu_text(per_rec),
                          "CPU µs/rec total": round(sum(v for v in per_rec.values()
-                                                       if not math.isnan(v)), 1)})
+                                                       if not math.isnan(v)), 1),
+                         "of the broker's, JIT µs/rec": jit_text(
+                             sum(u.seconds.get(JIT, math.nan) for u in use[name]),
+                             records * rounds)})
 
     def paired(anchor: str) -> float | None:
         got = [ratio(p[LOOPS[0]], p[anchor]) for p in per_round]

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Producer as KafkaProducer
 
 from bench.common import goal_row, make_topic, ratio, workers
-from bench.cpu import GROUPS, CpuMeter, CpuUse, cpu_text
+from bench.cpu import GROUPS, JIT, CpuMeter, CpuUse, cpu_text, jit_text
 from txnstream import Client, Config
 from txnstream.kafka.partitioning import murmur2_partition
 from txnstream.producer import Producer
@@ -226,6 +226,8 @@ def run(cfg: Config, records: int = 20_000, rounds: int = 3,
                      "CPU µs/rec client / worker / broker": cpu_text(per_rec),
                      "CPU µs/rec total": round(sum(v for v in per_rec.values()
                                                    if not math.isnan(v)), 1),
+                     "of the broker's, JIT µs/rec": jit_text(
+                         cpu[name].seconds.get(JIT, math.nan), records * rounds),
                      "_cpu_us": per_rec,
                      "_idle_cores": idle, "_rest_timeouts": meter.timeouts})
         if progress:

@@ -325,10 +325,12 @@ def _delete_new_topics(cfg: Config, before: set[str]) -> None:
 
 def one_width(bootstrap: str, broker: list[int] | None, width: int, rounds: int,
               window_s: float, rest_s: float, profile: Path | None = None, *,
-              readers: int = 1, n_workers: int = 1, coordinators: int = 4) -> list[dict]:
+              readers: int = 1, n_workers: int = 1, coordinators: int = 4,
+              replication: int = 1) -> list[dict]:
     """The two rows of one width: Kafka's, then txnstream's (``readers`` subscriptions
-    each, ``n_workers`` workers, ``coordinators`` TC partitions)."""
-    cfg = fresh_config(bootstrap, coordinators)
+    each, ``n_workers`` workers, ``coordinators`` TC partitions; every topic, Kafka's
+    too, replicated ``replication`` times)."""
+    cfg = fresh_config(bootstrap, coordinators, replication)
     before = set(AdminClient(cfg.admin()).list_topics(timeout=10).topics)
     rows = []
     try:
@@ -410,17 +412,21 @@ def main(argv: list[str]) -> int:
                          "into this folder")
     ap.add_argument("--no-warmup", dest="warmup", action="store_false",
                     help="skip the unreported short run at 4 partitions first")
+    ap.add_argument("--brokers", type=int, choices=(1, 3), default=1,
+                    help="brokers of the local cluster started for the run (3: every "
+                         "topic replicated 3 times)")
     args = ap.parse_args(argv)
     rows: list[dict] = []
-    with run_broker("txnstream-scale-") as rb:
+    with run_broker("txnstream-scale-", args.brokers) as rb:
         if args.warmup:  # a fresh JVM's first minute (JIT, first topics) is not width 4's
-            one_width(rb.bootstrap, rb.pids, WARMUP_WIDTH, 1, 5.0, 3.0)
+            one_width(rb.bootstrap, rb.pids, WARMUP_WIDTH, 1, 5.0, 3.0,
+                      replication=args.brokers)
         for width in args.partitions:
             t0 = time.monotonic()
             prof = args.profile / f"scale-rest-{width}.txt" if args.profile and \
                 width == max(args.partitions) else None
             rows += one_width(rb.bootstrap, rb.pids, width, args.rounds, args.window,
-                              args.rest, prof)
+                              args.rest, prof, replication=args.brokers)
             console.print(f"{width} partitions: {time.monotonic() - t0:.0f} s")
     vis = [{c: r[c] for c in VISIBILITY} for r in rows]
     cost = [{c: r[c] for c in COST} for r in rows]

@@ -48,9 +48,10 @@ def points(args: argparse.Namespace) -> list[tuple[str, int, dict[str, int]]]:
     return out
 
 
-def plot(rows: list[dict], folder: Path) -> list[Path]:
+def plot(rows: list[dict], folder: Path, tag: str = "") -> list[Path]:
     """Per axis: p99, broker and worker cores at rest, broker CPU per txn against the
-    axis' value, txnstream beside Kafka; [] without matplotlib."""
+    axis' value, txnstream beside Kafka (``tag`` ends the files' names); [] without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -80,8 +81,8 @@ def plot(rows: list[dict], folder: Path) -> list[Path]:
             ax.set_ylabel(label)
             ax.grid(True, alpha=0.3)
         axs[0].legend()
-        fig.suptitle(f"against {axis}, {rows[0]['partitions']} partitions")
-        out.append(save_figure(fig, folder / f"scale-{axis}.png"))
+        fig.suptitle(f"against {axis}, {rows[0]['partitions']} partitions{tag}")
+        out.append(save_figure(fig, folder / f"scale-{axis}{tag}.png"))
     return out
 
 
@@ -97,15 +98,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="append the markdown section to this file (default: stdout)")
     ap.add_argument("--plots", type=Path, default=PLOTS)
+    ap.add_argument("--brokers", type=int, choices=(1, 3), default=1,
+                    help="brokers of the local cluster started for the run (3: every "
+                         "topic replicated 3 times)")
     args = ap.parse_args(argv)
     rows: list[dict] = []
-    with run_broker("txnstream-scale-") as rb:
-        one_width(rb.bootstrap, rb.pids, 4, 1, 5.0, 3.0)  # warm-up: a fresh JVM's first minute
+    with run_broker("txnstream-scale-", args.brokers) as rb:
+        # warm-up: a fresh JVM's first minute
+        one_width(rb.bootstrap, rb.pids, 4, 1, 5.0, 3.0, replication=args.brokers)
         for axis, v, settings in points(args):
             t0 = time.monotonic()
             base = settings == BASE
             for r in one_width(rb.bootstrap, rb.pids, args.partitions, args.rounds,
-                               args.window, args.rest, **settings):
+                               args.window, args.rest, replication=args.brokers,
+                               **settings):
                 r.update(axis="base" if base else axis, value=v, **{
                     k: settings[key] for k, key in AXES})
                 rows.append(r)
@@ -115,8 +121,10 @@ def main(argv: list[str]) -> int:
     cost = [{c: r[c] for c in head + COST if c != "partitions"} for r in rows]
     _show("Visibility", vis)
     _show("Cost", cost)
-    plots = plot(rows, args.plots)
-    publish(f"\n## Scale at {args.partitions} partitions: readers, workers, coordinators "
+    on = "" if args.brokers == 1 else f", {args.brokers} brokers"
+    tag = f"-{args.partitions}" + ("" if args.brokers == 1 else f"-{args.brokers}brokers")
+    plots = plot(rows, args.plots, tag)
+    publish(f"\n## Scale at {args.partitions} partitions{on}: readers, workers, coordinators "
             f"(issue 37)\n\n" + run_line("bench.scale_axes", argv, rb.load)
             + f"Machine: {machine()}; {rb.where()}; the steady load and windows of "
             "`bench.scale`, one setting moved from 1 reader, 1 worker, 4 coordinators at a "

@@ -40,3 +40,22 @@ def test_scale_axes_move_one_setting_at_a_time_and_run_the_base_once() -> None:
     ]
     assert points(argparse.Namespace(readers=[], workers=None, coordinators=[8])) == [
         ("coordinators", 8, {**BASE, "coordinators": 8})]
+
+
+def test_jit_seconds_counts_the_compiler_threads_only(tmp_path) -> None:
+    from bench.cpu import CLK_TCK, jit_seconds
+
+    def thread(tid: int, name: str, utime: int, stime: int) -> None:
+        d = tmp_path / "7" / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "comm").write_text(name + "\n")
+        # pid (comm) state, then fields 4..: utime and stime are fields 14 and 15
+        rest = ["S"] + ["0"] * 10 + [str(utime), str(stime)] + ["0"] * 5
+        (d / "stat").write_text(f"{tid} ({name}) " + " ".join(rest) + "\n")
+
+    thread(8, "C2 CompilerThre", 300, 100)
+    thread(9, "C1 CompilerThre", 50, 0)
+    thread(10, "data-plane-kafk", 9000, 900)
+    got = jit_seconds(7, proc=str(tmp_path))
+    assert got == {8: 400 / CLK_TCK, 9: 50 / CLK_TCK}
+    assert jit_seconds(12345, proc=str(tmp_path)) == {}  # gone: nothing, no error
