@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench import issue22
+from bench import family_plots, issue22
 from bench.common import discard_cluster, fresh_config, local_cluster, machine
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -63,6 +63,7 @@ GROUPS = {"coordinator": ("txn-rate", "produce", "failover")}
 """``--only coordinator`` runs all of issue 13's coordinator-side measurements."""
 PARTS = ("txn-rate", "produce", "failover", "buffer", "owner-scan", "processor", "spark")
 PLOTS = Path("bench/plots")
+PLOTS_TITLE = "Plots of the parts this run ran (bench/family_plots.py)"
 ISSUE22 = "Issue 22 goals"
 """Every goal of issue 22 beside its anchor (bench.issue22); rewritten by every run, its
 rows of the parts not run saying so."""
@@ -190,6 +191,7 @@ def main(argv: list[str]) -> int:
                              progress=lambda r: console.print(r), broker_pids=broker,
                              rounds=args.processor_rounds)
         results["processor"] = rows
+        results["processor-cpu"] = cpu
         goals.extend(rows)
         section("Exactly-once consume-transform-produce (issue 5)", rows)
         section("Consume-transform-produce: CPU per record by process (issue 36)", cpu)
@@ -225,7 +227,9 @@ def main(argv: list[str]) -> int:
         if cluster is not None:
             discard_cluster(cluster)
     _show("Issue 13 goals, this run", goals)
-    section(ISSUE22, issue22.table(results, failed))
+    summary = issue22.table(results, failed)
+    section(ISSUE22, summary)
+    plots = family_plots.draw({**results, "goals": summary}, PLOTS)
     path = args.out
     text = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
@@ -237,6 +241,9 @@ def main(argv: list[str]) -> int:
     kept = _sections(old)  # a partial run (--only) keeps the other sections' last results
     for title, rows in sections:
         kept[title] = run + "\n" + _md_table(rows)
+    if plots:  # the files are rewritten each run: the list of the last run's
+        kept[PLOTS_TITLE] = run + "\n" + "".join(
+            f"![{p.stem}]({p.as_posix()})\n" for p in plots)
     kept = {ISSUE22: kept.pop(ISSUE22), **kept}  # the summary first
     body = [BEGIN, ""] + [f"### {title}\n\n{text}" for title, text in kept.items()] + [END]
     path.write_text(head + "\n".join(body) + tail)

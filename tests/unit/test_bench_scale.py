@@ -1,4 +1,5 @@
-"""bench.scale's pure helpers: the window's latencies and CPU per txn net of rest."""
+"""bench's pure helpers: the scale window's latencies and CPU per txn net of rest, the
+broker's JIT threads, the plots' reading of table cells."""
 
 from __future__ import annotations
 
@@ -59,3 +60,13 @@ def test_jit_seconds_counts_the_compiler_threads_only(tmp_path) -> None:
     got = jit_seconds(7, proc=str(tmp_path))
     assert got == {8: 400 / CLK_TCK, 9: 50 / CLK_TCK}
     assert jit_seconds(12345, proc=str(tmp_path)) == {}  # gone: nothing, no error
+
+
+def test_family_plots_read_the_numbers_of_the_tables_cells() -> None:
+    from bench.family_plots import number
+
+    assert number("204,360 rows/s") == 204360.0
+    assert number("3.1 ms") == 3.1
+    assert number("-0.0") == 0.0
+    assert number(42) == 42.0
+    assert math.isnan(number("n/m"))
