@@ -48,10 +48,10 @@ def points(args: argparse.Namespace) -> list[tuple[str, int, dict[str, int]]]:
     return out
 
 
-def plot(rows: list[dict], folder: Path, tag: str = "") -> list[Path]:
+def plot(rows: list[dict], folder: Path, tag: str = "", where: str = "") -> list[Path]:
     """Per axis: p99, broker and worker cores at rest, broker CPU per txn against the
-    axis' value, txnstream beside Kafka (``tag`` ends the files' names); [] without
-    matplotlib."""
+    axis' value, txnstream beside Kafka (``tag`` ends the files' names, ``where`` the
+    titles); [] without matplotlib."""
     try:
         import matplotlib
 
@@ -81,7 +81,7 @@ def plot(rows: list[dict], folder: Path, tag: str = "") -> list[Path]:
             ax.set_ylabel(label)
             ax.grid(True, alpha=0.3)
         axs[0].legend()
-        fig.suptitle(f"against {axis}, {rows[0]['partitions']} partitions{tag}")
+        fig.suptitle(f"against {axis}, {rows[0]['partitions']} partitions{where}")
         out.append(save_figure(fig, folder / f"scale-{axis}{tag}.png"))
     return out
 
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
     _show("Cost", cost)
     on = "" if args.brokers == 1 else f", {args.brokers} brokers"
     tag = f"-{args.partitions}" + ("" if args.brokers == 1 else f"-{args.brokers}brokers")
-    plots = plot(rows, args.plots, tag)
+    plots = plot(rows, args.plots, tag, on)
     publish(f"\n## Scale at {args.partitions} partitions{on}: readers, workers, coordinators "
             f"(issue 37)\n\n" + run_line("bench.scale_axes", argv, rb.load)
             + f"Machine: {machine()}; {rb.where()}; the steady load and windows of "
