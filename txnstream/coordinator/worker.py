@@ -308,7 +308,9 @@ class CoordinatorWorker:
             return
         now_ms = int(time.time() * 1000)
         handled: dict[int, TcIncarnation] = {}
-        replies: dict[int, list[tuple[TcRequest, TcReply]]] = defaultdict(list)
+        # each reply encoded as its request is handled: a principal's turn budget pays
+        # for its replies (a LIST page's), not the turn's other principals after it
+        replies: dict[int, list[tuple[TcRequest, TcReply, bytes]]] = defaultdict(list)
         carried: set[TopicPartition] = set()
         # Block on requests (returns as soon as one arrives) unless finalization work waits.
         idle = not any(tc.store.ending() for tc in self.tcs.values()
@@ -372,7 +374,7 @@ class CoordinatorWorker:
             metrics.REQUESTS.labels(req.op.value,
                                     reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:
-                replies[tc.tc_id].append((req, reply))
+                replies[tc.tc_id].append((req, reply, reply.encode()))
         # 1. Append every entry the requests and expired timeouts planned, failed requests'
         #    included (a commit that found its txn expired logged the abort), one flush.
         want: dict[int, tuple[TcIncarnation, int]] = {}
@@ -399,7 +401,7 @@ class CoordinatorWorker:
         #    first registration only once its buffer registration is written.
         confirmed = self._ownership.read_back(want) if want else set()
         unregistered = self._registrar.register(
-            [*(p for pairs in replies.values() for req, reply in pairs
+            [*(p for pairs in replies.values() for req, reply, _ in pairs
                if req.op is TcOp.ADD_PARTITIONS and reply.error_kind is None
                for p in req.partitions), *carried])
         if unregistered & carried:  # decided: the client registered their topics before
@@ -410,10 +412,10 @@ class CoordinatorWorker:
             tc = handled[tc_id]
             if not self._ownership.serving(tc) or (tc_id in appended and tc_id not in confirmed):
                 continue
-            for req, reply in pairs:
+            for req, reply, data in pairs:
                 if req.op is TcOp.ADD_PARTITIONS and unregistered.intersection(req.partitions):
                     continue  # the client retries; the registration is tried again
-                self._reply(req, reply)
+                self._reply(req, reply, data)
         self._ownership.appended(appended & confirmed)
         self._finalizer.finalize(now_ms)
         self._truncate(now_ms)
@@ -463,8 +465,8 @@ class CoordinatorWorker:
         tc.truncate_pending = True
         return offsets[0]
 
-    def _reply(self, req: TcRequest, reply: TcReply) -> None:
-        """Answer on the connection the request came in on.
+    def _reply(self, req: TcRequest, reply: TcReply, data: bytes | None = None) -> None:
+        """Answer on the connection the request came in on (``data``: ``reply`` encoded).
 
         If it has closed, the client resends under the same request id on another and
         gets the answer again.
@@ -472,7 +474,7 @@ class CoordinatorWorker:
         origin = self._origins.pop(req.request_id, None)
         if origin is not None:
             origin[0].inflight -= 1
-            origin[0].send(reply.encode())
+            origin[0].send(reply.encode() if data is None else data)
             metrics.REQUEST_SECONDS.labels(origin[3]).observe(time.perf_counter() - origin[2])
 
     def _truncate(self, now_ms: int) -> None:

@@ -96,3 +96,63 @@ def test_another_principals_flood_of_list_or_stats_does_not_stall_commits(worker
     finally:
         alice.close()
         bob.close()
+
+
+LISTED_TXNS = 1_000
+"""Bob's open txns on the flooded coordinator: every LIST has pages to show (as the
+hostile soak's lister's: 1,000 a coordinator)."""
+LIST_FLOOD_S = 10.0
+SLOWDOWN_BOUND = 6.0
+SLOWDOWN_SLACK_S = 0.04
+"""An honest commit's median during a LIST flood, at worst: 6x its quiet median + 40 ms
+(in-process worker here, ~26 ms against ~3 quiet; 247 ms on the old code)."""
+
+
+@pytest.mark.alone  # a latency, as above
+def test_a_list_flood_with_pages_to_show_keeps_commits_near_their_quiet_latency(
+        worker, proc_reaper):
+    """Old (3790e3a): a LIST page was 1,000 txns (~200 KB), encoded after the turn's
+    handling; three connections keeping 16 LISTs each unanswered took honest commits
+    from 3 ms to a median of 130-150 ms (the soak's ``flood_latency``)."""
+    cfg, w = worker
+    bob = Client(config=cfg.with_(tc_principal="bob", tc_secret=SECRETS["bob"]))
+    alice = Client(config=cfg.with_(tc_principal="alice", tc_secret=SECRETS["alice"]))
+    try:
+        seqs = [s for _ in range(LISTED_TXNS // 250) for s in bob.tc.request(
+            TcOp.RESERVE, 0, count=250, timeout_ms=600_000).group_seqs]
+        now_ms = int(time.time() * 1000)
+        for s in seqs:  # activated: a LIST shows no reserved txn
+            bob.tc.request(TcOp.ACTIVATE, 0, txn_seq=s, timeout_ms=600_000,
+                           open_time_ms=now_ms)
+        listed = bob.tc.request(TcOp.LIST, 0, after_seq=-1)
+        assert listed.txns, "bob's LIST has nothing to show"
+
+        def commits(seconds: float) -> list[float]:
+            took, end = [], time.monotonic() + seconds
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                alice.new_transaction(timeout_s=120, tc_id=0).commit()
+                took.append(time.monotonic() - t0)
+                time.sleep(0.02)
+            return took
+
+        quiet = commits(4.0)
+        flooders = [proc_reaper.track(subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.coordinator.flooder", w.address.host,
+             str(w.address.port), "bob", SECRETS["bob"], TcOp.LIST.value,
+             str(LIST_FLOOD_S), "16"],
+            stdout=subprocess.PIPE, start_new_session=True)) for _ in range(3)]
+        time.sleep(1.0)  # the flood under way
+        flood = commits(LIST_FLOOD_S - 3)
+        sent = [int(p.communicate(timeout=60)[0]) for p in flooders]
+        assert sum(sent) > 300, f"the flood sent only {sum(sent)} LISTs"
+        q50, f50 = statistics.median(quiet), statistics.median(flood)
+        f99 = sorted(flood)[int(len(flood) * 0.99)]
+        print(f"LIST flood of {sum(sent)}: {len(flood)} honest commits, median {f50 * 1000:.1f}"
+              f" ms, p99 {f99 * 1000:.1f} ms (quiet: {len(quiet)}, median {q50 * 1000:.1f} ms)")
+        assert f50 <= SLOWDOWN_BOUND * q50 + SLOWDOWN_SLACK_S, (
+            f"honest commits during a LIST flood: median {f50 * 1000:.1f} ms against "
+            f"{q50 * 1000:.1f} ms quiet ({len(flood)} commits, p99 {f99 * 1000:.1f} ms)")
+    finally:
+        alice.close()
+        bob.close()
