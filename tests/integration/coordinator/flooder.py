@@ -2,7 +2,8 @@
 
 Run as its own process by the fairness tests (so its work does not share the test's
 interpreter with the worker): ``python -m tests.integration.coordinator.flooder HOST PORT
-PRINCIPAL SECRET OP SECONDS [WINDOW]``. Prints how many requests it sent. With ``WINDOW``
+PRINCIPAL SECRET OP SECONDS [WINDOW]`` (SECRET ``-``: none). Prints how many requests
+it sent. With ``WINDOW``
 it reads the replies and keeps that many requests unanswered, as fast as they come back
 (the hostile soak's lister); without, it never reads them.
 """
@@ -23,7 +24,7 @@ def main(host: str, port: str, principal: str, secret: str, op: str, seconds: st
     io = IoLoop("flooder")
     unanswered = threading.Semaphore(int(window)) if int(window) else None
     conn = ClientConnection.open(
-        io, Endpoint(host, int(port)), secret, None,
+        io, Endpoint(host, int(port)), None if secret == "-" else secret, None,
         (lambda _r: None) if unanswered is None else (lambda _r: unanswered.release()),
         lambda _c: None, 10, principal=principal)
     n = 0
