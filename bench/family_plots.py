@@ -120,7 +120,7 @@ def produce(plt: Any, rows: Sequence[Mapping[str, Any]]) -> Any:
     a.barh(labels, [number(r["rec/s (median)"]) / 1000 for r in rows], color="tab:purple")
     a.invert_yaxis()
     a.set_xlabel("thousand records/s (median of rounds)")
-    _cpu_bars(b, labels, [r.get("_cpu_us") or _groups(r) for r in rows])
+    _cpu_bars(b, labels, [_groups(r) for r in rows])
     fig.suptitle("produce 1 KB records")
     return fig
 
