@@ -29,7 +29,9 @@ Events (field ``e``):
   partition, offset, txn], ...]``.
 - ``admin_abort``: the harness aborted ``txn`` through ``client.admin`` (``status``).
 - ``regress`` / ``dup_in_batch``: a processor got an offset at or below one it had got
-  before (redelivery) / the same message twice in one batch; counted, not judged.
+  before (redelivery) / the same message twice in one batch (the second dropped; one
+  an earlier batch of the checkpoint took comes again after an abort: processed);
+  counted, not judged.
 
 Record values are JSON: ``{"id", "txn", "w" (writer), "p" (partition), "s" (per writer
 and partition sequence), ...}``; processor outputs add ``"in"`` (the input's id).

@@ -17,7 +17,9 @@ An individually-acking processor retries a share of its inputs later instead
 (``reconsume_later`` in the checkpoint's txn: a retry letter with a delay, and the ack);
 the letter comes back through the retry topic and is processed (or retried again, or
 dead-lettered past the count) as its input.
-A message delivered twice within one batch is processed once (and noted).
+A message delivered twice within one batch is processed once (and noted); one the
+checkpoint took in an earlier batch comes again only after its txn's acks were undone,
+and is processed again (:meth:`ProcessorRole._collect`).
 
 A ``KafkaException`` out of ``receive()`` is not caught: the process exits and the
 harness reports it (a member paused past its session timeout must carry on, item 3).
@@ -118,12 +120,15 @@ class ProcessorRole:
         finally:
             self._settle()
 
-    def _collect(self, seen: list[Message] | None = None,
-                 until: float | None = None) -> list[Message]:
+    def _collect(self, until: float | None = None) -> list[Message]:
         """The next batch.
 
         Inside an open checkpoint (``until``: when it is due): what comes before it is
-        due or the input pauses, none of ``seen`` again.
+        due or the input pauses. An input the checkpoint took before may come again: its
+        txn's acks were undone (aborted from outside; the marks gave the inputs back).
+        It is processed again like any other: dropped, it would stay delivered and
+        unacked for good (the consumer gives it back no more), its ack in the txn
+        fails or the commit does, and the abort gives everything back once more.
         """
         batch: list[Message] = []
         deadline = time.monotonic() + self.batch_interval_s
@@ -141,8 +146,7 @@ class ProcessorRole:
                 deadline = time.monotonic() + self.batch_interval_s
                 continue
             key = (msg.topic, msg.partition)
-            if any(m.offset == msg.offset and m.tp == msg.tp
-                   for m in itertools.chain(batch, seen or ())):
+            if any(m.offset == msg.offset and m.tp == msg.tp for m in batch):
                 # Delivered twice before it was acked: process it once (noted).
                 self.truth.write({"e": "dup_in_batch", "at": f"{msg.topic}-{msg.partition}@"
                                   f"{msg.offset}"}, sync=False)
@@ -181,7 +185,7 @@ class ProcessorRole:
                 self.stop.wait(self.rng.uniform(*self.process_s))  # the work of the batch
                 if self.stop.is_set() or time.monotonic() >= due:
                     break
-                batch = self._collect(seen=taken, until=due)
+                batch = self._collect(until=due)
             txn.flush()
             self.truth.write({"e": "sent", "txn": tid, "recs": recs, "pairs": pairs})
             if self.pipelined and not self._settle():

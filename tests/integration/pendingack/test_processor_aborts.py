@@ -147,3 +147,48 @@ def test_a_checkpoint_whose_predecessor_failed_to_commit_aborts_too_and_order_is
             assert again[0] == offsets[0], f"partition {part} did not restart at N's first"
         assert sorted(set(offsets)) == list(range(PER_PARTITION)), offsets
     assert restarted, f"no partition was processed again: {seen}"
+
+
+@pytest.mark.parametrize("cumulative", [True, False])
+def test_a_checkpoint_aborted_from_outside_while_it_takes_inputs_loses_none(
+        config, worker, client, cumulative):
+    """An admin (or a monitor) aborts the open checkpoint's txn after its first batch
+    was acked: the abort's marks give those inputs back while the checkpoint still takes
+    batches, so they come again inside it. Processed again there, their acks fail or the
+    commit does; the checkpoint gives everything back, and every input is processed
+    exactly once in a later one (the chaos profile's processor once dropped such
+    returns and its cursor stayed below them for good)."""
+    src, dst = make_topic(config, 1, "in"), make_topic(config, 1, "out")
+    want = produce(client, src, 1)
+    made = []
+    real = client.new_transaction
+
+    def new_transaction(**kw):
+        made.append(real(**kw))
+        return made[-1]
+
+    client.new_transaction = new_transaction
+    aborted: list[object] = []
+    again: list[int] = []
+
+    def fn(msg):
+        if len(made) == 1 and msg.offset == 5:  # the second batch of the first checkpoint
+            if not aborted:
+                aborted.append(client.admin.abort_transaction(made[0].id).status)
+                time.sleep(1.5)  # the marks give the first batch back meanwhile
+        elif len(made) == 1 and msg.offset < 5:
+            again.append(msg.offset)
+        return msg.key, (msg.value or b"").upper()
+
+    proc = ExactlyOnceProcessor(client, src, f"outside-{uuid.uuid4().hex[:6]}", dst, fn,
+                                batch_size=5, batch_interval_s=0.5, commit_interval_s=12.0,
+                                cumulative=cumulative)
+    try:
+        proc.run(max_idle_s=6)
+    finally:
+        proc.close()
+    assert aborted, "the first checkpoint was not aborted from outside"
+    assert sorted(again) == sorted([0, 1, 2, 3, 4] * 2), \
+        f"the first batch did not come back inside its checkpoint: {again}"
+    assert proc.stats.aborted_checkpoints >= 1, proc.stats
+    assert_exactly_once(outputs(config, dst, len(want)), want)
