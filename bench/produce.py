@@ -19,6 +19,10 @@ its transaction is acknowledged, and the plain side ends with ``flush()``.
   a Kafka producer one); timed to the last commit's end;
 * the same at :data:`SMALL_TXN` records per transaction;
 * plain: ``producer.send(value, key=key)`` without a transaction for each, ``flush()``;
+* plain + a second read (a floor, issue 35): the same, while a plain confluent-kafka
+  consumer in this process reads the same records once more (``consume()`` in batches, as
+  the buffer owner's Python read does); timed to the last record read. A design that
+  reads every record once more (txnstream's buffer owner does) cannot cost less;
 * Kafka txn producer (the anchor of issue 22): a ``confluent_kafka.Producer`` with a
   ``transactional.id``, ``init_transactions()`` once, then per :data:`PER_TXN` (and, a
   second producer, per :data:`SMALL_TXN`) records ``begin_transaction()``, ``produce()``
@@ -41,11 +45,14 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
+from confluent_kafka import TopicPartition as KafkaTP
 
 from bench.common import goal_row, make_topic, ratio, workers
 from bench.cpu import GROUPS, JIT, CpuMeter, CpuUse, cpu_text, jit_text
@@ -77,6 +84,38 @@ def _plain(producer: Producer, keys: list[bytes]) -> float:
                 producer.flush(QUEUE_FULL_WAIT_S)
     producer.flush()
     return time.perf_counter() - t0
+
+
+READ_TIMEOUT_S = 120.0
+
+
+def _plain_read(producer: Producer, reader: KafkaConsumer, keys: list[bytes]) -> float:
+    """:func:`_plain`, while ``reader`` reads the same records once more: timed to the
+    later of the last acknowledgement and the last record read."""
+    got = [0]
+
+    def read() -> None:
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while got[0] < len(keys) and time.monotonic() < deadline:
+            got[0] += sum(1 for m in reader.consume(5000, 0.1) if m.error() is None)
+
+    t = threading.Thread(target=read, name="second-read")
+    t0 = time.perf_counter()
+    t.start()
+    _plain(producer, keys)
+    t.join()
+    if got[0] != len(keys):
+        raise RuntimeError(f"the second read got {got[0]} of {len(keys)} records")
+    return time.perf_counter() - t0
+
+
+def _second_reader(cfg: Config, topic: str) -> KafkaConsumer:
+    """A plain consumer of ``topic``, assigned at its end (what is sent next, it reads)."""
+    c = KafkaConsumer(cfg.consumer(f"bench-read-{uuid.uuid4().hex[:8]}"))
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([KafkaTP(topic, p, c.get_watermark_offsets(KafkaTP(topic, p), timeout=10)[1])
+              for p in parts])
+    return c
 
 
 def _txn_send(client: Client, producer: Producer, keys: list[bytes]) -> float:
@@ -159,6 +198,8 @@ VARIANTS: dict[str, tuple[str, int | None]] = {
         f"send_batch({SMALL_TXN}) + commit_async() per txn, the next txn written while "
         "the last commits", SMALL_TXN),
     "plain": ("send() without txn, flush() at the end", None),
+    "plain + read": ("send() without txn, flush() at the end, the same records read once "
+                     "more by a plain consumer (the floor of one more read per record)", None),
     "kafka txn": (f"Kafka txn producer: begin, {PER_TXN} x produce(), commit per txn",
                   PER_TXN),
     f"kafka txn {SMALL_TXN}": (
@@ -182,10 +223,12 @@ def run(cfg: Config, records: int = 20_000, rounds: int = 3,
                  for name in VARIANTS if not name.startswith("kafka")}
         kafka = {name: _kafka_txn_producer(cfg, topics[name])
                  for name in VARIANTS if name.startswith("kafka")}
-        prods["plain"].send(VALUE, key=b"warm-up")
-        prods["plain"].flush()
+        for name in ("plain", "plain + read"):
+            prods[name].send(VALUE, key=b"warm-up")
+            prods[name].flush()
+        reader = _second_reader(cfg, topics["plain + read"])
         for name, p in prods.items():
-            if name != "plain":
+            if not name.startswith("plain"):
                 with client.transaction() as txn:
                     p.send(VALUE, key=b"warm-up", txn=txn)
         runs: dict[str, Callable[[], float]] = {
@@ -196,6 +239,7 @@ def run(cfg: Config, records: int = 20_000, rounds: int = 3,
             f"txn send_batch async {SMALL_TXN}": lambda: _txn_batch_async(
                 client, prods[f"txn send_batch async {SMALL_TXN}"], keys, SMALL_TXN),
             "plain": lambda: _plain(prods["plain"], keys),
+            "plain + read": lambda: _plain_read(prods["plain + read"], reader, keys),
             "kafka txn": lambda: _kafka_txn(kafka["kafka txn"], topics["kafka txn"], keys,
                                             PER_TXN),
             f"kafka txn {SMALL_TXN}": lambda: _kafka_txn(
@@ -213,6 +257,7 @@ def run(cfg: Config, records: int = 20_000, rounds: int = 3,
             p.close()
         for k in kafka.values():
             k.flush(KAFKA_COMMIT_TIMEOUT_S)
+        reader.close()
     idle = meter.idle or {}
     rows = []
     for name, (what, per_txn) in VARIANTS.items():

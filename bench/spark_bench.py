@@ -25,6 +25,10 @@ Each measure is the median of three, the two sides taking turns.
   (what PySpark's Python source API costs, whatever the reading), and the same reading
   the topic with plain confluent-kafka and no filter (what reading Kafka in Python
   costs). A source goal the memory floor misses cannot be met by a Python source.
+  The sink's floors, timed in the sink's rounds: the same rows through a PySpark Python
+  Arrow writer that only turns them into Python lists (what that API costs), and one
+  that produces them with plain confluent-kafka, no txn (what writing Kafka from Python
+  costs).
 
 spark-sql-kafka comes from Maven Central (``bench/spark_kafka_pom.xml``), at pyspark's
 version when Central has it, else the newest release of the same major line (noted in
@@ -197,6 +201,14 @@ FLOOR_WHAT = {
 }
 
 
+SINK_FLOOR_WHAT = {
+    "memory": "a PySpark Python Arrow writer turning the same rows into Python lists, "
+              "sending nothing",
+    "kafka": "a PySpark Python Arrow writer producing the same rows with plain "
+             "confluent-kafka (one produce() per row, no txn)",
+}
+
+
 def _floor_options(cfg: Config, topic: str, n: int) -> dict[str, dict[str, str]]:
     """The floors' options: the same rows (count, partitions, value size), or topic."""
     common = {"rows": str(n), "partitions": "2", "valueBytes": str(VALUE), "topic": topic,
@@ -298,14 +310,26 @@ def run(cfg: Config) -> list[dict]:
                 "topic", make_topic(cfg, 2)).save()  # warm-up
             df.limit(10).write.format("txnstream").options(
                 **_opts(cfg, topic=make_topic(cfg, 2))).mode("append").save()
+            df.limit(10).write.format(FLOOR).option("mode", "memory").mode("append").save()
+
+            def kafka_rows(dst: str) -> int:
+                return spark.read.format("kafka").option(
+                    "kafka.bootstrap.servers", cfg.bootstrap_servers).option(
+                    "subscribe", dst).load().count()
+
             times_k, times_t = [], []
+            sink_floors = {name: {**fo, "topic": ""} for name, fo in
+                           _floor_options(cfg, "", n).items()}
+            times_sf: dict[str, list[float]] = {name: [] for name in sink_floors}
             for _ in range(ROUNDS):
+                for name, fo in sink_floors.items():  # the floors first, in each round
+                    fo["topic"] = make_topic(cfg, 2)
+                    times_sf[name].append(_write(
+                        df, FLOOR, fo, kafka_rows if name == "kafka" else lambda _dst: n, n))
                 times_k.append(_write(
                     df, "kafka", {"kafka.bootstrap.servers": cfg.bootstrap_servers,
                                   "topic": make_topic(cfg, 2)},
-                    lambda dst: spark.read.format("kafka").option(
-                        "kafka.bootstrap.servers", cfg.bootstrap_servers).option(
-                        "subscribe", dst).load().count(), n))
+                    kafka_rows, n))
                 times_t.append(_write(
                     df, "txnstream", _opts(cfg, topic=make_topic(cfg, 2)),
                     lambda dst: spark.read.format("txnstream").options(
@@ -314,6 +338,10 @@ def run(cfg: Config) -> list[dict]:
             rows.append(_row(f"sink rows/s ({n:,} rows, batch write, median of {ROUNDS})",
                              n / secs_t,
                              f"{anchor} sink (at-least-once)", n / secs_k, 0.9))
+            rows.extend(_row(f"floor, sink: {SINK_FLOOR_WHAT[name]} rows/s",
+                             n / statistics.median(times_sf[name]),
+                             f"{anchor} sink (at-least-once)", n / secs_k, 0.9)
+                        for name in sink_floors)
         finally:
             spark.stop()
     return rows

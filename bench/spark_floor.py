@@ -13,6 +13,15 @@ source's schema and the same Arrow batches (``RowColumns``), in one of two modes
 
 bench.spark_bench times both beside the txnstream source and spark-sql-kafka in the
 same run, so a missed goal is argued from them (BENCHMARKS.md).
+
+Its writer (``df.write.format("txnstream_floor")``), an Arrow writer as the txnstream
+sink is, has the same two modes for the sink row:
+
+* ``memory``: each task turns its Arrow batches into the Python lists the txnstream sink
+  sends (keys, values), and sends nothing. What PySpark's Python writer API costs.
+* ``kafka``: each task produces its rows with plain confluent-kafka, one ``produce()``
+  per row (the txnstream data producer's settings: idempotent, ``linger.ms`` 5, Java's
+  partitioner by key; no txn), then flushes. What writing Kafka from Python costs.
 """
 
 from __future__ import annotations
@@ -23,9 +32,11 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
+    WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
 
@@ -150,6 +161,59 @@ class FloorStreamReader(_Reader, DataSourceStreamReader):
         pass
 
 
+class FloorWritten(WriterCommitMessage):
+    """What one task wrote."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
+class FloorBatchWriter(DataSourceArrowWriter):
+    """The sink's floors: the rows as Python lists (``memory``), or produced plain."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.mode = options.get("mode", "memory")
+        if self.mode not in ("memory", "kafka"):
+            raise ValueError(f"option mode: 'memory' or 'kafka', not {self.mode!r}")
+        self.bootstrap = options.get("bootstrap", "")
+        self.topic = options.get("topic", "floor")
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FloorWritten:
+        producer = None
+        if self.mode == "kafka":
+            from confluent_kafka import Producer
+
+            producer = Producer({"bootstrap.servers": self.bootstrap,
+                                 "enable.idempotence": True, "linger.ms": 5,
+                                 "partitioner": "murmur2_random"})
+        n = 0
+        for rb in iterator:
+            keys = rb.column(rb.schema.get_field_index("key")).cast(pa.binary()).to_pylist()
+            values = rb.column(rb.schema.get_field_index("value")).cast(
+                pa.binary()).to_pylist()
+            n += len(values)
+            if producer is None:
+                continue
+            produce, topic = producer.produce, self.topic
+            for key, value in zip(keys, values, strict=True):
+                while True:
+                    try:
+                        produce(topic, value, key)
+                        break
+                    except BufferError:  # librdkafka's queue is full: let it drain
+                        producer.poll(0.05)
+            producer.poll(0)
+        if producer is not None and producer.flush(60):
+            raise RuntimeError(f"floor writer: records of {self.topic} not delivered in 60 s")
+        return FloorWritten(n)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass
+
+
 class FloorDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
@@ -163,3 +227,6 @@ class FloorDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return FloorStreamReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> FloorBatchWriter:
+        return FloorBatchWriter(dict(self.options))
