@@ -325,8 +325,8 @@ static PyObject *load(PyObject *self, PyObject *args) {
 /* ---- Sender ---- */
 static int Sender_init(Sender *s, PyObject *args, PyObject *kw) {
     PyObject *settings;
-    const char *topic;
-    if (!PyArg_ParseTuple(args, "O!s", &PyList_Type, &settings, &topic))
+    const char *topic = NULL; /* None: bound later (bind()), e.g. a spare made ahead */
+    if (!PyArg_ParseTuple(args, "O!z", &PyList_Type, &settings, &topic))
         return -1;
     if (rk_lib == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "load() librdkafka first");
@@ -362,8 +362,8 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kw) {
         PyErr_Format(PyExc_RuntimeError, "librdkafka made no producer: %s", errstr);
         return -1;
     }
-    rd_kafka_topic_t *rkt = rk.topic_new(h, topic, NULL);
-    if (rkt == NULL) {
+    rd_kafka_topic_t *rkt = topic == NULL ? NULL : rk.topic_new(h, topic, NULL);
+    if (topic != NULL && rkt == NULL) {
         rk.destroy(h);
         PyErr_Format(PyExc_RuntimeError, "librdkafka made no handle for topic %s", topic);
         return -1;
@@ -372,7 +372,8 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kw) {
     s->rkt = rkt;
     atomic_store(&s->closing, 0);
     if (pthread_create(&s->poller, NULL, poll_loop, s) != 0) {
-        rk.topic_destroy(rkt);
+        if (rkt != NULL)
+            rk.topic_destroy(rkt);
         rk.destroy(h);
         s->rk = s->owned = NULL;
         s->rkt = NULL;
@@ -528,6 +529,10 @@ static PyObject *Sender_produce(Sender *s, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "a Tally of this Sender");
         return NULL;
     }
+    if (s->rk != NULL && s->rkt == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the native producer has no topic: bind() it");
+        return NULL;
+    }
     rd_kafka_t *h = sender_rk(s);
     if (h == NULL)
         return NULL;
@@ -660,6 +665,11 @@ static PyObject *Sender_partitions(Sender *s, PyObject *args) {
     if (h == NULL)
         return NULL;
     rd_kafka_topic_t *rkt = s->rkt; /* read with the GIL: close() clears it */
+    if (rkt == NULL) {
+        sender_done(s);
+        PyErr_SetString(PyExc_RuntimeError, "the native producer has no topic: bind() it");
+        return NULL;
+    }
     const rd_kafka_metadata_t *md = NULL;
     rd_kafka_resp_err_t err;
     int count = -1;
@@ -742,7 +752,8 @@ static PyObject *Sender_close(Sender *s, PyObject *args) {
     atomic_store(&s->closing, 1);
     if (s->polling)
         pthread_join(s->poller, NULL);
-    rk.topic_destroy(rkt);
+    if (rkt != NULL)
+        rk.topic_destroy(rkt);
     rk.destroy(h);
     Py_END_ALLOW_THREADS
     s->polling = 0;
@@ -751,6 +762,29 @@ static PyObject *Sender_close(Sender *s, PyObject *args) {
 }
 
 static PyObject *Sender_tally(Sender *s, PyObject *ignored);
+
+/* bind(topic): the topic of a Sender made without one (a spare, its connections and
+ * producer id made ahead); once. */
+static PyObject *Sender_bind(Sender *s, PyObject *args) {
+    const char *topic;
+    if (!PyArg_ParseTuple(args, "s", &topic))
+        return NULL;
+    if (s->rk == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the native producer is closed");
+        return NULL;
+    }
+    if (s->rkt != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the native producer has its topic already");
+        return NULL;
+    }
+    rd_kafka_topic_t *rkt = rk.topic_new(s->rk, topic, NULL);
+    if (rkt == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "librdkafka made no handle for topic %s", topic);
+        return NULL;
+    }
+    s->rkt = rkt;
+    Py_RETURN_NONE;
+}
 
 static void Sender_dealloc(Sender *s) {
     PyObject *r = Sender_close(s, NULL);
@@ -783,6 +817,8 @@ static PyMethodDef Sender_methods[] = {
      "pending() -> records not yet reported (librdkafka's outq_len)"},
     {"logs", (PyCFunction)Sender_logs, METH_NOARGS,
      "logs() -> [(level, facility, text)]: librdkafka's log lines and errors since the last"},
+    {"bind", (PyCFunction)Sender_bind, METH_VARARGS,
+     "bind(topic): the topic of a Sender made without one; once"},
     {"close", (PyCFunction)Sender_close, METH_VARARGS,
      "close(timeout_ms=0) -> records left: flush, then destroy the handle"},
     {NULL}};
@@ -791,7 +827,8 @@ static PyTypeObject SenderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "txnstream._native_send.Sender",
     .tp_basicsize = sizeof(Sender),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Sender(settings, topic): a librdkafka producer of its own for one topic.",
+    .tp_doc = "Sender(settings, topic): a librdkafka producer of its own for one topic "
+              "(None: bound later with bind()).",
     .tp_new = Sender_new,
     .tp_init = (initproc)Sender_init,
     .tp_dealloc = (destructor)Sender_dealloc,

@@ -23,6 +23,7 @@ from txnstream.errors import (
     TransactionOutcomeUnknownError,
     TxnStreamError,
 )
+from txnstream.kafka.native_send import NativeSpares
 from txnstream.lifecycle import DeadLetters
 from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer
@@ -76,6 +77,8 @@ class Client:
         """Producers and consumers made here and not collected: :meth:`close` closes them."""
         self._served: set[str] = set()
         """Topics this client had served for a delayed plain send (:meth:`_serve`)."""
+        self._spares = NativeSpares()
+        """Native ``send_batch`` handles made ahead for the next producer (bounded)."""
         self.admin = Admin(config, lambda: self.tc)
 
     @property
@@ -247,7 +250,8 @@ class Client:
         Closed by :meth:`close` if not closed before.
         """
         self._check_open()
-        producer = Producer(self.config, topic, serve=self._serve, **kafka)
+        producer = Producer(self.config, topic, serve=self._serve, spares=self._spares,
+                            **kafka)
         self._made.add(producer)
         return producer
 
@@ -302,6 +306,7 @@ class Client:
                 log.warning("closing %r: %s", made, exc)
                 failed = failed or exc
         self._made.clear()
+        self._spares.close()
         self._registrations.close()
         with self._lock:
             self._closed = True

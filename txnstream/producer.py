@@ -53,6 +53,7 @@ from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:
     from txnstream.config import Config
+    from txnstream.kafka.native_send import NativeSpares
     from txnstream.transaction import Transaction
 
 __all__ = ["Producer", "murmur2_partition"]
@@ -103,8 +104,8 @@ class Producer:
     """
 
     def __init__(self, config: Config, topic: str,
-                 serve: Callable[[TopicPartition], None] | None = None, **kafka: object
-                 ) -> None:
+                 serve: Callable[[TopicPartition], None] | None = None,
+                 spares: NativeSpares | None = None, **kafka: object) -> None:
         self.topic = topic
         self._serve = serve
         """Has the topic served before a delayed plain send (``Client._serve``)."""
@@ -113,7 +114,7 @@ class Producer:
         self._kafka = KafkaProducer(self._settings)
         self._closed = False
         self._lock = threading.Lock()
-        self._paths = SendPaths(self._settings, topic, self._lock)
+        self._paths = SendPaths(self._settings, topic, self._lock, spares)
         """``send_batch``'s native way to librdkafka, and its order with ``send``."""
         self._timeout_s = config.admin_timeout_s
         self.num_partitions = _partitions_of(self._kafka, topic, config.admin_timeout_s,

@@ -14,7 +14,8 @@ confluent-kafka's handle is drained (else through it, waiting at most
 native handle's records (:meth:`SendPaths.wait_native`). So a producer that mixes
 ``send()`` and ``send_batch()`` pays a flush at each switch; one that only batches pays
 none. The native handle costs its own broker connections and producer id, made at the
-producer's first batch.
+producer's first batch, or taken then from the client's spare made ahead
+(:class:`~txnstream.kafka.native_send.NativeSpares`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from txnstream.errors import TxnStreamError
-from txnstream.kafka.native_send import NativeSender, Tally
+from txnstream.kafka.native_send import NativeSender, NativeSpares, Tally
 from txnstream.membership import txn_headers
 
 if TYPE_CHECKING:
@@ -145,9 +146,11 @@ class SendPaths:
     the native handle is made at the first batch (``lock``: the producer's).
     """
 
-    def __init__(self, settings: Mapping[str, Any], topic: str, lock: threading.Lock
-                 ) -> None:
+    def __init__(self, settings: Mapping[str, Any], topic: str, lock: threading.Lock,
+                 spares: NativeSpares | None = None) -> None:
         self._settings, self._topic, self._lock = settings, topic, lock
+        self._spares = spares
+        """The client's handles made ahead (:class:`~txnstream.kafka.native_send.NativeSpares`)."""
         self._native: NativeSender | None | Literal[False] = None
         """The native handle (None: not made yet; False: none, or closed)."""
         self.used = False
@@ -161,7 +164,7 @@ class SendPaths:
             with self._lock:
                 if self._native is None:
                     self._native = NativeSender.for_producer(
-                        kafka, self._settings, self._topic) or False
+                        kafka, self._settings, self._topic, self._spares) or False
                 native = self._native
         return native or None
 

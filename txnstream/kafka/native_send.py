@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol, cast
 
@@ -32,7 +33,7 @@ import confluent_kafka
 
 from txnstream.kafka.librdkafka import load_over_librdkafka, native_allowed
 
-__all__ = ["NativeSender", "Tally", "native_send"]
+__all__ = ["MAX_SPARE_KINDS", "NativeSender", "NativeSpares", "Tally", "native_send"]
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +117,18 @@ class NativeSender:
     :meth:`tally`; its poll thread serves the delivery reports in C.
     """
 
-    def __init__(self, mod: ModuleType, settings: list[tuple[str, str]], topic: str,
+    def __init__(self, mod: ModuleType, settings: list[tuple[str, str]], topic: str | None,
                  logger: logging.Logger) -> None:
         self._sender = mod.Sender(settings, topic)
         self._log = logger
 
     @classmethod
-    def for_producer(cls, kafka: object, settings: Mapping[str, Any], topic: str
-                     ) -> NativeSender | None:
-        """One beside ``kafka``, made from ``settings``.
+    def for_producer(cls, kafka: object, settings: Mapping[str, Any], topic: str,
+                     spares: NativeSpares | None = None) -> NativeSender | None:
+        """One beside ``kafka``, made from ``settings``: ``spares``' if it holds one.
 
-        None where the native path cannot be taken (why: logged once).
+        None where the native path cannot be taken (why: logged once). With ``spares``,
+        one more is made there for the next producer of the same settings.
         """
         if type(kafka) is not confluent_kafka.Producer:
             return None  # a test's fake librdkafka: it must see every record
@@ -140,11 +142,20 @@ class NativeSender:
         logger = settings.get("logger")
         if not isinstance(logger, logging.Logger):
             logger = logging.getLogger("txnstream.librdkafka")
+        key = tuple(rendered)
+        made = spares.take(key, topic) if spares is not None else None
         try:
-            return cls(mod, rendered, topic, logger)
+            made = made or cls(mod, rendered, topic, logger)
         except (ValueError, RuntimeError) as exc:
             _once(f"no native producer: {exc}")
             return None
+        if spares is not None:
+            spares.refill(key, lambda: cls(mod, rendered, None, logger))
+        return made
+
+    def bind(self, topic: str) -> None:
+        """The topic of one made without (a spare); ``RuntimeError`` if it has one."""
+        self._sender.bind(topic)
 
     def tally(self) -> Tally:
         """Counts for one transaction's records."""
@@ -203,3 +214,75 @@ class NativeSender:
         """Librdkafka's log lines and errors of this handle, to the producer's logger."""
         for level, fac, text in self._sender.logs():
             self._log.log(_LEVELS.get(level, logging.INFO), "%s [native send] %s", fac, text)
+
+
+MAX_SPARE_KINDS = 4
+"""Settings :class:`NativeSpares` keeps a spare for at once (a client's producers share
+theirs unless given settings of their own); the oldest spare goes first."""
+
+
+class NativeSpares:
+    """Native handles made ahead, not bound to a topic yet: one per settings.
+
+    A fresh idempotent librdkafka handle delivers nothing before it has its producer id,
+    which librdkafka asks for about half a second after the handle is made (its timer
+    while no broker connection is up yet). A new Producer's first ``send_batch`` took
+    that much longer than the next ones: the Spark sink writing to a topic new to a
+    worker, a client making producers on the way. So once a client has made one native
+    handle it keeps one more made, its connections and producer id ready: the next
+    producer's first batch binds it to its topic, and another is made. Bounded: one per
+    settings, :data:`MAX_SPARE_KINDS` settings; closed with the client.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spares: dict[tuple[tuple[str, str], ...], NativeSender] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._spares)
+
+    def take(self, key: tuple[tuple[str, str], ...], topic: str) -> NativeSender | None:
+        """The spare of ``key`` bound to ``topic``, or None (none, or it would not bind)."""
+        with self._lock:
+            spare = self._spares.pop(key, None)
+        if spare is None:
+            return None
+        try:
+            spare.bind(topic)
+        except RuntimeError as exc:
+            log.info("a spare native producer did not take topic %s (%s): making one", topic,
+                     exc)
+            spare.close(0)
+            return None
+        return spare
+
+    def refill(self, key: tuple[tuple[str, str], ...],
+               make: Callable[[], NativeSender]) -> None:
+        """Make a spare of ``key`` unless one is there (or these spares are closed)."""
+        with self._lock:
+            if self._closed or key in self._spares:
+                return
+        try:
+            spare = make()
+        except (ValueError, RuntimeError) as exc:
+            log.info("no spare native producer: %s", exc)
+            return
+        extra: list[NativeSender] = []
+        with self._lock:
+            if self._closed or key in self._spares:
+                extra.append(spare)
+            else:
+                self._spares[key] = spare
+                while len(self._spares) > MAX_SPARE_KINDS:
+                    extra.append(self._spares.pop(next(iter(self._spares))))
+        for s in extra:
+            s.close(0)
+
+    def close(self) -> None:
+        """Close every spare; none is made after."""
+        with self._lock:
+            self._closed = True
+            spares, self._spares = list(self._spares.values()), {}
+        for s in spares:
+            s.close(0)

@@ -199,3 +199,33 @@ def test_a_batch_larger_than_librdkafkas_queue_waits_for_room_and_all_of_it_land
     assert got == [v for i, v in enumerate(values) if i % 2 == 0] + \
         [v for i, v in enumerate(values) if i % 2 == 1]
     producer.close()
+
+
+@needs_native
+def test_a_clients_next_producer_takes_the_native_handle_made_ahead(config, worker, client):
+    """After a producer's first batch the client keeps one native handle made ahead (its
+    producer id ready); the next producer's first batch takes it, its records land and
+    commit like any, and a closed client leaves no handle behind."""
+    first, second = make_topic(config, PARTITIONS), make_topic(config, PARTITIONS)
+    with Client(config=config) as c:
+        a = c.create_producer(first)
+        with c.transaction() as txn:
+            a.send_batch([b"a0", b"a1"], [0, 1], txn)
+        assert len(c._spares) == 1, "no handle made ahead after the first batch"
+        spare = next(iter(c._spares._spares.values()))
+        b = c.create_producer(second)
+        with c.transaction() as txn:
+            b.send_batch([b"b0", b"b1", b"b2"], [0, 1, 2], txn, keys=[b"k", None, b"k"])
+        assert b._paths._native is spare, "the second producer made a handle of its own"
+        assert len(c._spares) == 1, "no handle made ahead for the producer after"
+        spares = c._spares
+    assert len(spares) == 0, "the closed client left a handle made ahead"
+    got = sorted((m.partition(), m.value(), m.key()) for m in read_all(config, second)
+                 if not any(n == "txn.marker" for n, _ in m.headers() or []))
+    assert got == [(0, b"b0", b"k"), (1, b"b1", None), (2, b"b2", b"k")]
+    reader = client.subscribe(second, subscription=f"s-{uuid.uuid4().hex[:6]}")
+    seen = []
+    while len(seen) < 3 and (m := reader.receive(timeout_s=10)) is not None:
+        seen.append(m.value)
+    reader.close()
+    assert sorted(seen) == [b"b0", b"b1", b"b2"], "the committed records are not delivered"
