@@ -4,6 +4,7 @@ created (the local broker, as Kafka's default, has ``auto.create.topics.enable``
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -35,9 +36,16 @@ def test_bounds_are_the_watermarks_also_of_partitions_added_since(kafka_bootstra
     assert got == want
     for f in admin.create_partitions([NewPartitions(topic, 10)]).values():
         f.result(30)
-    p = Producer(cfg.producer())  # one that knows the new partitions
-    p.produce(topic, b"y", partition=9)
-    p.flush(30)
+    # A producer that knows the new partitions: the broker's metadata may show them a
+    # moment after the controller (the record then fails with an unknown partition)
+    landed: list[bool] = []
+    deadline = time.monotonic() + 15
+    while not landed and time.monotonic() < deadline:
+        p = Producer(cfg.producer())
+        p.produce(topic, b"y", partition=9,
+                  on_delivery=lambda err, _m: err is None and landed.append(True))
+        p.flush(30)
+    assert landed, "the record for the new partition 9 was never delivered"
     assert bounds.get([TopicPartition(topic, 9)], timeout_s=10) == {
         TopicPartition(topic, 9): (0, 1)}
     c.close()
