@@ -38,10 +38,6 @@ EARLIEST, LATEST = -2, -1
 
 RETRY_WAIT_S = (0.05, 1.0)
 """First and longest pause before partitions whose error is retriable are asked again."""
-METADATA_LAG_S = 5.0
-"""How long a partition the metadata does not show, of a topic it does show, is asked
-for again (within the call's timeout): one added moments ago reaches every broker's
-metadata within this. A topic the metadata does not show is reported at once."""
 
 
 class LogBounds:
@@ -63,32 +59,24 @@ class LogBounds:
         """Each of ``tps``' bounds.
 
         An error Kafka calls retriable (a leader moving, a topic just created) is asked
-        again until ``timeout_s`` (not at all without ``retry``), then given as it is; so
-        is, for up to :data:`METADATA_LAG_S`, a partition just added to its topic.
+        again until ``timeout_s`` (not at all without ``retry``), then given as it is.
         """
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         left = list(dict.fromkeys(tps))
         out: dict[TopicPartition, Bounds] = {}
         pause = RETRY_WAIT_S[0]
-        lag_until = time.monotonic() + METADATA_LAG_S
         while left:
             got = self._ask(left, max(0.5, deadline - time.monotonic()))
-            lagging: list[TopicPartition] = []
             if unknown := [tp for tp, b in got.items() if _not_in_metadata(b)]:
                 # the client's metadata is refreshed every few minutes only: a partition
                 # added since (or a topic created again) is asked for now
-                counts = {topic: learn_topic(self._consumer, topic,
-                                             max(0.5, deadline - time.monotonic()))
-                          for topic in {tp.topic for tp in unknown}}
+                for topic in {tp.topic for tp in unknown}:
+                    learn_topic(self._consumer, topic, max(0.5, deadline - time.monotonic()))
                 got |= self._ask(unknown, max(0.5, deadline - time.monotonic()))
-                # its topic is there, the partition not yet: added moments ago, and the
-                # broker's metadata lags the controller's; asked again for a while
-                lagging = [tp for tp in unknown if _not_in_metadata(got[tp])
-                           and counts[tp.topic] > 0 and time.monotonic() < lag_until]
             out.update(got)
-            left = lagging + [tp for tp, b in got.items() if isinstance(b, KafkaException)
-                              and classify_kafka_error(b) is KafkaErrorKind.RETRIABLE]
+            left = [tp for tp, b in got.items() if isinstance(b, KafkaException)
+                    and classify_kafka_error(b) is KafkaErrorKind.RETRIABLE]
             if not left or not retry or time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)
