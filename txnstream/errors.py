@@ -101,6 +101,14 @@ class WorkerIdentityError(CoordinatorAuthError):
     """
 
 
+class WrongClusterError(WorkerIdentityError):
+    """The worker at an endpoint serves another txnstream cluster.
+
+    Another topic prefix, or another Kafka cluster: the record that named it is stale (a
+    worker of that cluster took the address since) or forged.
+    """
+
+
 class NotAuthorizedError(TxnStreamError):
     """The principal may not do this to the txn: another principal opened it.
 

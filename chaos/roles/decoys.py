@@ -38,6 +38,7 @@ from txnstream.coordinator.endpoints import TcEndpoint
 from txnstream.coordinator.line_security import PROOF_BYTES
 from txnstream.coordinator.protocol import TcReply, TcRequest
 from txnstream.coordinator.transport import (
+    CLUSTER_LEN,
     FRAME,
     HANDSHAKE_TIMEOUT_S,
     MAGIC,
@@ -92,10 +93,15 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
 
 
 class Impostor:
-    """A worker that is not one: it answers handshakes, then OKs whatever comes."""
+    """A worker that is not one: it answers handshakes, then OKs whatever comes.
 
-    def __init__(self, count: Count, intrusion: Intrusion, seed: int) -> None:
+    Its hello names ``cluster``, the cluster it poses in (public: a Kafka cluster id and a
+    prefix), so only the proof of the secret can tell it from a worker.
+    """
+
+    def __init__(self, count: Count, intrusion: Intrusion, seed: int, cluster: bytes) -> None:
         self.count, self.intrusion = count, intrusion
+        self.cluster = cluster
         self.rng = random.Random(seed)
         outer = self
 
@@ -116,7 +122,7 @@ class Impostor:
         s.settimeout(30.0)
         try:
             sn = os.urandom(NONCE_BYTES)
-            s.sendall(MAGIC + sn)
+            s.sendall(MAGIC + sn + CLUSTER_LEN.pack(len(self.cluster)) + self.cluster)
             head = _recv_exact(s, len(MAGIC) + NONCE_BYTES + 1)
             principal = _recv_exact(s, head[-1]).decode(errors="replace")
             proof = _recv_exact(s, PROOF_BYTES)

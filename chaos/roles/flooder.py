@@ -129,7 +129,7 @@ class Flood:
                                                   tc_secret=uuid.uuid4().hex)),
                           Client(config=cfg.with_(tc_principal=ANONYMOUS, tc_secret=None))]
         self.io = IoLoop("flood-line")
-        self.impostor = Impostor(self._count, self._intrusion, args.seed)
+        self.impostor = Impostor(self._count, self._intrusion, args.seed, client.tc.cluster)
         self.tarpit = Tarpit(self._count)
         self.idle = IdleHolder(self._count, self._intrusion, sp.get("idle_sockets", 200),
                                sp.get("idle_hosts", 4), self.pause_s)

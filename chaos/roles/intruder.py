@@ -47,9 +47,10 @@ from chaos.roles.common import RoleArgs, run_role
 from chaos.truth import TruthLog, encode_value
 from txnstream import Client, TxnID
 from txnstream.coordinator.endpoints import TcEndpoint
+from txnstream.coordinator.line_security import MAX_CLUSTER_BYTES
 from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.protocol import TcOp
-from txnstream.coordinator.transport import HANDSHAKE_TIMEOUT_S, MAGIC, Endpoint
+from txnstream.coordinator.transport import CLUSTER_LEN, HANDSHAKE_TIMEOUT_S, MAGIC, Endpoint
 from txnstream.errors import (
     CoordinatorAuthError,
     InvalidRequestError,
@@ -350,11 +351,11 @@ class Intruder:
             if kind == "garbage":
                 s.sendall(os.urandom(self.rng.randrange(1, 4096)))
             elif kind == "false_proof":
-                s.recv(len(MAGIC) + 16)
+                s.recv(len(MAGIC) + 16 + CLUSTER_LEN.size + MAX_CLUSTER_BYTES)  # the hello
                 name = b"chaos-processor"
                 s.sendall(MAGIC + os.urandom(16) + bytes([len(name)]) + name + os.urandom(32))
             elif kind == "long_principal":
-                s.recv(len(MAGIC) + 16)
+                s.recv(len(MAGIC) + 16 + CLUSTER_LEN.size + MAX_CLUSTER_BYTES)  # the hello
                 s.sendall(MAGIC + os.urandom(16) + b"\xff" + os.urandom(255))
             # A paused worker (the nemesis's SIGSTOP) cannot close anything until it
             # resumes: allow its pause on top of the handshake timeout.

@@ -1,7 +1,8 @@
 """``ClientConnection``: a client's end of the line to one worker (:mod:`.transport`).
 
-The handshake's client side: it proves the client's secret, and insists on the worker's
-proof of it (or on TLS that verified the worker's certificate) before it sends anything.
+The handshake's client side: it checks that the worker serves the client's cluster, proves
+the client's secret, and insists on the worker's proof of it (or on TLS that verified the
+worker's certificate) before it sends anything.
 """
 
 from __future__ import annotations
@@ -12,8 +13,14 @@ import os
 import ssl
 from collections.abc import Callable
 
-from txnstream.coordinator.line_security import PROOF_BYTES, FrameKey, handshake_proof
+from txnstream.coordinator.line_security import (
+    MAX_CLUSTER_BYTES,
+    PROOF_BYTES,
+    FrameKey,
+    handshake_proof,
+)
 from txnstream.coordinator.transport import (
+    CLUSTER_LEN,
     MAGIC,
     MAX_PRINCIPAL_BYTES,
     NONCE_BYTES,
@@ -24,9 +31,21 @@ from txnstream.coordinator.transport import (
     line_mismatch,
     log,
 )
-from txnstream.errors import ConfigError, CoordinatorAuthError, WorkerIdentityError
+from txnstream.errors import (
+    ConfigError,
+    CoordinatorAuthError,
+    WorkerIdentityError,
+    WrongClusterError,
+)
 
 __all__ = ["ClientConnection"]
+
+
+def _wrong_cluster(endpoint: Endpoint, theirs: bytes, ours: bytes) -> WrongClusterError:
+    return WrongClusterError(
+        f"the coordinator worker at {endpoint} serves cluster "
+        f"{theirs.decode(errors='replace')!r}, not {ours.decode(errors='replace')!r}: not "
+        "talking to it (an endpoint record that is stale or forged)")
 
 
 class ClientConnection(_Conn):
@@ -36,10 +55,14 @@ class ClientConnection(_Conn):
     def open(cls, io: IoLoop, endpoint: Endpoint, secret: str | None,
              tls: ssl.SSLContext | None, on_reply: Callable[[bytes], None],
              on_close: Callable[[ClientConnection], None], timeout_s: float,
-             principal: str = "txnstream") -> ClientConnection:
+             principal: str = "txnstream", cluster: bytes = b"") -> ClientConnection:
         """Connect and handshake as ``principal`` (proving ``secret`` if given).
 
+        Only a worker of ``cluster`` (:func:`~.line_security.cluster_identity`) is talked
+        to.
+
         ``OSError`` if unreachable or the worker is at its connection cap,
+        ``WrongClusterError`` if the worker serves another cluster,
         ``CoordinatorAuthError`` if refused or if the worker cannot prove it knows
         the secret.
         """
@@ -62,8 +85,15 @@ class ClientConnection(_Conn):
                     raise ConnectionError(f"{endpoint}: "
                                           f"{line_mismatch(hello[:len(MAGIC)], 'worker')}")
                 sn, cn = hello[len(MAGIC):], os.urandom(NONCE_BYTES)
+                (size,) = CLUSTER_LEN.unpack(await reader.readexactly(CLUSTER_LEN.size))
+                if size > MAX_CLUSTER_BYTES:
+                    raise ConnectionError(f"{endpoint}: a hello naming a cluster of {size} "
+                                          f"bytes (at most {MAX_CLUSTER_BYTES})")
+                theirs = await reader.readexactly(size)
+                if theirs and theirs != cluster:  # empty: a worker starting (refuses BY)
+                    raise _wrong_cluster(endpoint, theirs, cluster)
                 writer.write(MAGIC + cn + bytes([len(name)]) + name
-                             + handshake_proof(secret, b"client", sn, cn, name))
+                             + handshake_proof(secret, b"client", sn, cn, name, theirs))
                 verdict = await reader.readexactly(2)
                 if verdict != b"OK":
                     why = (await reader.read(200)).decode(errors="replace")
@@ -72,12 +102,15 @@ class ClientConnection(_Conn):
                                               f"busy: {why}")
                     raise CoordinatorAuthError(
                         f"the coordinator worker at {endpoint} refused this client: {why}")
+                if theirs != cluster:
+                    raise _wrong_cluster(endpoint, theirs, cluster)
                 mode = await reader.readexactly(1)
                 worker_proof = await reader.readexactly(PROOF_BYTES)
                 key: FrameKey | None = None
                 if mode == b"K" and secret:
                     if not hmac.compare_digest(worker_proof,
-                                               handshake_proof(secret, b"worker", sn, cn, name)):
+                                               handshake_proof(secret, b"worker", sn, cn, name,
+                                                               theirs)):
                         raise WorkerIdentityError(
                             f"the coordinator worker at {endpoint} could not prove it knows "
                             f"the secret of {principal!r}: not talking to it (a forged "

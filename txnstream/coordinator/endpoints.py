@@ -276,6 +276,11 @@ class EndpointDirectory:
         """
         deadline = time.monotonic() + timeout_s
         with self._changed:
+            # Not before the tail has read what the topic held when it began: an early
+            # record (an owner long gone, its address perhaps another process's now) is
+            # no answer while the newest one is a few ms of reading away.
+            while not self._caught_up.is_set() and time.monotonic() < deadline:
+                self._changed.wait(min(deadline - time.monotonic(), 0.05))
             while True:
                 ep, usable = self._best(tc_id, skip)
                 if ep is not None and (usable or newer_than is None

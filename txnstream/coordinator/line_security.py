@@ -1,7 +1,8 @@
 """How the direct line proves who is at each end: secrets, frame tags, TLS.
 
-The handshake of :mod:`txnstream.coordinator.transport` uses these: a client proves its
-principal with ``HMAC-SHA256(secret, "client" | sn | cn | principal)``
+The handshake of :mod:`txnstream.coordinator.transport` uses these: a worker names its
+cluster (:func:`cluster_identity`), a client proves its principal with
+``HMAC-SHA256(secret, "client" | sn | cn | principal | cluster)``
 (:func:`handshake_proof`), a worker answers with the ``"worker"`` proof, and every later
 frame of a keyed connection carries a tag (:class:`FrameKey`). With TLS, the worker's
 certificate (:func:`server_ssl_context`) and, under mutual TLS, the client's
@@ -22,9 +23,12 @@ from txnstream.errors import ConfigError
 __all__ = [
     "PROOF_BYTES",
     "TAG_BYTES",
+    "MAX_CLUSTER_BYTES",
     "FrameKey",
     "cert_common_name",
     "client_ssl_context",
+    "cluster_identity",
+    "guarded_line_users",
     "handshake_proof",
     "is_loopback",
     "line_users",
@@ -36,12 +40,30 @@ TAG_BYTES = 16
 """Per-frame HMAC-SHA256 tag, truncated (128 bits, as TLS's GCM tags)."""
 
 
+MAX_CLUSTER_BYTES = 512
+"""Bound of a cluster's name on the line (a Kafka cluster id and a topic prefix)."""
+
+
+def cluster_identity(kafka_cluster_id: str | None, prefix: str) -> bytes:
+    """What a worker's hello names: its Kafka cluster and its topics' prefix.
+
+    Two txnstream clusters (two prefixes on one Kafka, or one prefix on two) may share
+    the workers' secret, as two worker fleets on one host share the default key file; a
+    client only talks to a worker of its own (an endpoint record of its cluster can name
+    an address that another cluster's worker took since).
+    """
+    return f"{kafka_cluster_id or ''}/{prefix}".encode()[:MAX_CLUSTER_BYTES]
+
+
 def handshake_proof(secret: str | None, label: bytes, sn: bytes, cn: bytes,
-                    principal: bytes) -> bytes:
-    """``HMAC-SHA256(secret, label | sn | cn | principal)``; zeros without a secret."""
+                    principal: bytes, cluster: bytes = b"") -> bytes:
+    """``HMAC-SHA256(secret, label | sn | cn | principal | cluster)``; zeros without one.
+
+    The cluster is the one the worker's hello named: a relay cannot rename it.
+    """
     if not secret:
         return bytes(PROOF_BYTES)
-    return hmac.digest(secret.encode(), label + sn + cn + principal, "sha256")
+    return hmac.digest(secret.encode(), label + sn + cn + principal + cluster, "sha256")
 
 
 class FrameKey:
@@ -125,6 +147,25 @@ def line_users(config: Config) -> dict[str, str]:
     users = load_tc_users(config.tc_users_file) if config.tc_users_file else {}
     if config.tc_secret:
         users.setdefault(config.tc_principal, config.tc_secret)
+    return users
+
+
+def guarded_line_users(config: Config, listen: str, allow_unauthenticated: bool,
+                       who: str) -> dict[str, str]:
+    """:func:`line_users` of a worker listening on ``listen``, checked.
+
+    ``ConfigError`` if no one would have to prove anything there and it is reachable
+    from other hosts (unless ``allow_unauthenticated``).
+    """
+    users = line_users(config)
+    host = listen.rsplit(":", 1)[0]
+    if not users and not config.tc_tls_client_auth and not is_loopback(host) \
+            and not allow_unauthenticated:
+        raise ConfigError(
+            f"{who} would serve the coordinator line on {listen} with no authentication: "
+            "anyone who reaches it could end every txn. Set a secret (TXNSTREAM_TC_SECRET "
+            "/ TXNSTREAM_TC_SECRET_FILE, or --tc-users-file), mutual TLS "
+            "(--tls-client-auth), listen on loopback, or pass --allow-unauthenticated")
     return users
 
 

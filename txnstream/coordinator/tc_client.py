@@ -44,7 +44,7 @@ from tenacity import (
 from txnstream.config import Config
 from txnstream.coordinator.client_connection import ClientConnection
 from txnstream.coordinator.endpoints import EndpointDirectory, TcEndpoint
-from txnstream.coordinator.line_security import client_ssl_context
+from txnstream.coordinator.line_security import client_ssl_context, cluster_identity
 from txnstream.coordinator.protocol import (
     COMMITTED_NOTICE,
     ENDED_NOTICE,
@@ -65,6 +65,7 @@ from txnstream.errors import (
     TxnStreamError,
     UnknownPartitionError,
     WorkerIdentityError,
+    WrongClusterError,
 )
 from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
@@ -154,6 +155,8 @@ class TransactionCoordinatorClient:
                     f"topic {name} does not exist on {config.bootstrap_servers}: run "
                     f"`txnstream init` (prefix {t.prefix!r}) and start a `txnstream worker`")
         self.num_coordinators = len(meta.topics[t.log].partitions)
+        self.cluster = cluster_identity(meta.cluster_id, t.prefix)
+        """The cluster whose workers alone this client talks to."""
         self._tls = client_ssl_context(config)
         self._io = IoLoop("txnstream-tc-client")
         self._conns: dict[Endpoint, ClientConnection] = {}
@@ -184,7 +187,8 @@ class TransactionCoordinatorClient:
             try:
                 conn = ClientConnection.open(self._io, endpoint, self.config.tc_secret,
                                              self._tls, self._on_reply, self._on_close,
-                                             CONNECT_TIMEOUT_S, self.config.tc_principal)
+                                             CONNECT_TIMEOUT_S, self.config.tc_principal,
+                                             self.cluster)
             except OSError as exc:  # refused, reset, unreachable, no handshake
                 raise _Unreachable(f"{endpoint}: {exc}") from exc
             self._conns[endpoint] = conn
@@ -307,6 +311,14 @@ class TransactionCoordinatorClient:
                 unreachable.clear()  # every record failed once: try them all again
             try:
                 conn = self._connection(ep.endpoint)
+            except WrongClusterError as exc:
+                # Another cluster's worker took the address of a stale record (or a forged
+                # one names it): never that record again; wait for the TC's real owner.
+                unreachable.add((ep.epoch_offset, ep.endpoint))
+                self.directory.distrust(ep)
+                _rate_limited.warning(f"other cluster {ep.tc_id}", "coordinator %d: not "
+                                      "using %r: %s", ep.tc_id, ep, exc)
+                raise _Unreachable(str(exc)) from exc
             except CoordinatorAuthError as exc:
                 # An impostor behind a forged endpoint record cannot prove itself (never
                 # used again), or refuses everyone (skipped for this request): go back to

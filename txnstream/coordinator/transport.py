@@ -9,16 +9,21 @@ have read back from the log, so the line carries nothing a crash could lose.
 Wire form: every frame is a 4-byte big-endian length, then that many bytes. A connection
 opens with a handshake that authenticates both ends and keys the frames after it:
 
-1. worker -> client: :data:`MAGIC`, a 16-byte nonce ``sn``;
+1. worker -> client: :data:`MAGIC`, a 16-byte nonce ``sn`` and its cluster (two length
+   bytes, then ``<Kafka cluster id>/<prefix>``: :func:`cluster_identity`);
 2. client -> worker: :data:`MAGIC`, its own nonce ``cn``, its principal (one length byte,
-   UTF-8) and ``HMAC-SHA256(secret, "client" | sn | cn | principal)`` (zeros without a
-   secret), so the secret never crosses the wire;
+   UTF-8) and ``HMAC-SHA256(secret, "client" | sn | cn | principal | cluster)`` (zeros
+   without a secret), so the secret never crosses the wire;
 3. worker -> client: ``OK``, the mode (``K`` keyed by the secret, ``T`` identified by its
    TLS certificate, ``A`` anonymous) and, in mode ``K``, ``HMAC(secret, "worker" | sn |
-   cn | principal)``: the client checks it, so a process that does not know the secret
-   cannot pose as a worker (say, behind a forged endpoint record). ``NO`` and the reason
-   (credentials refused) or ``BY`` and the reason (the worker is at its connection cap),
-   then the worker closes.
+   cn | principal | cluster)``: the client checks it, so a process that does not know the
+   secret cannot pose as a worker (say, behind a forged endpoint record). ``NO`` and the
+   reason (credentials refused) or ``BY`` and the reason (the worker is at its connection
+   cap, or has not learnt its Kafka cluster yet), then the worker closes.
+
+The client goes no further with a worker of another cluster (another prefix, or another
+Kafka cluster), whatever it proves: clusters may share a secret, and a record of the
+client's cluster may name an address that such a worker took since.
 
 In mode ``K`` every later frame ends in a 16-byte tag, ``HMAC(session key, direction |
 frame number | payload)`` truncated, with the session key derived from the secret and
@@ -48,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txnstream.coordinator.line_security import (
+    MAX_CLUSTER_BYTES,
     PROOF_BYTES,
     FrameKey,
     cert_common_name,
@@ -62,12 +68,14 @@ __all__ = ["Endpoint", "Listener", "LineLimits", "ServerConnection", "IoLoop",
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TXNS5"
-"""The line's version: 5 since PREPARE (a version-4 worker cannot read it); 4 since
-replies carry txn keys (a version-3 client would write records without ``txn.tag``, junk
-to a version-4 buffer owner); 3 since a commit's END carries its unconfirmed
-registrations. Different versions refuse each other."""
+MAGIC = b"TXNS6"
+"""The line's version: 6 since the worker's hello names its cluster; 5 since PREPARE (a
+version-4 worker cannot read it); 4 since replies carry txn keys (a version-3 client
+would write records without ``txn.tag``, junk to a version-4 buffer owner); 3 since a
+commit's END carries its unconfirmed registrations. Different versions refuse each
+other."""
 FRAME = struct.Struct(">I")
+CLUSTER_LEN = struct.Struct(">H")
 NONCE_BYTES = 16
 
 
@@ -269,9 +277,12 @@ class Listener:
     def __init__(self, host: str, port: int, on_request: Callable[[bytes, ServerConnection],
                                                                   None],
                  users: Mapping[str, str] | None = None, tls: ssl.SSLContext | None = None,
-                 name: str = "txnstream-tc-listener", limits: LineLimits | None = None
-                 ) -> None:
+                 name: str = "txnstream-tc-listener", limits: LineLimits | None = None,
+                 cluster: bytes | None = b"") -> None:
         self._on_request = on_request
+        self.cluster = cluster
+        """The cluster the hello names (:func:`cluster_identity`); None until the worker
+        knows it: connections are then refused as busy."""
         self._users = dict(users or {})
         self._tls = tls
         self._require_cert = tls is not None and tls.verify_mode is not ssl.CERT_NONE
@@ -400,7 +411,9 @@ class Listener:
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                          peer: str) -> ServerConnection | None:
         sn = os.urandom(NONCE_BYTES)
-        writer.write(MAGIC + sn)
+        cluster = self.cluster
+        named = (cluster or b"")[:MAX_CLUSTER_BYTES]
+        writer.write(MAGIC + sn + CLUSTER_LEN.pack(len(named)) + named)
         head = await reader.readexactly(len(MAGIC) + NONCE_BYTES + 1)
         if head[:len(MAGIC)] != MAGIC:
             self._warn.warning("refuse magic", "refused a connection from %s: %s", peer,
@@ -409,6 +422,10 @@ class Listener:
         cn = head[len(MAGIC):len(MAGIC) + NONCE_BYTES]
         claimed = await reader.readexactly(head[-1])
         proof = await reader.readexactly(PROOF_BYTES)
+        if cluster is None:
+            await self._refuse(writer, peer, b"BY", "the worker is starting: it has not "
+                               "learnt its Kafka cluster's id yet")
+            return None
         if len(self._conns) >= self.limits.max_connections:
             await self._refuse(writer, peer, b"BY", f"the worker is at its cap of "
                                f"{self.limits.max_connections} connections (max_connections)")
@@ -425,8 +442,9 @@ class Listener:
         name = claimed.decode(errors="replace")
         secret = self._users.get(name)
         if secret is not None and hmac.compare_digest(
-                proof, handshake_proof(secret, b"client", sn, cn, claimed)):
-            writer.write(b"OK" + b"K" + handshake_proof(secret, b"worker", sn, cn, claimed))
+                proof, handshake_proof(secret, b"client", sn, cn, claimed, named)):
+            writer.write(b"OK" + b"K" + handshake_proof(secret, b"worker", sn, cn, claimed,
+                                                        named))
             return ServerConnection(self._io, writer, peer, name,
                                     FrameKey(secret, sn, cn, claimed, client_side=False))
         if cert_principal is not None:  # mutual TLS: the certificate says who it is

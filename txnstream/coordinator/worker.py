@@ -84,14 +84,17 @@ from txnstream.coordinator.gauges import TcGauges
 from txnstream.coordinator.handlers import Caller, TcRequestHandler
 from txnstream.coordinator.inbox import FairInbox
 from txnstream.coordinator.kafka_clients import worker_clients
-from txnstream.coordinator.line_security import is_loopback, line_users, server_ssl_context
+from txnstream.coordinator.line_security import (
+    cluster_identity,
+    guarded_line_users,
+    server_ssl_context,
+)
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.transport import Endpoint, LineLimits, Listener, ServerConnection
 from txnstream.coordinator.txn_log import KafkaTransactionLog, TransactionLog
 from txnstream.errors import (
-    ConfigError,
     CorruptRecordError,
     InvalidRequestError,
     KafkaClientError,
@@ -100,7 +103,6 @@ from txnstream.errors import (
 )
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
 from txnstream.kafka.topics import LOOKUP_TIMEOUT_S, PartitionCatalog, metadata_lookup
-from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 from txnstream.workers_key import warn_unsigned, worker_config, workers_signer
@@ -159,15 +161,8 @@ class CoordinatorWorker:
         self._gauges = TcGauges(self._ownership)
         self._sweep_origins_at = ORIGINS_SWEEP_AT
         bind = Endpoint.parse(s.listen)
-        users = line_users(config)
-        if not users and not config.tc_tls_client_auth and not is_loopback(bind.host) \
-                and not s.allow_unauthenticated:
-            raise ConfigError(
-                f"worker {self.worker_id} would serve the coordinator line on {s.listen} "
-                "with no authentication: anyone who reaches it could end every txn. Set a "
-                "secret (TXNSTREAM_TC_SECRET / TXNSTREAM_TC_SECRET_FILE, or "
-                "--tc-users-file), mutual TLS (--tls-client-auth), listen on loopback, or "
-                "pass --allow-unauthenticated")
+        users = guarded_line_users(config, s.listen, s.allow_unauthenticated,
+                                   f"worker {self.worker_id}")
         self._listener = Listener(bind.host, bind.port,
                                   self._inbox.put,
                                   users=users, tls=server_ssl_context(config),
@@ -176,7 +171,8 @@ class CoordinatorWorker:
                                       s.max_connections, s.max_request_bytes, s.idle_timeout_s,
                                       s.max_handshakes, s.max_handshakes_per_host,
                                       s.max_queued_per_connection,
-                                      s.max_queued_bytes_per_connection, s.max_queued_bytes))
+                                      s.max_queued_bytes_per_connection, s.max_queued_bytes),
+                                  cluster=None)  # named in run(), once the broker says
         if s.advertise:
             self.address = Endpoint.parse(s.advertise)
         elif bind.host in ("0.0.0.0", "::", ""):  # every interface: tell the host's name
@@ -224,12 +220,16 @@ class CoordinatorWorker:
     def run(self) -> None:
         """The loop; returns when :meth:`stop` is called."""
         try:
+            cluster_id = self._cluster_id()
+            if cluster_id is None:
+                return  # stopped before the broker answered
+            self._listener.cluster = cluster_identity(cluster_id, self.config.topics.prefix)
             if self.settings.unsigned:
                 warn_unsigned(log, f"worker {self.worker_id}")
             else:
-                signer = self._marker_signer()
+                signer = workers_signer(self.config, cluster_id)
                 if signer is None:
-                    return  # stopped before the broker answered
+                    return  # no key (its constructor resolved one; as before, not served)
                 self._finalizer.signer = self._endpoints.signer = signer
                 self._handler.membership = signer.membership
             self._ownership.subscribe()
@@ -262,16 +262,16 @@ class CoordinatorWorker:
             self._listener.close()
             close_producer(self._kafka.producer, 5)
 
-    def _marker_signer(self) -> MarkerSigner | None:
-        """The workers' marker signer; waits for the broker's cluster id (None: stopped).
+    def _cluster_id(self) -> str | None:
+        """The broker's cluster id, waited for (None: stopped first).
 
-        No TC is served before it: an unsigned marker would not count at buffer owners.
+        No TC is served before it: the marker key and the line's hello name it.
         """
         while not self._stop.is_set():
             try:
                 md = self._kafka.producer.list_topics(timeout=self.config.admin_timeout_s)
                 if md.cluster_id:
-                    return workers_signer(self.config, md.cluster_id)
+                    return str(md.cluster_id)
                 log.warning("worker %s: the broker reported no cluster id yet", self.worker_id)
             except KafkaException as exc:
                 log.warning("worker %s: no cluster id for the marker key yet: %s",

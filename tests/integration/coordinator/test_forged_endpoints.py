@@ -262,3 +262,46 @@ def test_forged_records_naming_a_tarpit_cost_one_attempt_not_one_per_request(
             assert txn.status is TxnStatus.COMMITTED
     print("commits with 7 tarpit records:", [round(t, 2) for t in took])
     assert all(t < 2.0 for t in took[1:]), f"commits took {[round(t, 1) for t in took]} s"
+
+
+def test_a_record_naming_a_worker_of_another_cluster_does_not_take_its_answers(
+        secured, own_config):
+    """Two clusters (prefixes) on one Kafka share the workers' secret, as two worker
+    fleets on one host share the default key file. A record of cluster A naming the
+    address of B's worker (a stale record whose port B's worker took since, or a forged
+    one) must not make A's clients open, commit or ask about txns in B's coordinators.
+
+    Old: B's worker proved the shared secret and answered: A's client got TxnIDs from
+    B's logs (CI saw ``(0,12)`` handed out by a worker whose TC 0 was at 376, then the
+    real owner called it ABORTED), and its commits ended at B, where A's readers never
+    look."""
+    cfg, a = secured
+    b = CoordinatorWorker(own_config.with_(tc_secret=SECRET), settings=WorkerSettings(
+        session_timeout_ms=FAST_FAILOVER_MS, buffer_role=False))
+    b.start()
+    try:
+        wait_until(lambda: len(b.serving()) == cfg.num_coordinators, 60, "B serving")
+        opened_at_b = {tc: inc.store.next_sequence for tc, inc in b.tcs.items()}
+        forge_endpoints(cfg, b.address)
+        topic = make_topic(cfg, 1)
+        with Client(config=cfg) as client:
+            producer = client.create_producer(topic)
+            ids = []
+            for tc in [*range(cfg.num_coordinators), None, None]:  # None: a reserved id
+                with client.new_transaction(tc_id=tc) as txn:
+                    producer.send(str(txn.id).encode(), txn=txn, partition=0)
+                ids.append(txn.id)
+            assert {tc: inc.store.next_sequence for tc, inc in b.tcs.items()} == \
+                opened_at_b, "another cluster's worker opened txns for this client"
+            for tid in ids:
+                assert client.admin.get_transaction(tid).status is TxnStatus.COMMITTED
+            reader = client.subscribe(topic, subscription="check")
+            got = set()
+            deadline = time.monotonic() + 20
+            while len(got) < len(ids) and time.monotonic() < deadline:
+                m = reader.receive(timeout_s=0.5)
+                if m is not None:
+                    got.add(m.value)
+            assert got == {str(t).encode() for t in ids}, "committed records not delivered"
+    finally:
+        b.stop()

@@ -132,6 +132,6 @@ def test_a_prepare_request_round_trips():
 
 
 def test_an_older_lines_peer_is_refused_naming_both_versions():
-    assert "line version 4, this side 5" in line_mismatch(b"TXNS4", "client")
-    assert MAGIC == b"TXNS5"
+    assert "line version 5, this side 6" in line_mismatch(b"TXNS5", "client")
+    assert MAGIC == b"TXNS6"
     assert line_mismatch(b"HTTP/", "worker") == "not a txnstream worker"

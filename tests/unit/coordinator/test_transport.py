@@ -34,6 +34,7 @@ from txnstream.errors import (
     CoordinatorAuthError,
     NotCoordinatorError,
     RequestTimeoutError,
+    WrongClusterError,
 )
 
 SECRET = "s3cret-for-tests"
@@ -118,6 +119,7 @@ def make_client() -> Iterator[Callable[..., tuple[TransactionCoordinatorClient, 
         c._pending = {}
         c._lock = threading.Lock()
         c.num_coordinators = 4
+        c.cluster = b""
         c._tls = None
         c._io = IoLoop("test-tc-client")
         c._conns = {}
@@ -236,7 +238,7 @@ def test_an_oversized_frame_drops_that_connection_and_the_listener_keeps_serving
         listeners, make_client):
     lst = listeners()
     with socket.create_connection((lst.address.host, lst.address.port), 5) as raw:
-        hello = raw.recv(5 + 16)
+        hello = raw.recv(5 + 16 + 2)  # magic, nonce, a cluster of 0 bytes
         raw.sendall(hello[:5] + bytes(16) + b"\x00" + bytes(32))
         assert raw.recv(2) == b"OK"
         assert raw.recv(33)[:1] == b"A"
@@ -438,6 +440,49 @@ def test_a_client_with_a_secret_refuses_a_worker_that_cannot_prove_it(listeners,
     assert seen == []
 
 
+@pytest.mark.parametrize("secret", [None, SECRET])
+def test_a_client_goes_no_further_with_a_worker_of_another_cluster(secret):
+    """Clusters may share a secret: a worker of cluster B proves it as well as A's. A
+    client of A refuses it before it sends anything but its hello, and a worker that has
+    not learnt its cluster yet is busy, not another cluster."""
+    seen: list[bytes] = []
+    users = {"txnstream": secret} if secret else None
+    lst = Listener("127.0.0.1", 0, lambda data, conn: seen.append(data), users=users,
+                   cluster=b"kafka-1/b")
+    io = IoLoop("test-cluster")
+    try:
+        def connect(cluster: bytes) -> ClientConnection:
+            return ClientConnection.open(io, lst.address, secret, None, lambda _r: None,
+                                         lambda _c: None, 2, cluster=cluster)
+        with pytest.raises(WrongClusterError, match="serves cluster 'kafka-1/b', not "
+                                                    "'kafka-1/a'"):
+            connect(b"kafka-1/a")
+        with pytest.raises(WrongClusterError, match="'kafka-2/b'"):
+            connect(b"kafka-2/b")
+        ok = connect(b"kafka-1/b")
+        ok.send(b"x")
+        lst.cluster = None  # as a worker before the broker told it its cluster id
+        with pytest.raises(ConnectionError, match="busy: the worker is starting"):
+            connect(b"kafka-1/b")
+        deadline = time.monotonic() + 3
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == [b"x"], "only the connection of its own cluster sent a request"
+    finally:
+        io.close()
+        lst.close()
+
+
+def test_a_relay_cannot_rename_the_cluster_a_worker_named():
+    """With a secret, the worker's proof covers the cluster its hello named: a relay that
+    rewrites B's hello to name A fails the client's check of that proof."""
+    from txnstream.coordinator.line_security import handshake_proof
+
+    sn, cn, who = bytes(16), bytes(range(16)), b"txnstream"
+    assert handshake_proof(SECRET, b"worker", sn, cn, who, b"k/b") != \
+        handshake_proof(SECRET, b"worker", sn, cn, who, b"k/a")
+
+
 def test_the_connection_cap_refuses_one_more_and_idle_connections_are_closed(listeners):
     lst = listeners(limits=LineLimits(max_connections=2, idle_timeout_s=0.5))
     io = IoLoop("test-cap")
@@ -479,7 +524,7 @@ def test_a_client_with_a_secret_refuses_a_worker_claiming_certificates_over_plai
                 conn, _ = srv.accept()
             except OSError:
                 continue
-            conn.sendall(MAGIC + bytes(NONCE_BYTES))
+            conn.sendall(MAGIC + bytes(NONCE_BYTES) + bytes(2))  # a cluster of 0 bytes
             conn.recv(4096)  # the client's hello and proof
             conn.sendall(b"OK" + b"T" + bytes(32))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 from unittest.mock import MagicMock
 
@@ -92,6 +93,9 @@ class FakeProducer:
 
     def poll(self, timeout: float = 0) -> int:
         return 0
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        return SimpleNamespace(cluster_id="fake-cluster", topics={})
 
 
 class FakeKafka:
