@@ -123,13 +123,14 @@ class Flood:
         self.ntc = client.tc.num_coordinators
         cfg = client.config
         self.principal, self.secret = cfg.tc_principal, cfg.tc_secret
+        self.cluster = client.tc.cluster
         groups_secret = Path(sp["groups_secret_file"]).read_text().strip()
         self.sentinel = Client(config=cfg.with_(tc_principal=GROUPS, tc_secret=groups_secret))
         self.anonymous = [Client(config=cfg.with_(tc_principal=ANONYMOUS,
                                                   tc_secret=uuid.uuid4().hex)),
                           Client(config=cfg.with_(tc_principal=ANONYMOUS, tc_secret=None))]
         self.io = IoLoop("flood-line")
-        self.impostor = Impostor(self._count, self._intrusion, args.seed, client.tc.cluster)
+        self.impostor = Impostor(self._count, self._intrusion, args.seed, self.cluster)
         self.tarpit = Tarpit(self._count)
         self.idle = IdleHolder(self._count, self._intrusion, sp.get("idle_sockets", 200),
                                sp.get("idle_hosts", 4), self.pause_s)
@@ -215,7 +216,8 @@ class Flood:
         for ep in list(self.seen):
             try:
                 conn = ClientConnection.open(self.io, ep, self.secret, None, lambda _d: None,
-                                             lambda _c: None, 2.0, self.principal)
+                                             lambda _c: None, 2.0, self.principal,
+                                             self.cluster)
             except (OSError, TxnStreamError):
                 self.seen[ep] += 1
                 if self.seen[ep] >= 3:
@@ -254,7 +256,8 @@ class Flood:
 
             try:
                 conn = ClientConnection.open(self.io, ep, self.secret, None, on_reply,
-                                             lambda _c: None, 2.0, self.principal)
+                                             lambda _c: None, 2.0, self.principal,
+                                             self.cluster)
             except (OSError, TxnStreamError) as exc:
                 self._count("lister", "connect", type(exc).__name__)
                 self.stop.wait(1.0)
@@ -397,7 +400,8 @@ class Flood:
             try:
                 conn = ClientConnection.open(self.io, ep, self.secret, None,
                                              functools.partial(_set, answered),
-                                             lambda _c: None, 2.0, self.principal)
+                                             lambda _c: None, 2.0, self.principal,
+                                             self.cluster)
             except (OSError, TxnStreamError) as exc:
                 self._count("garbage", "connect", type(exc).__name__)
                 continue

@@ -2,7 +2,8 @@
 
 Run as its own process by the fairness tests (so its work does not share the test's
 interpreter with the worker): ``python -m tests.integration.coordinator.flooder HOST PORT
-PRINCIPAL SECRET OP SECONDS [WINDOW]`` (SECRET ``-``: none). Prints how many requests
+CLUSTER PRINCIPAL SECRET OP SECONDS [WINDOW]`` (CLUSTER: the worker's, as its hello names
+it; SECRET ``-``: none). Prints how many requests
 it sent. With ``WINDOW``
 it reads the replies and keeps that many requests unanswered, as fast as they come back
 (the hostile soak's lister); without, it never reads them.
@@ -19,14 +20,14 @@ from txnstream.coordinator.protocol import TcOp, TcRequest
 from txnstream.coordinator.transport import Endpoint, IoLoop
 
 
-def main(host: str, port: str, principal: str, secret: str, op: str, seconds: str,
-         window: str = "0") -> None:
+def main(host: str, port: str, cluster: str, principal: str, secret: str, op: str,
+         seconds: str, window: str = "0") -> None:
     io = IoLoop("flooder")
     unanswered = threading.Semaphore(int(window)) if int(window) else None
     conn = ClientConnection.open(
         io, Endpoint(host, int(port)), None if secret == "-" else secret, None,
         (lambda _r: None) if unanswered is None else (lambda _r: unanswered.release()),
-        lambda _c: None, 10, principal=principal)
+        lambda _c: None, 10, principal=principal, cluster=cluster.encode())
     n = 0
     end = time.monotonic() + float(seconds)
     while time.monotonic() < end and not conn.closed.is_set():

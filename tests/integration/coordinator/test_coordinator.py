@@ -221,7 +221,7 @@ def test_garbage_in_log_and_requests_is_skipped_and_worker_keeps_serving(
     io = IoLoop("garbage-client")
     try:
         conn = ClientConnection.open(io, worker.address, None, None, lambda _r: None,
-                                     lambda _c: None, 5)
+                                     lambda _c: None, 5, cluster=client.tc.cluster)
         for value in garbage:
             conn.send(value)
         time.sleep(1.0)  # the worker must skip all of them and keep serving

@@ -68,7 +68,8 @@ def test_another_principals_flood_of_list_or_stats_does_not_stall_commits(worker
             quiet.append(time.monotonic() - t0)
         flooders = [proc_reaper.track(subprocess.Popen(
             [sys.executable, "-m", "tests.integration.coordinator.flooder", w.address.host,
-             str(w.address.port), "bob", SECRETS["bob"], op.value, str(FLOOD_S)],
+             str(w.address.port), bob.tc.cluster.decode(), "bob", SECRETS["bob"], op.value,
+             str(FLOOD_S)],
             stdout=subprocess.PIPE, start_new_session=True)) for _ in range(3)]
         time.sleep(1.0)  # the flood under way
         took: list[float] = []
@@ -139,7 +140,7 @@ def test_a_list_flood_with_pages_to_show_keeps_commits_near_their_quiet_latency(
         quiet = commits(4.0)
         flooders = [proc_reaper.track(subprocess.Popen(
             [sys.executable, "-m", "tests.integration.coordinator.flooder", w.address.host,
-             str(w.address.port), "bob", SECRETS["bob"], TcOp.LIST.value,
+             str(w.address.port), bob.tc.cluster.decode(), "bob", SECRETS["bob"], TcOp.LIST.value,
              str(LIST_FLOOD_S), "16"],
             stdout=subprocess.PIPE, start_new_session=True)) for _ in range(3)]
         time.sleep(1.0)  # the flood under way
