@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import Consumer as KafkaConsumer
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
@@ -47,6 +47,7 @@ from txnstream.errors import KafkaErrorKind, TxnStreamError, classify_kafka_erro
 from txnstream.kafka.clients import leave_group
 from txnstream.pendingack.store import PendingAckStore
 from txnstream.predecessors import end_predecessors
+from txnstream.ratelog import RateLimitedLog
 from txnstream.take_plan import TakePlan
 from txnstream.types import TopicPartition
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = ["DeliveryOwner", "GroupMember"]
 
 log = logging.getLogger("txnstream.consumer")
+_rate_limited = RateLimitedLog(log)
 
 DATA_FETCH_WAIT_MS = 100
 """The broker's long-poll wait for data fetches: how late a paused partition's records
@@ -125,7 +127,8 @@ class GroupMember:
         self.kafka = KafkaConsumer(config.consumer(
             subscription, **{"auto.offset.reset": initial_position,
                              "partition.assignment.strategy": "cooperative-sticky",
-                             "fetch.wait.max.ms": DATA_FETCH_WAIT_MS}, **kafka))
+                             "fetch.wait.max.ms": DATA_FETCH_WAIT_MS,
+                             "on_commit": self._on_commit}, **kafka))
         self.kafka.subscribe(list(topics), on_assign=self._on_assign,
                              on_revoke=self._on_revoke, on_lost=self._on_lost)
 
@@ -446,7 +449,7 @@ class GroupMember:
         if not force and now - self._last_sweep >= SWEEP_INTERVAL_S:
             self._last_sweep = now  # (not in a forced one: a revoke's, a close's)
             self.sweep()
-        self._checkpoint([r for r in self.readers.values() if self._checkpoint_due(r, now)])
+        self._acks.checkpoint_readers(self.readers.values(), now, self._checkpoint_interval)
         offsets = []
         for r in self.readers.values():
             c = r.cursor()
@@ -457,11 +460,10 @@ class GroupMember:
             return
         try:
             tps = [KafkaTP(r.tp.topic, r.tp.partition, max(c, r.committed),
-                           metadata=r.metadata())
+                           metadata=r.metadata() or "")
                    for r, c in offsets]
-            if force:
-                self.kafka.commit(offsets=tps, asynchronous=False)
-            else:
+            answer = self.kafka.commit(offsets=tps, asynchronous=False) if force else None
+            if not force:  # librdkafka answers later, in _on_commit
                 self.kafka.commit(offsets=tps, asynchronous=True)
         except KafkaException as exc:
             # The group moved on (member unknown, rebalance in progress): the next owner
@@ -475,26 +477,22 @@ class GroupMember:
         for r, c in offsets:
             r.committed = max(c, r.committed)
             r.pointer_dirty = False
+        if answer is not None:  # a partition's error is in the answer, not raised
+            self._on_commit(None, answer)
 
-    def _checkpoint_due(self, r: PartitionDelivery, now: float) -> bool:
-        """Whether ``r``'s pending acks are due for a checkpoint (lock held).
+    def _on_commit(self, err: KafkaError | None, parts: list[KafkaTP] | None) -> None:
+        """The answer to a cursor commit: librdkafka's ``on_commit``, or a forced one's.
 
-        At most every interval, and only with a non-checkpoint record in its log since.
+        Each cursor was noted as committed when it was sent: one the answer says failed
+        (the broker down, the member unknown for a moment) is sent again by the next
+        commit, even if it has not moved since (the last records of a partition an
+        aborted txn's, say: nothing else would ever move it).
         """
-        if r.handle is None or now < r.checkpoint_due:
-            return False
-        r.checkpoint_due = now + self._checkpoint_interval
-        return self._acks.tail_position(r.tp) >= 0 and (
-            r.checkpoint is None or r.checkpoint.position < self._acks.moved_position(r.tp))
-
-    def _checkpoint(self, due: list[PartitionDelivery]) -> None:
-        """Checkpoint ``due``, one flush for all (lock held).
-
-        Each handle reflects every record the tail read: the tail position is the replay's.
-        """
-        done = self._acks.checkpoint_many([(r.handle, self._acks.tail_position(r.tp))
-                                           for r in due if r.handle is not None])
-        for r, ckpt in zip(due, done, strict=True):
-            if ckpt is not None:
-                r.checkpoint = ckpt
+        failed = [p for p in parts or () if err is not None or p.error is not None]
+        for p in failed:  # no lock: librdkafka may call this on any thread that polls
+            if (r := self.readers.get(TopicPartition(p.topic, p.partition))) is not None:
                 r.pointer_dirty = True
+        if failed:
+            _rate_limited.warning("commit", "%s: cursor commit of %d partitions failed (%s); "
+                                  "the next commit sends them again", self.member_id,
+                                  len(failed), err or failed[0].error)

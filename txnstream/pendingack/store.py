@@ -27,7 +27,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka import TopicPartition as KafkaTP
@@ -61,6 +62,19 @@ REPLAY_TIMEOUT_S = 120.0
 LOG_PARTITION_CACHE = 65_536
 """Subscription partitions whose log partition is remembered (cleared when full)."""
 
+
+
+class Checkpointing(Protocol):
+    """A partition's reader (``PartitionDelivery``), as checkpoints are kept for it.
+
+    :meth:`PendingAckStore.checkpoint_readers` reads and sets these.
+    """
+
+    tp: TopicPartition
+    handle: PendingAckHandle | None
+    checkpoint: Checkpointed | None
+    checkpoint_due: float
+    pointer_dirty: bool
 
 class _CheckpointGone(TxnStreamError):
     """The checkpoint a pointer names is not in the log (retention) or not readable."""
@@ -177,6 +191,28 @@ class PendingAckStore:
             self._producer.flush(FLUSH_TIMEOUT_S)
         return [None if at is None else Checkpointed(pos, at)
                 for (_, pos), at in zip(states, written, strict=True)]
+
+    def checkpoint_readers(self, readers: Iterable[Checkpointing], now: float,
+                           interval_s: float) -> None:
+        """Checkpoint the pending acks of the ``readers`` that are due, one flush for all.
+
+        A reader is due at most every ``interval_s`` (by ``now``, monotonic), and only
+        with a record other than a checkpoint in its log partition since its last (a
+        quiet log is not checkpointed again and again). Each handle reflects every
+        record the tail read: the tail position is the replay's.
+        """
+        due = []
+        for r in readers:
+            if r.handle is None or now < r.checkpoint_due:
+                continue
+            r.checkpoint_due = now + interval_s
+            if self.tail_position(r.tp) >= 0 and (
+                    r.checkpoint is None or r.checkpoint.position < self.moved_position(r.tp)):
+                due.append((r, r.handle))
+        done = self.checkpoint_many([(h, self.tail_position(r.tp)) for r, h in due])
+        for (r, _), ckpt in zip(due, done, strict=True):
+            if ckpt is not None:
+                r.checkpoint, r.pointer_dirty = ckpt, True
 
     def tail_position(self, tp: TopicPartition) -> int:
         """The next offset the tail reads in ``tp``'s log partition."""
