@@ -462,8 +462,10 @@ class GroupMember:
             tps = [KafkaTP(r.tp.topic, r.tp.partition, max(c, r.committed),
                            metadata=r.metadata() or "")
                    for r, c in offsets]
-            answer = self.kafka.commit(offsets=tps, asynchronous=False) if force else None
-            if not force:  # librdkafka answers later, in _on_commit
+            if force:
+                answer = self.kafka.commit(offsets=tps, asynchronous=False)
+            else:  # librdkafka answers later, in _on_commit
+                answer = None
                 self.kafka.commit(offsets=tps, asynchronous=True)
         except KafkaException as exc:
             # The group moved on (member unknown, rebalance in progress): the next owner
