@@ -56,7 +56,18 @@ typedef struct {
     int64_t offset;
     void *_private;
 } rd_kafka_message_t;
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t offset;
+    void *metadata;
+    size_t metadata_size;
+    void *opaque;
+    rd_kafka_resp_err_t err;
+    void *_private;
+} rd_kafka_topic_partition_t;
 #define RD_KAFKA_CONSUMER 1
+#define RD_KAFKA_RESP_ERR__PARTITION_EOF (-191)
 #define RD_KAFKA_EVENT_FETCH 0x2
 #define RD_KAFKA_EVENT_ERROR 0x8
 
@@ -76,6 +87,8 @@ static struct {
     rd_kafka_resp_err_t (*event_error)(rd_kafka_event_t *);
     const char *(*event_error_string)(rd_kafka_event_t *);
     void (*event_destroy)(rd_kafka_event_t *);
+    rd_kafka_topic_partition_t *(*event_topic_partition)(rd_kafka_event_t *);
+    void (*topic_partition_destroy)(rd_kafka_topic_partition_t *);
     const char *(*topic_name)(const rd_kafka_topic_t *);
     int64_t (*message_timestamp)(const rd_kafka_message_t *, int *);
     rd_kafka_resp_err_t (*message_headers)(const rd_kafka_message_t *, rd_kafka_headers_t **);
@@ -380,6 +393,8 @@ static PyObject *load(PyObject *self, PyObject *args) {
     SYM(event_error, "rd_kafka_event_error");
     SYM(event_error_string, "rd_kafka_event_error_string");
     SYM(event_destroy, "rd_kafka_event_destroy");
+    SYM(event_topic_partition, "rd_kafka_event_topic_partition");
+    SYM(topic_partition_destroy, "rd_kafka_topic_partition_destroy");
     SYM(topic_name, "rd_kafka_topic_name");
     SYM(message_timestamp, "rd_kafka_message_timestamp");
     SYM(message_headers, "rd_kafka_message_headers");
@@ -628,6 +643,314 @@ static void Scan_dealloc(Scan *s) {
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
+/* ---- take(): the Spark source task's committed-only filter over the scan's queue ---- */
+/* Scan.take(max, timeout_ms, end, pos, skip, spans, names, plain, cols, one)
+ *   -> (seen, pos, ended)
+ * The rule of txnstream_spark.take (its docstring says it) applied to librdkafka's
+ * messages as they come off this scan's queue, with no confluent-kafka Message made:
+ * up to max messages are taken (waiting up to timeout_ms for the first), in order. A
+ * deliverable record of the common shapes (no headers; txn.id, or txn.id then txn.tag)
+ * is appended to cols (keys, values, offsets, timestamps, timestamp types, headers,
+ * txn ids); a skipped one moves pos past it; any other record (an error, user headers,
+ * a marker, a txn.id not in names or not bytes-shaped, a txn record in a range planned
+ * plain) is handed, in its turn, to one((offset, key, value, headers, timestamp type,
+ * timestamp, error code, error text)) - the task's full rule - which appends it or not
+ * and returns the position past it, -1 (an error) or None (at or past the end). Records
+ * at or past end end the take (ended; pos is end) and those after them are dropped, as
+ * does librdkafka's end-of-partition event (enable.partition.eof) at or past end: the
+ * offsets below it that came as no message were control records (a Kafka txn's marker).
+ * seen counts the messages and errors taken off the queue. */
+static PyObject *no_headers; /* defined with take_rows, below */
+
+static int header_is(const char *name, const char *want) { return strcmp(name, want) == 0; }
+
+static PyObject *bytes_or_none_of(const void *p, size_t n) {
+    return p ? PyBytes_FromStringAndSize(p, (Py_ssize_t)n) : Py_NewRef(Py_None);
+}
+
+/* The record as one() sees it: (offset, key, value, headers, tstype, ts, err, why). */
+static PyObject *odd_record(const rd_kafka_message_t *m, int err, const char *why,
+                            Py_ssize_t wlen) {
+    PyObject *headers = Py_NewRef(Py_None), *key = NULL, *value = NULL, *text = NULL;
+    long long ts = -1;
+    int tstype = 0;
+    if (m != NULL && !err) {
+        rd_kafka_headers_t *rh = NULL;
+        if (rk.message_headers(m, &rh) == 0 && rh != NULL) {
+            hdrs_t hs = {0};
+            const char *name;
+            const void *v;
+            size_t size;
+            for (size_t j = 0; rk.header_get_all(rh, j, &name, &v, &size) == 0; j++)
+                if (hdrs_push(&hs, name, (Py_ssize_t)strlen(name), v, size) < 0) {
+                    PyMem_Free(hs.h);
+                    Py_DECREF(headers);
+                    return NULL;
+                }
+            Py_SETREF(headers, headers_list(&hs));
+            PyMem_Free(hs.h);
+            if (headers == NULL)
+                return NULL;
+        }
+        ts = rk.message_timestamp(m, &tstype);
+    }
+    key = m && !err ? bytes_or_none_of(m->key, m->key_len) : Py_NewRef(Py_None);
+    value = m && !err ? bytes_or_none_of(m->payload, m->len) : Py_NewRef(Py_None);
+    text = why ? PyUnicode_DecodeUTF8(why, wlen, "replace") : Py_NewRef(Py_None);
+    if (key == NULL || value == NULL || text == NULL) {
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_XDECREF(text);
+        Py_DECREF(headers);
+        return NULL;
+    }
+    return Py_BuildValue("(LNNNiLiN)", m ? (long long)m->offset : -1LL, key, value, headers,
+                         tstype, ts, err, text);
+}
+
+typedef struct {
+    PyObject *raw;  /* the last txn.id looked up (new reference), or NULL */
+    PyObject *txn;  /* its name (borrowed from names, which never drops one), or NULL */
+    int dropped;    /* its aborted span covers ... */
+    long long lo, hi; /* ... these offsets (lo > hi: no span) */
+} last_txn_t;
+
+/* Look up a txn.id's value: 1 found (its name in *txn, lo/hi its span), 0 not named yet,
+ * -1 error. The last one found is kept: a txn's records come in runs. */
+static int lookup_txn(last_txn_t *last, const void *v, size_t size, PyObject *spans,
+                      PyObject *names) {
+    if (last->raw != NULL && (size_t)PyBytes_GET_SIZE(last->raw) == size &&
+        memcmp(PyBytes_AS_STRING(last->raw), v, size) == 0)
+        return 1;
+    PyObject *raw = PyBytes_FromStringAndSize(v, (Py_ssize_t)size);
+    if (raw == NULL)
+        return -1;
+    long long lo = 1, hi = 0;
+    if (spans != NULL) {
+        PyObject *span = PyDict_GetItemWithError(spans, raw);
+        if (span == NULL && PyErr_Occurred())
+            goto fail;
+        if (span != NULL && !PyArg_ParseTuple(span, "LL", &lo, &hi))
+            goto fail;
+    }
+    PyObject *txn = PyDict_GetItemWithError(names, raw);
+    if (txn == NULL) {
+        if (PyErr_Occurred())
+            goto fail;
+        Py_DECREF(raw);
+        return 0;
+    }
+    Py_XSETREF(last->raw, raw);
+    last->txn = txn;
+    last->lo = lo;
+    last->hi = hi;
+    return 1;
+fail:
+    Py_DECREF(raw);
+    return -1;
+}
+
+static int append_row(PyObject **col, const rd_kafka_message_t *m, PyObject *txn) {
+    int tstype;
+    long long ts = rk.message_timestamp(m, &tstype);
+    PyObject *v[5] = {bytes_or_none_of(m->key, m->key_len),
+                      bytes_or_none_of(m->payload, m->len), PyLong_FromLongLong(m->offset),
+                      PyLong_FromLongLong(ts), PyLong_FromLong(tstype)};
+    int ok = 1;
+    for (int c = 0; c < 5; c++)
+        ok = ok && v[c] != NULL && PyList_Append(col[c], v[c]) == 0;
+    ok = ok && PyList_Append(col[5], no_headers) == 0 && PyList_Append(col[6], txn) == 0;
+    for (int c = 0; c < 5; c++)
+        Py_XDECREF(v[c]);
+    return ok ? 0 : -1;
+}
+
+/* one(record) for a record the fast rule leaves: 1 go on, 0 ended, -1 error. */
+static int call_one(PyObject *one, PyObject *rec, long long *pos, long long end) {
+    if (rec == NULL)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(one, rec);
+    Py_DECREF(rec);
+    if (r == NULL)
+        return -1;
+    if (r == Py_None) {
+        Py_DECREF(r);
+        *pos = end;
+        return 0;
+    }
+    long long at = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    if (at == -1 && PyErr_Occurred())
+        return -1;
+    if (at > *pos)
+        *pos = at;
+    return 1;
+}
+
+static PyObject *Scan_take(Scan *s, PyObject *args) {
+    Py_ssize_t max;
+    int timeout_ms, plain;
+    long long end, pos;
+    PyObject *skip, *spans, *names, *cols, *one;
+    if (!PyArg_ParseTuple(args, "niLLOOO!pO!O", &max, &timeout_ms, &end, &pos, &skip, &spans,
+                          &PyDict_Type, &names, &plain, &PyTuple_Type, &cols, &one))
+        return NULL;
+    PyObject *col[7];
+    if (PyTuple_GET_SIZE(cols) != 7) {
+        PyErr_SetString(PyExc_ValueError, "cols: 7 lists");
+        return NULL;
+    }
+    for (int c = 0; c < 7; c++)
+        if (!PyList_Check(col[c] = PyTuple_GET_ITEM(cols, c))) {
+            PyErr_SetString(PyExc_TypeError, "cols: 7 lists");
+            return NULL;
+        }
+    if (max < 1 || !PyAnySet_Check(skip) || (spans != Py_None && !PyDict_Check(spans)) ||
+        !PyCallable_Check(one)) {
+        PyErr_SetString(PyExc_TypeError, "take: max >= 1, skip a set, spans a dict or None, "
+                                         "one a callable");
+        return NULL;
+    }
+    if (scan_rk(s) == NULL)
+        return NULL;
+    PyObject *span_dict = spans != Py_None && PyDict_GET_SIZE(spans) > 0 ? spans : NULL;
+    int has_skip = PySet_GET_SIZE(skip) > 0;
+    rd_kafka_event_t **evs = PyMem_Malloc((size_t)max * sizeof *evs);
+    if (evs == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n = 0, seen = 0;
+    rd_kafka_queue_t *q = s->q;
+    Py_BEGIN_ALLOW_THREADS
+    rd_kafka_event_t *ev = rk.queue_poll(q, timeout_ms);
+    while (ev != NULL) {
+        evs[n++] = ev;
+        if (n == max)
+            break;
+        ev = rk.queue_poll(q, 0);
+    }
+    Py_END_ALLOW_THREADS
+    int ended = 0, failed = 0;
+    last_txn_t last = {NULL, NULL, 0, 1, 0};
+    for (Py_ssize_t i = 0; i < n && !ended && !failed; i++) {
+        int type = rk.event_type(evs[i]);
+        if (type == RD_KAFKA_EVENT_ERROR) {
+            seen++;
+            const char *why = rk.event_error_string(evs[i]);
+            int code = rk.event_error(evs[i]);
+            if (code == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                rd_kafka_topic_partition_t *at = rk.event_topic_partition(evs[i]);
+                long long eof = at ? (long long)at->offset : -1;
+                if (at)
+                    rk.topic_partition_destroy(at);
+                if (eof >= end) { /* read to its end: what is left below it were */
+                    pos = end;    /* control records (a Kafka txn's markers) */
+                    ended = 1;
+                }
+                continue;
+            }
+            int rc = call_one(one, odd_record(NULL, code ? code : -1, why ? why : "",
+                                              why ? (Py_ssize_t)strlen(why) : 0), &pos, end);
+            failed = rc < 0;
+            ended = rc == 0;
+            continue;
+        }
+        if (type != RD_KAFKA_EVENT_FETCH)
+            continue;
+        const rd_kafka_message_t *m;
+        while (!ended && !failed && (m = rk.event_message_next(evs[i])) != NULL) {
+            seen++;
+            if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                if (m->offset >= end) { /* as above, if it comes as a message */
+                    pos = end;
+                    ended = 1;
+                    break;
+                }
+                continue;
+            }
+            if (m->err) {
+                const char *why = m->payload ? (const char *)m->payload : rk.err2str(m->err);
+                int rc = call_one(one, odd_record(m, m->err, why, m->payload ? (Py_ssize_t)m->len
+                                                  : (Py_ssize_t)strlen(why)), &pos, end);
+                failed = rc < 0;
+                ended = rc == 0;
+                continue;
+            }
+            long long off = m->offset;
+            if (off >= end) {
+                pos = end;
+                ended = 1;
+                break;
+            }
+            if (has_skip) {
+                PyObject *o = PyLong_FromLongLong(off);
+                int skipped = o ? PySet_Contains(skip, o) : -1;
+                Py_XDECREF(o);
+                if (skipped < 0) {
+                    failed = 1;
+                    break;
+                }
+                if (skipped) {
+                    pos = off + 1;
+                    continue;
+                }
+            }
+            rd_kafka_headers_t *rh = NULL;
+            const char *n0 = NULL, *n1 = NULL, *name;
+            const void *v0 = NULL, *v;
+            size_t s0 = 0, size, nh = 0;
+            if (rk.message_headers(m, &rh) == 0 && rh != NULL)
+                for (; rk.header_get_all(rh, nh, &name, &v, &size) == 0; nh++) {
+                    if (nh == 0) {
+                        n0 = name;
+                        v0 = v;
+                        s0 = size;
+                    } else if (nh == 1) {
+                        n1 = name;
+                    }
+                }
+            PyObject *txn = Py_None;
+            int leave = 0, drop = 0;
+            if (nh > 0) {
+                if (plain || nh > 2 || v0 == NULL || !header_is(n0, "txn.id") ||
+                    (nh == 2 && !header_is(n1, "txn.tag"))) {
+                    leave = 1; /* user headers, a marker, a plain range's txn record */
+                } else {
+                    int found = lookup_txn(&last, v0, s0, span_dict, names);
+                    if (found < 0) {
+                        failed = 1;
+                        break;
+                    }
+                    if (!found) {
+                        leave = 1; /* its name is made in Python, once */
+                    } else if (last.lo <= off && off <= last.hi) {
+                        drop = 1; /* a record of an aborted txn */
+                    } else if (last.txn == Py_None) {
+                        drop = 1; /* an undecodable txn.id is never delivered */
+                    } else {
+                        txn = last.txn;
+                    }
+                }
+            }
+            if (leave) {
+                int rc = call_one(one, odd_record(m, 0, NULL, 0), &pos, end);
+                failed = rc < 0;
+                ended = rc == 0;
+                continue;
+            }
+            pos = off + 1;
+            if (!drop && append_row(col, m, txn) < 0)
+                failed = 1;
+        }
+    }
+    Py_XDECREF(last.raw);
+    for (Py_ssize_t i = 0; i < n; i++)
+        rk.event_destroy(evs[i]);
+    PyMem_Free(evs);
+    if (failed)
+        return NULL;
+    return Py_BuildValue("(nLO)", seen, pos, ended ? Py_True : Py_False);
+}
+
 static PyMethodDef Scan_methods[] = {
     {"attach", (PyCFunction)Scan_attach, METH_VARARGS,
      "attach(topic, partition): forward the partition's fetch queue to this scan's"},
@@ -635,6 +958,9 @@ static PyMethodDef Scan_methods[] = {
      "detach(topic, partition): forward the partition's fetch queue to the consumer's again"},
     {"scan", (PyCFunction)Scan_scan, METH_VARARGS,
      "scan(max, timeout_ms) -> (entries, errors): up to max records, as entries"},
+    {"take", (PyCFunction)Scan_take, METH_VARARGS,
+     "take(max, timeout_ms, end, pos, skip, spans, names, plain, cols, one) -> (seen, pos, "
+     "ended): the Spark source task's filter over this queue (txnstream_spark.take)"},
     {"close", (PyCFunction)Scan_close, METH_NOARGS,
      "close(): destroy the queue (before the consumer's close)"},
     {NULL}};

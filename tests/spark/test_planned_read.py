@@ -1,6 +1,6 @@
 """Reads planned on the driver from the served buffer state, on the real broker, without
 Spark: what a batch read's tasks deliver (``TxnStreamBatchReader``), and what a task
-alone delivers from the skip info it was given (``_read_partition``)."""
+alone delivers from the skip info it was given (``task._read_partition``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import time
 import pytest
 from confluent_kafka import Producer
 
+import txnstream_spark.partition as part_mod
 import txnstream_spark.source as src
+import txnstream_spark.task as task
 from tests.genuine import marker_headers, txn_record_headers
 from tests.integration.coordinator.conftest import markers_written
 from tests.spark.conftest import make_topic
@@ -69,10 +71,10 @@ def high(config, topic, partition=0):
 
 def test_offsets_pack_compactly_and_unpack_exactly():
     for offsets in ([], [7], [0, 1], list(range(3, 20_000, 2)), [5, 300, 70_000, 2**40, 2**41]):
-        packed = src._pack_offsets(offsets)
-        assert src._unpack_offsets(packed) == set(offsets)
+        packed = part_mod._pack_offsets(offsets)
+        assert part_mod._unpack_offsets(packed) == set(offsets)
     markers = list(range(1, 200_000, 2))  # a marker after each one-record txn
-    assert len(src._pack_offsets(markers)[2]) < len(markers) + 1
+    assert len(part_mod._pack_offsets(markers)[2]) < len(markers) + 1
 
 
 @pytest.mark.parametrize("fate", ["abort", "commit", "open"])
@@ -137,7 +139,7 @@ def test_aborted_spans_and_markers_are_skipped_and_nothing_else(config, worker):
     assert got == [b"b1", b"p1", b"b2", b"p2"]
     assert (part.start, part.end) == (0, 10)
     assert part.aborted == {a.to_bytes(): (0, 3)}
-    hidden = src._unpack_offsets(part.hidden)
+    hidden = part_mod._unpack_offsets(part.hidden)
     assert {6, 7, 9} <= hidden and not hidden & {1, 2, 5, 8}
 
     # A range that starts inside the span gets the span too.
@@ -158,15 +160,15 @@ def test_a_task_never_delivers_markers_or_undecodable_txn_ids_and_stops_at_its_e
     raw.produce(topic, b"plain", partition=0, headers=[("user", b"2")])
     raw.produce(topic, b"past-the-end", partition=0)
     raw.flush(10)
-    part = src.TxnStreamPartition(config, topic, 0, 0, 5)
-    rows = [r for rb in src._read_partition(part) for r in rb.to_pylist()]
+    part = part_mod.TxnStreamPartition(config, topic, 0, 0, 5)
+    rows = [r for rb in task._read_partition(part) for r in rb.to_pylist()]
     assert [r["value"] for r in rows] == [b"t", b"plain"]
     assert rows[0]["txn_id"] == str(t)
     assert rows[1]["headers"] == [{"key": "user", "value": b"2"}]
     # and the skip info it is given: the hidden offset and the span
-    part = src.TxnStreamPartition(config, topic, 0, 0, 6, hidden=[4],
+    part = part_mod.TxnStreamPartition(config, topic, 0, 0, 6, hidden=[4],
                                   aborted=[(t.to_bytes(), 0, 0)])
-    assert [v for rb in src._read_partition(part)
+    assert [v for rb in task._read_partition(part)
             for v in rb.column("value").to_pylist()] == [b"past-the-end"]
 
 
@@ -262,4 +264,4 @@ def test_a_txn_record_in_a_range_planned_plain_is_skipped_or_fails_the_task_if_r
     register(config, topic)  # a txn registered the topic after the range was planned
     with pytest.raises(RuntimeError, match=f"{tp}@1: a transactional record in a range "
                                             "planned without served state"):
-        list(src._read_partition(parts[0]))
+        list(task._read_partition(parts[0]))

@@ -336,7 +336,7 @@ def test_an_unsigned_buffer_worker_says_so_at_start(fake_consumer, caplog):
 def test_spark_rows_log_a_consumed_error_and_raise_on_a_fatal_one(caplog):
     pytest.importorskip("pyspark")
     from txnstream_spark.planner import TxnStreamPartition
-    from txnstream_spark.source import _Rows
+    from txnstream_spark.task import _Rows
 
     p = TxnStreamPartition(CONFIG, TP.topic, TP.partition, 0, 3, [])
     rows = _Rows(p, None)

@@ -20,7 +20,7 @@ pytest.importorskip("pyspark")
 
 from txnstream import native  # noqa: E402
 from txnstream.config import Config  # noqa: E402
-from txnstream_spark import source, take  # noqa: E402
+from txnstream_spark import take, task  # noqa: E402
 from txnstream_spark.partition import TxnStreamPartition  # noqa: E402
 
 C_TAKE = getattr(native.native(), "take_rows", None)
@@ -106,12 +106,12 @@ def test_the_c_filter_and_its_python_twin_agree(case, start):
 def _delivered(batch, end, skip, spans, names, how, monkeypatch) -> tuple[list, int]:
     p = TxnStreamPartition(Config(bootstrap_servers="127.0.0.1:1"), "t", 0, 0, end,
                            sorted(skip), [(r, f, la) for r, (f, la) in (spans or {}).items()])
-    rows = source._Rows(p, None)
+    rows = task._Rows(p, None)
     rows.txn_names.update(names)
     if how == "full":  # every record by the full rule
-        monkeypatch.setattr(source, "take_rows", lambda b, i, pos, *a: (i, pos, False))
+        monkeypatch.setattr(task, "take_rows", lambda b, i, pos, *a: (i, pos, False))
     else:
-        monkeypatch.setattr(source, "take_rows", C_TAKE if how == "c" else take._take_rows)
+        monkeypatch.setattr(task, "take_rows", C_TAKE if how == "c" else take._take_rows)
     pos = rows.add(batch, 0)
     out = list(zip(rows.keys, rows.values, rows.offsets, rows.timestamps,
                    rows.timestamp_types, rows.headers, rows.txn_ids, strict=True))
