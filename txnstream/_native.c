@@ -531,6 +531,22 @@ static int add_error(PyObject *errors, PyObject *topic, int32_t partition, int c
     return rc;
 }
 
+/* Up to max events off q into evs, waiting up to timeout_ms for the first (GIL released). */
+static Py_ssize_t poll_events(rd_kafka_queue_t *q, rd_kafka_event_t **evs, Py_ssize_t max,
+                              int timeout_ms) {
+    Py_ssize_t n = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rd_kafka_event_t *ev = rk.queue_poll(q, timeout_ms);
+    while (ev != NULL) {
+        evs[n++] = ev;
+        if (n == max)
+            break;
+        ev = rk.queue_poll(q, 0);
+    }
+    Py_END_ALLOW_THREADS
+    return n;
+}
+
 /* Events, not rd_kafka_consume_batch_queue(): serving a queue that way runs the
  * callbacks confluent-kafka set on the handle (its log and error callbacks expect the
  * GIL state of its own calls, and abort the process without it). rd_kafka_queue_poll()
@@ -549,17 +565,7 @@ static PyObject *Scan_scan(Scan *s, PyObject *args) {
     rd_kafka_event_t **evs = PyMem_Malloc((size_t)max * sizeof *evs);
     if (evs == NULL)
         return PyErr_NoMemory();
-    Py_ssize_t n = 0;
-    rd_kafka_queue_t *q = s->q;
-    Py_BEGIN_ALLOW_THREADS
-    rd_kafka_event_t *ev = rk.queue_poll(q, timeout_ms);
-    while (ev != NULL) {
-        evs[n++] = ev;
-        if (n == max)
-            break;
-        ev = rk.queue_poll(q, 0);
-    }
-    Py_END_ALLOW_THREADS
+    Py_ssize_t n = poll_events(s->q, evs, max, timeout_ms);
     PyObject *result = NULL, *errors = PyList_New(0), *topics = PyDict_New();
     runs_t r = {0};
     hdrs_t hs = {0};
@@ -709,10 +715,9 @@ static PyObject *odd_record(const rd_kafka_message_t *m, int err, const char *wh
 }
 
 typedef struct {
-    PyObject *raw;  /* the last txn.id looked up (new reference), or NULL */
-    PyObject *txn;  /* its name (borrowed from names, which never drops one), or NULL */
-    int dropped;    /* its aborted span covers ... */
-    long long lo, hi; /* ... these offsets (lo > hi: no span) */
+    PyObject *raw;    /* the last txn.id looked up (new reference), or NULL */
+    PyObject *txn;    /* its name (borrowed from names, which never drops one), or NULL */
+    long long lo, hi; /* its aborted span's offsets (lo > hi: no span) */
 } last_txn_t;
 
 /* Look up a txn.id's value: 1 found (its name in *txn, lo/hi its span), 0 not named yet,
@@ -818,19 +823,9 @@ static PyObject *Scan_take(Scan *s, PyObject *args) {
     rd_kafka_event_t **evs = PyMem_Malloc((size_t)max * sizeof *evs);
     if (evs == NULL)
         return PyErr_NoMemory();
-    Py_ssize_t n = 0, seen = 0;
-    rd_kafka_queue_t *q = s->q;
-    Py_BEGIN_ALLOW_THREADS
-    rd_kafka_event_t *ev = rk.queue_poll(q, timeout_ms);
-    while (ev != NULL) {
-        evs[n++] = ev;
-        if (n == max)
-            break;
-        ev = rk.queue_poll(q, 0);
-    }
-    Py_END_ALLOW_THREADS
+    Py_ssize_t n = poll_events(s->q, evs, max, timeout_ms), seen = 0;
     int ended = 0, failed = 0;
-    last_txn_t last = {NULL, NULL, 0, 1, 0};
+    last_txn_t last = {NULL, NULL, 1, 0};
     for (Py_ssize_t i = 0; i < n && !ended && !failed; i++) {
         int type = rk.event_type(evs[i]);
         if (type == RD_KAFKA_EVENT_ERROR) {
