@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError
-from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream.kafka.librdkafka import native_librdkafka
 from txnstream.markers import TXN_ID_HEADER, TXN_TAG_HEADER
@@ -172,16 +171,15 @@ def task_scan(consumer: Consumer) -> Any:
         return None
 
 
-def scan_to(consumer: Consumer, topic: str, partition: int, end: int, pos: int,
-            timeout_s: float, take: Callable[[int], tuple[int, int, bool]]
-            ) -> Iterator[int]:
-    """Call ``take(pos)`` until the range ends; yields the position after each call.
+def scan_to(end: int, pos: int, timeout_s: float, take: Callable[[int], tuple[int, int, bool]],
+            what: str) -> Iterator[int]:
+    """Call ``take(pos)`` until the range ``what`` ends; yields the position after each call.
 
-    As :func:`txnstream.kafka.fetch.read_to`: the end is where the consumer's position
-    is (offsets are not dense), and ``TimeoutError`` is raised when ``timeout_s`` passes
-    with nothing taken.
+    The take ends the range itself: at a record at or past ``end``, at the last record
+    below it, or at librdkafka's end-of-partition event (a range ending in control
+    records, which no read is given). ``TimeoutError`` when ``timeout_s`` passes with
+    nothing taken.
     """
-    ktp = KafkaTP(topic, partition)
     deadline = time.monotonic() + timeout_s
     while pos < end:
         seen, pos, ended = take(pos)
@@ -190,10 +188,6 @@ def scan_to(consumer: Consumer, topic: str, partition: int, end: int, pos: int,
             return
         if seen:
             deadline = time.monotonic() + timeout_s
-            continue
-        [at] = consumer.position([ktp])
-        if at.offset >= end:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{topic}[{partition}]: no record between {pos} and {end} "
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: no record between {pos} and {end} "
                                f"within {timeout_s:g} s")

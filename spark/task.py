@@ -119,8 +119,8 @@ def _read_partition(p: TxnStreamPartition, native: bool | None = None
         c.assign([KafkaTP(p.topic, p.partition, pos)])
         try:
             if scan is not None:
-                for _ in scan_to(c, p.topic, p.partition, p.end, pos, PROGRESS_S,
-                                 lambda at: rows.take(scan, at)):
+                for _ in scan_to(p.end, pos, PROGRESS_S, lambda at: rows.take(scan, at),
+                                 f"{p.topic}[{p.partition}]"):
                     if len(rows) >= BATCH_ROWS:
                         yield rows.flush()
             else:
