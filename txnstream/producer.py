@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as KafkaProducer
 
 from txnstream import validate
 from txnstream.config import check_txn_producer
 from txnstream.delayed import delay_header
-from txnstream.errors import ConfigError, TxnStreamError
+from txnstream.errors import ConfigError, KafkaClientError, TxnStreamError, classify_kafka_error
 from txnstream.kafka.clients import close_producer
 from txnstream.kafka.partitioning import murmur2_partition, murmur2_partitions
 from txnstream.markers import RESERVED_HEADERS
@@ -169,6 +169,16 @@ class Producer:
                 return False
             time.sleep(0.1)
 
+    def _refused(self, exc: KafkaException, parts: Sequence[int],
+                 txn: Transaction | None) -> KafkaClientError:
+        """A record librdkafka refused, as txnstream's error naming topic and partitions.
+
+        A topic deleted under the producer is refused with ``_UNKNOWN_TOPIC``.
+        """
+        named = ",".join(map(str, parts[:8])) + (",..." if len(parts) > 8 else "")
+        return KafkaClientError(f"send to {self.topic}-{named} refused: {exc.args[0]}",
+                                classify_kafka_error(exc), txn.id if txn else None)
+
     def _no_partition(self, partition: int) -> ConfigError:
         return ConfigError(f"partition {partition} does not exist: {self.topic} has "
                            f"{self.num_partitions} (0..{self.num_partitions - 1})")
@@ -187,6 +197,9 @@ class Producer:
         ``deliver_after`` (a ``timedelta`` or seconds) or ``deliver_at`` (epoch ms or an
         aware ``datetime``): readers deliver it no earlier than then; in a txn
         ``deliver_after`` counts from the commit (:mod:`txnstream.delayed`).
+
+        ``KafkaClientError`` naming the topic if librdkafka refuses the record (a topic
+        deleted under the producer).
         """
         kbytes = key.encode() if isinstance(key, str) else key
         part = self._partition_for(kbytes, partition)
@@ -199,6 +212,14 @@ class Producer:
             delay = delay_header(deliver_after, deliver_at, txn is not None,
                                  int(time.time() * 1000))
             headers = [*(headers or ()), delay]  # type: ignore[list-item]
+        try:
+            return self._send(value, kbytes, part, txn, headers, delay)
+        except KafkaException as exc:
+            raise self._refused(exc, [part], txn) from exc
+
+    def _send(self, value: bytes | None, kbytes: bytes | None, part: int,
+              txn: Transaction | None, headers: Headers,
+              delay: tuple[str, bytes] | None) -> int:
         if self._paths.used:
             self._paths.wait_native()
         if txn is None:
@@ -261,7 +282,8 @@ class Producer:
         partitions are registered in one request and one delivery callback serves all.
         The caller chooses the partitions (:func:`murmur2_partition` for keyed records).
         ``ValueError`` if the lengths differ, ``ConfigError`` for a partition the topic
-        does not have, ``InvalidTxnStatusError`` if ``txn`` is not OPEN. A delay
+        does not have, ``InvalidTxnStatusError`` if ``txn`` is not OPEN,
+        ``KafkaClientError`` naming the topic if librdkafka refuses the records. A delay
         (``deliver_after``, ``deliver_at``: as :meth:`send`'s) applies to every record.
         Example: docs/api.md.
         """
@@ -279,7 +301,10 @@ class Producer:
             raise self._no_partition(used[-1])
         txn.register_partitions([TopicPartition(self.topic, p) for p in used])
         with txn.sending(n):
-            self._send_batch(values, partitions, keys, self._count(txn, n), n, delay)
+            try:
+                self._send_batch(values, partitions, keys, self._count(txn, n), n, delay)
+            except KafkaException as exc:
+                raise self._refused(exc, used, txn) from exc
 
     @staticmethod
     def _checked_partitions(partitions: Sequence[int]) -> Sequence[int]:
