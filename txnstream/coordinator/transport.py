@@ -36,7 +36,7 @@ After the handshake, client frames are requests and worker frames replies
 
 Both ends run their sockets on an asyncio loop in a daemon thread, so TLS reads and
 writes never race on one SSL object and no caller blocks on a slow peer: a send is
-handed to the loop (``call_soon_threadsafe``) and returns.
+handed to the loop (:class:`~txnstream.coordinator.ioloop.IoLoop`) and returns.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ import os
 import ssl
 import struct
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
+from txnstream.coordinator.ioloop import IoLoop
 from txnstream.coordinator.line_security import (
     MAX_CLUSTER_BYTES,
     PROOF_BYTES,
@@ -95,7 +95,6 @@ MAX_UNSENT_BYTES = 16 << 20
 """Replies queued for a peer that does not read: past this the connection is closed
 (the client resends under the same request ids on a new one)."""
 
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,57 +125,6 @@ async def _read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES
     if n > limit:
         raise ValueError(f"frame of {n} bytes is over the {limit}-byte bound")
     return await reader.readexactly(n)
-
-
-class IoLoop:
-    """An asyncio loop in a daemon thread; other threads hand it work."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the loop and wait for its result (from another thread).
-
-        ``ConnectionError`` if the loop is closed (``coro`` is closed, never run).
-        """
-        try:
-            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError as exc:  # closed: no connection is made or used any more
-            coro.close()
-            raise ConnectionError("the connection loop is closed") from exc
-        return future.result(timeout)
-
-    def call(self, fn: Callable[..., object], *args: Any) -> None:
-        """Call ``fn(*args)`` on the loop soon; returns at once."""
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: nothing is sent any more
-            pass
-
-    def close(self) -> None:
-        """Cancel what runs on the loop, stop it and its thread."""
-        if self.loop.is_closed():
-            return
-
-        async def cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            self.run(cancel_all(), timeout=5)
-        except Exception as exc:  # stopping anyway
-            log.debug("io loop close: %s", exc)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 class _Conn:
