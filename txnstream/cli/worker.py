@@ -111,6 +111,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be a share in (0, 1], got {text}")
+    return value
+
+
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     d = WorkerSettings()
     g = p.add_argument_group(
@@ -149,6 +159,13 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queued-bytes", type=_positive_int, default=d.max_queued_bytes,
                    metavar="N", help="bytes of every connection's requests read and not "
                    "yet handled; no connection is read past it (default %(default)s)")
+    g.add_argument("--read-share", type=_share, default=d.read_share, metavar="F",
+                   help="share of the worker's time one principal's reads (GET, LIST, "
+                   "STATS) may take; past it its requests wait (admins exempt; default "
+                   "%(default)s)")
+    g.add_argument("--read-burst-s", type=_positive_seconds, default=d.read_burst_s,
+                   metavar="S", help="handling time a principal's reads may take at once "
+                   "before the share applies (default %(default)s)")
 
 
 def worker_config_from_args(args: argparse.Namespace) -> Config:
@@ -180,7 +197,8 @@ def worker_settings_from_args(args: argparse.Namespace) -> WorkerSettings:
         max_handshakes_per_host=args.max_handshakes_per_host,
         max_queued_per_connection=args.max_queued_per_connection,
         max_queued_bytes_per_connection=args.max_queued_bytes_per_connection,
-        max_queued_bytes=args.max_queued_bytes)
+        max_queued_bytes=args.max_queued_bytes,
+        read_share=args.read_share, read_burst_s=args.read_burst_s)
 
 
 def _buffer_topics(args: argparse.Namespace) -> tuple[str, ...] | None:

@@ -70,6 +70,13 @@ class WorkerSettings:
     once (authenticated connections never wait behind them)."""
     max_handshakes_per_host: int = 32
     """... from one address (Kafka's ``max.connections.per.ip``)."""
+    read_share: float = 0.05
+    """Share of the worker's time one principal's reads (GET, LIST, STATS) may take, in
+    bursts of up to ``read_burst_s``; past it none of its requests is taken until it is
+    back under (Kafka's ``request_percentage`` quota). Admins are exempt, and so is every
+    client of a line that does not authenticate. 5% is about 200 LIST pages a second."""
+    read_burst_s: float = 0.25
+    """Handling time a principal's reads may take at once before the share applies."""
     max_queued_per_connection: int = 256
     """Requests of one connection read and not yet taken by the worker: the connection is
     not read further until the worker takes some (backpressure; nothing is refused)."""

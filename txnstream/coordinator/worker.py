@@ -82,7 +82,7 @@ from txnstream.coordinator.endpoint_publisher import EndpointPublisher
 from txnstream.coordinator.finalizer import TxnFinalizer
 from txnstream.coordinator.gauges import TcGauges
 from txnstream.coordinator.handlers import Caller, TcRequestHandler
-from txnstream.coordinator.inbox import FairInbox
+from txnstream.coordinator.inbox import FairInbox, ReadQuota
 from txnstream.coordinator.kafka_clients import worker_clients
 from txnstream.coordinator.line_security import (
     cluster_identity,
@@ -154,7 +154,9 @@ class CoordinatorWorker:
             self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
             flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s,
             partitions=partitions)
-        self._inbox = FairInbox(s.batch_max)
+        self._inbox = FairInbox(s.batch_max, ReadQuota(  # admins exempt, and a line without
+            s.read_share, s.read_burst_s, lambda p: p in self.config.admins  # principals
+            or not self._listener.authenticates))
         self._origins: dict[str, tuple[ServerConnection, int, float, str]] = {}
         """Request id -> (connection, deadline, perf_counter at arrival, op): the
         connection to answer on, and the request's deadline."""
@@ -329,8 +331,10 @@ class CoordinatorWorker:
                 continue
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
-            if req.op in _READS and conn.gone():
-                continue  # a read no one can receive: its peer is gone (reset it)
+            if req.op in _READS:
+                self._inbox.read()  # its handling counts against its principal's quota
+                if conn.gone():
+                    continue  # a read no one can receive: its peer is gone (reset it)
             tc = self.tcs.get(req.tc_id)
             if tc is None or tc.phase is not TcPhase.SERVING:
                 conn.send(TcReply.failure(req, NotCoordinatorError(

@@ -157,3 +157,44 @@ def test_a_list_flood_with_pages_to_show_keeps_commits_near_their_quiet_latency(
     finally:
         alice.close()
         bob.close()
+
+
+READ_FLOOD_S = 8.0
+THROTTLED_AT_MOST = 0.3
+"""Bob's LISTs a second under his read quota, against the same flood by an admin (exempt):
+5% of the worker's time and a 0.25 s burst come to ~8% of it over 8 s."""
+
+
+@pytest.mark.alone  # a rate, as above
+def test_a_principals_list_flood_is_held_to_its_read_share_of_the_worker(worker, proc_reaper):
+    """Old (950340a): fairness only; bob's LISTs, sent as fast as they were answered, had
+    every idle moment of the worker, as the admin's do (a quarter of a core per worker in
+    the hostile flood of seed 54, and honest commits waited for that CPU)."""
+    cfg, w = worker
+    bob = Client(config=cfg.with_(tc_principal="bob", tc_secret=SECRETS["bob"]))
+    try:
+        seqs = [s for _ in range(LISTED_TXNS // 250) for s in bob.tc.request(
+            TcOp.RESERVE, 0, count=250, timeout_ms=600_000).group_seqs]
+        now_ms = int(time.time() * 1000)
+        for s in seqs:  # activated: a LIST shows no reserved txn
+            bob.tc.request(TcOp.ACTIVATE, 0, txn_seq=s, timeout_ms=600_000,
+                           open_time_ms=now_ms)
+        cluster = bob.tc.cluster.decode()
+    finally:
+        bob.close()
+
+    def flood(principal: str, secret: str, seconds: float) -> float:
+        p = proc_reaper.track(subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.coordinator.flooder", w.address.host,
+             str(w.address.port), cluster, principal, secret, TcOp.LIST.value, str(seconds),
+             "16"], stdout=subprocess.PIPE, start_new_session=True))
+        return int(p.communicate(timeout=60)[0]) / seconds
+
+    assert cfg.tc_secret is not None
+    admin = flood(cfg.tc_principal, cfg.tc_secret, 3.0)
+    bobs = flood("bob", SECRETS["bob"], READ_FLOOD_S)
+    print(f"LISTs a second: the admin's {admin:.0f}, bob's {bobs:.0f}")
+    assert admin > 100, f"the admin's flood got only {admin:.0f} LISTs a second"
+    assert bobs <= THROTTLED_AT_MOST * admin, (
+        f"bob's LISTs were answered at {bobs:.0f}/s against the admin's {admin:.0f}/s: "
+        f"his read quota (5% of the worker) did not hold him")
