@@ -23,8 +23,8 @@ commits behind its own (issue 34 item 2). Now:
   work-conserving: a principal pipelining LISTs as fast as they are answered took every
   idle moment of every worker (a quarter of a core each in the hostile flood, seed 54),
   and on a machine shared with brokers that CPU is what honest commits waited for.
-  Admins (the workers' own principal among them) are exempt, as is everyone on a line
-  that does not authenticate (all of them are one principal there).
+  Admins and the workers' own principal (the buffer role asks TCs about txns) are
+  exempt, as is everyone on a line that does not authenticate (all one principal there).
 """
 
 from __future__ import annotations

@@ -154,9 +154,9 @@ class CoordinatorWorker:
             self._ownership, self._kafka, t.pending_ack, self.worker_id, self._reply,
             flush_timeout_s=s.readback_timeout_s, backoff_max_s=s.finalize_backoff_max_s,
             partitions=partitions)
-        self._inbox = FairInbox(s.batch_max, ReadQuota(  # admins exempt, and a line without
-            s.read_share, s.read_burst_s, lambda p: p in self.config.admins  # principals
-            or not self._listener.authenticates))
+        exempt = self.config.admins | {self.config.tc_principal}  # and lines without principals
+        self._inbox = FairInbox(s.batch_max, ReadQuota(s.read_share, s.read_burst_s, lambda p: (
+            p in exempt or not self._listener.authenticates)))
         self._origins: dict[str, tuple[ServerConnection, int, float, str]] = {}
         """Request id -> (connection, deadline, perf_counter at arrival, op): the
         connection to answer on, and the request's deadline."""
