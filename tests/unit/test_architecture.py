@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "txnstream.admin_topics": 3,
     # 4. the line
     "txnstream.coordinator.line_security": 4, "txnstream.coordinator.transport": 4,
+    "txnstream.coordinator.ioloop": 4,
     "txnstream.coordinator.endpoints": 4, "txnstream.coordinator.txn_ids": 4,
     "txnstream.coordinator.tc_client": 4, "txnstream.coordinator.client_connection": 4,
     # 5. server roles (the rest of coordinator/ and buffer/)
