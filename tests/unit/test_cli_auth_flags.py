@@ -139,6 +139,8 @@ def test_worker_limit_flags_reach_worker_settings() -> None:
     ("--max-open-txns-per-principal", "-1"), ("--idle-timeout-s", "0"),
     ("--idle-timeout-s", "nan"), ("--idle-timeout-s", "inf"),
     ("--max-request-bytes", "1.5"), ("--max-inflight-per-connection", "0"),
+    ("--read-share", "0"), ("--read-share", "1.5"), ("--read-share", "nan"),
+    ("--read-share", "half"), ("--read-burst-s", "0"), ("--read-burst-s", "inf"),
 ])
 def test_bad_limits_are_refused_naming_the_flag(flag: str, value: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,9 +176,11 @@ def test_errors_never_show_the_secret(tmp_path) -> None:
 def test_the_line_caps_reach_the_worker_settings_and_its_listener():
     args = _parse("worker", "--max-handshakes", "9", "--max-handshakes-per-host", "3",
                   "--max-queued-per-connection", "17", "--max-queued-bytes-per-connection",
-                  "4096", "--max-queued-bytes", "65536")
+                  "4096", "--max-queued-bytes", "65536", "--read-share", "0.2",
+                  "--read-burst-s", "0.5")
     s = worker_settings_from_args(args)
     assert (s.max_handshakes, s.max_handshakes_per_host, s.max_queued_per_connection,
             s.max_queued_bytes_per_connection, s.max_queued_bytes) == (9, 3, 17, 4096, 65536)
+    assert (s.read_share, s.read_burst_s) == (0.2, 0.5)
     assert worker_settings_from_args(_parse("worker")) == WorkerSettings(
         buffer_role=worker_settings_from_args(_parse("worker")).buffer_role)
