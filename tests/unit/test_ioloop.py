@@ -83,3 +83,31 @@ def test_a_call_after_close_is_dropped_quietly():
     io = IoLoop("test-ioloop")
     io.close()
     io.call(print, "never")  # no error: nothing is sent any more
+
+
+def test_a_caller_that_never_pauses_does_not_keep_the_loop_from_its_other_work():
+    """A run takes the calls made before it; those made meanwhile wait for the loop's
+    next iteration. (c9ba3a5's run went on until none was left; it passed this too, as
+    the GIL lets the loop catch up with one spinning thread: a guard, not a repro.)"""
+    import asyncio
+
+    io = IoLoop("test-ioloop")
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            for _ in range(100):
+                io.call(int)
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        t0 = time.monotonic()
+        for _ in range(5):
+            io.run(asyncio.sleep(0), timeout=5)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        spinner.join()
+        io.close()
+    assert took < 2.0, f"5 coroutines waited {took:.2f} s behind another thread's calls"

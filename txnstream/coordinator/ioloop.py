@@ -67,20 +67,25 @@ class IoLoop:
             pass
 
     def _run_calls(self) -> None:
-        """The calls made so far, in order, until none is left (on the loop)."""
-        while True:
-            with self._calls_lock:
-                if not self._calls:
-                    self._woken = False
-                    return
-                calls, self._calls = self._calls, deque()
-            for fn, args in calls:
-                try:
-                    fn(*args)
-                except Exception as exc:  # as the loop reports a callback's error
-                    self.loop.call_exception_handler({
-                        "message": f"exception in {getattr(fn, '__qualname__', fn)!s}",
-                        "exception": exc})
+        """The calls made so far, in order (on the loop).
+
+        Calls made meanwhile run in the loop's next iteration, after its socket events:
+        callers that never pause cannot keep the loop from reading.
+        """
+        with self._calls_lock:
+            calls, self._calls = self._calls, deque()
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception as exc:  # as the loop reports a callback's error
+                self.loop.call_exception_handler({
+                    "message": f"exception in {getattr(fn, '__qualname__', fn)!s}",
+                    "exception": exc})
+        with self._calls_lock:
+            if not self._calls:
+                self._woken = False
+                return
+        self.loop.call_soon(self._run_calls)  # on the loop's thread: no wake-up needed
 
     def close(self) -> None:
         """Cancel what runs on the loop, stop it and its thread."""
