@@ -9,12 +9,11 @@ import uuid
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import KafkaException
 from confluent_kafka import Producer as KafkaProducer
 
 from tests.integration.buffer.conftest import make_topic
 from txnstream import Client, TopicPartition, TxnID
-from txnstream.errors import ConfigError, InvalidTxnStatusError, TxnStreamError
+from txnstream.errors import ConfigError, InvalidTxnStatusError, KafkaClientError, TxnStreamError
 from txnstream.markers import MarkerKind, TxnMarker
 
 pytestmark = pytest.mark.integration
@@ -209,7 +208,7 @@ def test_send_batch_that_fails_midway_names_the_partition_and_the_txn_still_abor
     with pytest.raises(ConfigError, match="partition 7 does not exist"):
         producer.send_batch([b"x", b"y"], [0, 7], txn)
     big = b"z" * (2 * 1024 * 1024)  # over librdkafka's message.max.bytes: refused at produce
-    with pytest.raises(KafkaException, match="MSG_SIZE_TOO_LARGE"):
+    with pytest.raises(KafkaClientError, match=f"{topic}-0 refused.*MSG_SIZE_TOO_LARGE"):
         producer.send_batch([b"ok"] * 10 + [big] + [b"never"] * 10, [0] * 21, txn)
     t0 = time.monotonic()
     producer.flush_transaction(txn, timeout_s=10)  # waits for what was sent, not the rest

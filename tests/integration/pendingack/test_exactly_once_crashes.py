@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,8 +20,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.fault, pytest.mark.slow]
 
 TXNSTREAM_BIN = str(Path(sys.executable).with_name("txnstream"))
 INPUTS = 60_000
-"""Enough that the first kill, made as soon as outputs appear, lands mid-work: at 20,000
-the processors (native sends since stop 51) finished them all before it."""
+FEED_CHUNKS = 60
+FEED_PAUSE_S = 0.15
+"""The inputs are fed in chunks over ~9 s while the processors start, so the first kill,
+made as soon as outputs appear, lands while inputs are still arriving: fed at once,
+20,000 and then 60,000 were all processed before it (native sends since stop 51, a
+commit's first request 15 ms since stop 63: 60,008 records and markers out at the
+first kill in stop 64's run)."""
 
 
 def records_in(config, topic: str) -> int:
@@ -47,21 +53,29 @@ def test_three_processors_killed_at_random_output_exactly_once(config, worker, c
                                                                tmp_path, proc_reaper):
     src, dst = make_topic(config, 4, "in"), make_topic(config, 4, "out")
     p = client.create_producer(src)
-    for i in range(INPUTS):
-        p.send(f"v{i}".encode(), key=str(i).encode())
-    p.flush()
     sub = f"eo-{uuid.uuid4().hex[:6]}"
     rng = random.Random(11)
     procs = {n: proc_reaper.track(start(config, src, dst, sub, tmp_path / f"{n}.log"))
              for n in ("a", "b", "c")}
+
+    def feed() -> None:
+        per = INPUTS // FEED_CHUNKS
+        for chunk in range(FEED_CHUNKS):
+            for i in range(chunk * per, (chunk + 1) * per):
+                p.send(f"v{i}".encode(), key=str(i).encode())
+            p.flush()
+            time.sleep(FEED_PAUSE_S)
+
+    feeder = threading.Thread(target=feed, name="feeder", daemon=True)
+    feeder.start()
     kills = 0
     written_at_kill: list[int] = []
     t_end = time.monotonic() + 60
     while kills < 6 and time.monotonic() < t_end:
         if kills:
             time.sleep(rng.uniform(2.0, 5.0))
-        else:  # the first kill as soon as outputs are being written: mid-work, however
-            # fast the processors are (a checkpointing one does 20,000 in a few seconds)
+        else:  # the first kill as soon as outputs are being written, while inputs still
+            # arrive: mid-work, however fast the processors are
             while records_in(config, dst) == 0 and time.monotonic() < t_end:
                 time.sleep(0.05)
             time.sleep(rng.uniform(0.0, 0.3))
@@ -73,6 +87,8 @@ def test_three_processors_killed_at_random_output_exactly_once(config, worker, c
             kills += 1
         time.sleep(rng.uniform(0.5, 2.0))
         procs[name] = proc_reaper.track(start(config, src, dst, sub, tmp_path / f"{name}.log"))
+    feeder.join(60)
+    assert not feeder.is_alive(), "the inputs were not all sent within 60 s"
     print("output records+markers at each kill:", written_at_kill)
     for proc in procs.values():
         proc.wait(300)      # each stops after 25 s without input
