@@ -29,6 +29,7 @@ commits behind its own (issue 34 item 2). Now:
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections import deque
@@ -64,7 +65,7 @@ class ReadQuota:
 
     def __init__(self, share: float, burst_s: float,
                  exempt: Callable[[str], bool] = lambda principal: False) -> None:
-        if not 0 < share <= 1 or burst_s <= 0:
+        if not 0 < share <= 1 or not 0 < burst_s < math.inf:  # NaN fails both
             raise ValueError(f"read quota: share {share} must be in (0, 1], "
                              f"burst {burst_s} s positive")
         self.share, self.burst_s, self.exempt = share, burst_s, exempt

@@ -213,7 +213,8 @@ def test_the_quotas_memory_of_principals_is_bounded(clock):
 
 
 def test_a_read_quota_refuses_a_share_or_burst_out_of_range():
-    for share, burst in ((0.0, 1.0), (1.5, 1.0), (0.1, 0.0), (float("nan"), 1.0)):
+    for share, burst in ((0.0, 1.0), (1.5, 1.0), (0.1, 0.0), (float("nan"), 1.0),
+                         (0.1, float("nan")), (0.1, float("inf"))):
         with pytest.raises(ValueError, match="read quota"):
             ReadQuota(share, burst)
 
