@@ -104,7 +104,8 @@ MAPS_TO = {
     "twophase_told_committed": "issue 39 (complete() said COMMITTED, the rows or records "
                                "are not there)",
     "flood_latency": "issue 34 item 2/3/7 (honest commit p99 in the flood phase over 2x "
-                     "the quiet phase's: a principal or a socket holder slows others)",
+                     "the quiet phase's, commits clear of faults: a principal or a socket "
+                     "holder slows others)",
     "subscription_cursor_behind": "item 10 (acks not kept: a restart redelivers what was "
                                   "acked) or a liveness hole in the cursor commit",
 }

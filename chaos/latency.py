@@ -11,6 +11,14 @@ phase its ``t0`` falls in.
 The rule: with at least :data:`MIN_COMMITS` commits in each phase, a flood p99 above
 :data:`MAX_RATIO` times the quiet p99 is a ``flood_latency`` anomaly; with fewer, the
 figures are reported and nothing is judged.
+
+The commits judged are those clear of the nemesis's faults (a fault's window and the
+:data:`FAULT_SETTLE_S` after it); with no faults, that is every commit. A commit that
+waits out a broker kill takes as long as the kill (23-76 s in the hostile soak), so the
+p99 of every commit measures which phase drew the longer kills, not the flood: in the
+hostile soaks of seeds 57 and 58 it gave 8.2 and 3.3 by every commit against 0.20 and
+0.65 clear of faults. Every commit's figures are still reported (``all_commits``), and
+what faults cost is judged elsewhere (``txn_open_past_timeout``, the drain, the bounds).
 """
 
 from __future__ import annotations
@@ -115,24 +123,26 @@ def judge(by_phase: Mapping[str, list[float]], min_commits: int = MIN_COMMITS,
 
 def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, Any]],
               faults: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """:func:`judge` of the honest commits in the phases the ``phase`` events bound.
+    """:func:`judge` of the honest commits clear of ``faults``, by phase.
 
     ``faults`` (the nemesis's, ``at`` seconds after the quiet phase's start, for
-    ``duration_s``): ``without_faults`` has the same figures for the commits that
-    overlap none of them nor the :data:`FAULT_SETTLE_S` after each (for reading only:
-    with one fault every few seconds, few commits are left).
+    ``duration_s``): a commit that overlaps one of them, or the :data:`FAULT_SETTLE_S`
+    after it, is left out of the verdict. ``all_commits`` has the same figures for every
+    commit, faults included (for reading: the verdict does not use them).
     """
     ends = list(ends)
     bounds = phase_bounds(phases)
     samples = commit_samples(ends)
-    out = judge(split(samples, bounds))
     start = bounds["quiet"][0] if "quiet" in bounds else 0.0
     windows = [(start + float(f["at"]), start + float(f["at"]) + float(f["duration_s"])
                 + FAULT_SETTLE_S) for f in faults]
     clear = [(t0, secs) for t0, secs in samples
              if not any(lo < t0 + secs and t0 < hi for lo, hi in windows)]
-    out["without_faults"] = {k: v for k, v in judge(split(clear, bounds)).items()
-                             if k in ("quiet", "flood", "ratio")}
+    out = judge(split(clear, bounds))
+    out["judged"] = (f"the {len(clear)} of {len(samples)} commits clear of the "
+                     f"{len(windows)} faults (each fault's window + {FAULT_SETTLE_S:g} s)")
+    out["all_commits"] = {k: v for k, v in judge(split(samples, bounds)).items()
+                          if k in ("quiet", "flood", "ratio")}
     out["phases"] = {k: [round(lo, 3), None if hi == math.inf else round(hi, 3)]
                      for k, (lo, hi) in bounds.items()}
     out["slowest"] = slowest(ends, bounds)

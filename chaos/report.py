@@ -48,12 +48,19 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
         for k, b in s.get("bounds", {}).items()]))
     lat = s.get("commit_latency")
     if lat:
-        console.print(_table(f"honest commit latency ({lat.get('rule')})",
+        every = lat.get("all_commits") or {}
+        console.print(_table(f"honest commit latency ({lat.get('rule')}; judged: "
+                             f"{lat.get('judged', 'every commit')})",
                              ("phase", "commits", "p50 ms", "p99 ms"),
                              [(ph, lat[ph]["commits"], lat[ph]["p50_ms"], lat[ph]["p99_ms"])
                               for ph in ("quiet", "flood")]
                              + [("flood/quiet p99", None, None, lat.get("ratio")),
-                                ("verdict", None, None, lat.get("verdict"))]))
+                                ("verdict", None, None, lat.get("verdict"))]
+                             + [(f"{ph}, every commit (faults included)", every[ph]["commits"],
+                                 every[ph]["p50_ms"], every[ph]["p99_ms"])
+                                for ph in ("quiet", "flood") if ph in every]
+                             + [("flood/quiet p99, every commit", None, None,
+                                 every.get("ratio"))] * bool(every)))
     an = s.get("anomalies")
     if an is None:
         console.print(f"[bold red]no verdict[/]: the run did not finish ({s.get('error')})")

@@ -101,14 +101,43 @@ def test_no_flood_phase_reports_quiet_only():
     assert out["verdict"].startswith("not judged")
 
 
-def test_commits_overlapping_a_fault_are_left_out_of_without_faults():
+def test_commits_overlapping_a_fault_are_left_out_of_the_verdict():
     ends = [end(110.0, 0.1), end(150.0, 8.0), end(210.0, 0.2), end(300.0, 0.3)]
     faults = [{"at": 45.0, "duration_s": 2.0},  # 145-147 (+10 s): hits the 150 s commit
               {"at": 190.0, "duration_s": 5.0}]  # 290-305: hits the 300 s commit
     out = summarize(ends, PHASES, faults)
-    assert out["quiet"]["commits"] == 2 and out["flood"]["commits"] == 2
-    clear = out["without_faults"]
-    assert clear["quiet"]["commits"] == 1 and clear["quiet"]["p99_ms"] == 100.0
-    assert clear["flood"]["commits"] == 1 and clear["flood"]["p99_ms"] == 200.0
-    assert clear["ratio"] == 2.0
-    assert out["quiet"]["p90_ms"] == 8000.0
+    assert out["quiet"]["commits"] == 1 and out["quiet"]["p99_ms"] == 100.0
+    assert out["flood"]["commits"] == 1 and out["flood"]["p99_ms"] == 200.0
+    assert out["ratio"] == 2.0
+    every = out["all_commits"]
+    assert every["quiet"]["commits"] == 2 and every["flood"]["commits"] == 2
+    assert every["quiet"]["p90_ms"] == 8000.0
+    assert out["judged"].startswith("the 2 of 4 commits clear of the 2 faults")
+
+
+def stream(lo: float, n: int, secs: float) -> list[dict[str, Any]]:
+    """``n`` commits of ``secs`` each, one a second from ``lo``."""
+    return [end(lo + i, secs) for i in range(n)]
+
+
+def test_a_long_fault_in_the_flood_alone_is_not_a_flood_latency():
+    # A broker killed for 40 s in the flood: the commits waiting on it take up to 40 s,
+    # and by every commit the flood's p99 is 400x the quiet one. Clear of it, it is 1x.
+    ends = stream(100.0, 90, 0.1) + stream(200.0, 100, 0.1) + stream(320.0, 20, 40.0)
+    out = summarize(ends, PHASES, [{"at": 220.0, "duration_s": 40.0}])
+    assert out["all_commits"]["ratio"] == 400.0
+    assert out["verdict"] == "ok" and out["ratio"] == 1.0
+
+
+def test_a_flood_that_slows_commits_clear_of_faults_is_still_an_anomaly():
+    ends = stream(100.0, 90, 0.1) + stream(200.0, 100, 0.5) + stream(320.0, 20, 40.0)
+    out = summarize(ends, PHASES, [{"at": 220.0, "duration_s": 40.0}])
+    assert out["flood"]["commits"] == 100  # 300-319 s and 320-370 s + 10 s are clear
+    assert out["verdict"] == "flood_latency" and out["ratio"] == 5.0
+
+
+def test_a_commit_in_a_faults_settling_time_is_left_out():
+    faults = [{"at": 50.0, "duration_s": 1.0}]  # 150-151, settling until 161
+    out = summarize([end(160.0, 0.1), end(161.5, 0.1)], PHASES, faults)
+    assert out["quiet"]["commits"] == 1
+    assert out["all_commits"]["quiet"]["commits"] == 2
