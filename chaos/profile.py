@@ -23,7 +23,31 @@ class Bounds:
     """Retained ``__txn_log`` records (high - low watermark, all partitions). Ended txns
     are kept ``end_retention`` (300 s) plus a checkpoint interval: at this harness's
     rate (~10 txns/s, ~6 records each) that is ~25k; a log never truncated passes 60k
-    in about 20 minutes of soak."""
+    in about 20 minutes of soak. The hostile profile's flood adds its own txns and
+    reservations, so there this count follows the flood's rate: ``log_oldest_s`` is
+    the bound on truncation itself."""
+    log_oldest_s: float = 480.0
+    """Age of the oldest retained ``__txn_log`` record after the drain. A TC keeps an
+    ended txn's records ``end_retention`` (300 s) and truncates after each checkpoint
+    (every 30 s), at the EPOCH renewal (every 30 s) before the first record it needs;
+    a new owner checkpoints one interval after its replay: 300 + 3 x 30 s, and 90 s for
+    a takeover in the drain's first minute. A log truncated late, or never, ages with
+    the run (30 minutes in a soak)."""
+    log_held_margin_s: float = 120.0
+    """When txns were held open through the run (the hostile flood's lister holds 1,000
+    per TC, with the longest timeout, from the flood's start to its end), the log keeps
+    every record since the EPOCH renewal before the first of them (docs/coordinator.md's
+    bounds): their age, plus 30 s to that renewal and 90 s for a takeover's replay."""
+
+    def log_age_bound(self, held_s: float | None) -> float:
+        """The bound on the oldest ``__txn_log`` record's age, in seconds.
+
+        ``held_s``: how long ago the first txn held open through the run began (None:
+        none was).
+        """
+        return self.log_oldest_s if held_s is None else max(
+            self.log_oldest_s, held_s + self.log_held_margin_s)
+
     pending_ack_records: int = 60_000
     """Retained pending-ack records: bounded like the TC log (DESIGN.md section 7)."""
     snapshot_records: int = 20_000

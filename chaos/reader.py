@@ -32,7 +32,7 @@ from chaos.truth import decode_value
 from txnstream import Client, Config
 
 __all__ = ["RawRecord", "RawPartition", "Delivered", "MarkerCheck", "read_raw",
-           "read_committed", "max_record_bytes"]
+           "read_committed", "max_record_bytes", "record_ages"]
 
 _TXN = struct.Struct(">qq")
 
@@ -208,6 +208,30 @@ def max_record_bytes(config: Config, topic: str, timeout_s: float = 120.0) -> in
     sizes = [n for msgs in _scan(config, [topic], timeout_s, keep_values=False).values()
              for _, n in msgs]
     return max(sizes, default=0)
+
+
+def record_ages(config: Config, topic: str, now_ms: int | None = None,
+                timeout_s: float = 120.0) -> dict[str, Any]:
+    """How old the records ``topic`` retains are, by their timestamps.
+
+    It tells a log truncated late from one that grows with the rate: ``oldest_s`` per
+    partition, the topic's ``oldest_s`` and its record counts by age (``by_minute``:
+    index i counts records i to i+1 minutes old).
+    """
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    oldest: dict[str, float] = {}
+    by_minute: list[int] = []
+    for (_, part), msgs in sorted(_scan(config, [topic], timeout_s).items()):
+        ages = [max(0.0, (now_ms - m.timestamp()[1]) / 1000.0) for m in msgs]
+        if not ages:
+            continue
+        oldest[str(part)] = round(max(ages), 1)
+        for a in ages:
+            i = int(a // 60)
+            by_minute.extend([0] * (i + 1 - len(by_minute)))
+            by_minute[i] += 1
+    return {"oldest_s": max(oldest.values(), default=0.0), "by_partition": oldest,
+            "by_minute": by_minute}
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from chaos.latency import summarize
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
-from chaos.reader import MarkerCheck, max_record_bytes, read_committed, read_raw
+from chaos.reader import MarkerCheck, max_record_bytes, read_committed, read_raw, record_ages
 from chaos.runinfo import (
     code_under_test,
     cursor_tail,
@@ -377,11 +377,18 @@ class ChaosRun:
         t = self.cluster.topics
         sizes = self.cluster.topic_sizes([t.log, t.pending_ack, t.buffer_snapshots])
         snap_max = max_record_bytes(self.config, t.buffer_snapshots)
+        self.summary["log_ages"] = ages = record_ages(self.config, t.log)
+        held_s = self._held_open_s()
+        ages["held_open_s"] = held_s
         rss = max(self.monitor.rss_max_mb.values(), default=0.0)
         mb = 2**20
         rows = {
             "worker RSS MB (max)": (round(rss, 1), b.worker_rss_mb),
-            f"{t.log} records": (sizes[t.log].records, b.log_records),
+            # With txns held open through the run, the count is the traffic since they
+            # began (the flood's rate): reported, and the age row judges truncation.
+            **({f"{t.log} records": (sizes[t.log].records, b.log_records)}
+               if held_s is None else {}),
+            f"{t.log} oldest record, s": (ages["oldest_s"], b.log_age_bound(held_s)),
             f"{t.pending_ack} records": (sizes[t.pending_ack].records, b.pending_ack_records),
             f"{t.buffer_snapshots} records": (sizes[t.buffer_snapshots].records,
                                               b.snapshot_records),
@@ -395,6 +402,18 @@ class ChaosRun:
                                          self.monitor.rss_max_mb.items()}
         self._phase("measure", t0)
         return [{"what": k, "value": v, "bound": lim} for k, (v, lim) in rows.items() if v > lim]
+
+    def _held_open_s(self) -> float | None:
+        """Seconds since the flood's lister began holding its txns open (None: no flood).
+
+        It reserves them when the flood starts (its first ``flood`` phase event) and
+        ends them when it stops: the TC log keeps every record since then.
+        """
+        if not self.p.hostile:
+            return None
+        floods = [float(ev["t"]) for ev in load_truth(self.truth_dir).phases
+                  if ev.get("phase") == "flood" and isinstance(ev.get("t"), (int, float))]
+        return round(time.time() - min(floods), 1) if floods else None
 
     def check(self, over_bounds: list[dict[str, Any]]) -> Anomalies:
         """Phase 6: every check; the anomalies (``over_bounds`` from phase 5 included)."""
