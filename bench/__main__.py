@@ -197,7 +197,8 @@ def main(argv: list[str]) -> int:
         section("Consume-transform-produce: CPU per record by process (issue 36)", cpu)
         curve = proc.sweep(fresh_config(bootstrap), args.processor_records // 2,
                            proc.SWEEP_BATCHES, proc.SWEEP_INTERVALS,
-                           progress=lambda r: console.print(r))
+                           progress=lambda r: console.print(r),
+                           rounds=args.processor_rounds)
         plotted = proc.plot(curve, PLOTS / "processor.png")
         for r in curve:
             r["plot"] = "bench/plots/processor.png" if plotted else "matplotlib missing"

@@ -278,29 +278,47 @@ def run(cfg: Config, records: int = 100_000, progress=None,
 
 
 def sweep(cfg: Config, records: int, batches: list[int], intervals: list[float],
-          progress=None) -> list[dict]:
+          progress=None, rounds: int = 3) -> list[dict]:
     """Exactly-once and at-least-once over batch sizes (at the default interval) and
-    commit intervals (at the default batch), alternating, each on its own input copy."""
+    commit intervals (at the default batch), each on its own input copy.
+
+    Each point is ``rounds`` rounds of both loops, the first of the two alternating: its
+    rates are the medians and its ratio the median of the rounds' ratios (one round's
+    ratio moved 0.24x-2.24x on this machine, with nothing else changed).
+    """
     points = [("batch", b, b, COMMIT_INTERVAL_S) for b in batches] + \
              [("interval", i, BATCH, i) for i in intervals]
+    loops = (("exactly-once", txnstream_eo), ("at-least-once", txnstream_alo))
     rows = []
     with workers(cfg, 1):
         for axis, x, batch, interval in points:
-            rates = {}
-            for name, loop in (("exactly-once", txnstream_eo), ("at-least-once",
-                                                                 txnstream_alo)):
-                src = make_topic(cfg, PARTITIONS)
-                _fill(cfg, src, records)
-                rates[name] = loop(cfg, src, make_topic(cfg, PARTITIONS), records, batch,
-                                   interval, COMMIT_EVERY)
+            got: dict[str, list[float]] = {name: [] for name, _ in loops}
+            for r in range(rounds):
+                rates = {}
+                for name, loop in loops[r % 2:] + loops[:r % 2]:
+                    src = make_topic(cfg, PARTITIONS)
+                    _fill(cfg, src, records)
+                    rates[name] = loop(cfg, src, make_topic(cfg, PARTITIONS), records, batch,
+                                       interval, COMMIT_EVERY)
+                    got[name].append(rates[name])
             row = {"axis": axis, "x": x, "batch": batch, "interval s": interval,
-                   "exactly-once rec/s": round(rates["exactly-once"]),
-                   "at-least-once rec/s": round(rates["at-least-once"]),
-                   "ratio": f"{ratio(rates['exactly-once'], rates['at-least-once']) or 0:.2f}x"}
+                   **point(got["exactly-once"], got["at-least-once"])}
             rows.append(row)
             if progress:
                 progress(row)
     return rows
+
+
+def point(eo: list[float], alo: list[float]) -> dict:
+    """One sweep point from its rounds' rates (``eo[i]`` and ``alo[i]`` ran together):
+    median rates, the median of the rounds' ratios, each loop's range."""
+    ratios = [ratio(e, a) or 0.0 for e, a in zip(eo, alo, strict=True)]
+    return {"exactly-once rec/s": round(statistics.median(eo)),
+            "at-least-once rec/s": round(statistics.median(alo)),
+            "ratio": f"{statistics.median(ratios):.2f}x",
+            "rounds' ratios": ", ".join(f"{v:.2f}" for v in ratios),
+            "exactly-once range": [round(min(eo)), round(max(eo))],
+            "at-least-once range": [round(min(alo)), round(max(alo))]}
 
 
 def plot(rows: list[dict], path: Path) -> Path | None:
@@ -319,8 +337,12 @@ def plot(rows: list[dict], path: Path) -> Path | None:
                             (axes[1], "interval", f"commit interval, s (batch {BATCH})")):
         pts = sorted((r["x"], r) for r in rows if r["axis"] == axis)
         for name in ("exactly-once", "at-least-once"):
-            ax.plot([x for x, _ in pts], [r[f"{name} rec/s"] for _, r in pts], marker="o",
-                    label=name)
+            med = [r[f"{name} rec/s"] for _, r in pts]
+            spans = [r.get(f"{name} range", [m, m]) for (_, r), m in zip(pts, med, strict=True)]
+            ax.errorbar([x for x, _ in pts], med, marker="o", capsize=3, label=f"{name} "
+                        "(median, bars: min-max of the rounds)",
+                        yerr=[[m - lo for m, (lo, _) in zip(med, spans, strict=True)],
+                              [hi - m for m, (_, hi) in zip(med, spans, strict=True)]])
         ax.set_xscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("records/s")
@@ -341,12 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--batches", default=",".join(map(str, SWEEP_BATCHES)))
     ap.add_argument("--intervals", default=",".join(f"{i:g}" for i in SWEEP_INTERVALS))
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per point")
     ap.add_argument("--plot", type=Path, default=Path("bench/plots/processor.png"))
     args = ap.parse_args(argv)
     rows = sweep(fresh_config(args.bootstrap), args.records,
                  [int(b) for b in args.batches.split(",")],
                  [float(i) for i in args.intervals.split(",")],
-                 progress=lambda r: console.print(r))
+                 progress=lambda r: console.print(r), rounds=args.rounds)
     cols = list(rows[0])
     console.print(table("consume-transform-produce sweep", cols,
                         [[r[c] for c in cols] for r in rows]))
