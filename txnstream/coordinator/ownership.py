@@ -30,6 +30,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,10 @@ class TcIncarnation:
     retry_at: dict[int, tuple[float, int]] = field(default_factory=dict)
     next_checkpoint: float = 0.0
     truncate_pending: bool = False
+    truncating: tuple[int, Future[Any]] | None = None
+    """The truncation point asked of the log, and its answer to come (at most one)."""
+    truncated_below: int = 0
+    """The last truncation point the log confirmed to this incarnation."""
     last_error: Any = None
     """Why its last failed append failed (KafkaError, exception or "timeout")."""
     watchers: dict[int, dict[Any, None]] = field(default_factory=dict)
@@ -341,6 +346,39 @@ class TcOwnership:
             self.restart(tc, "a final record was not appended")
 
         self.txn_log.append_async(tc.tc_id, entries, lost)
+
+    def truncate(self, tcs: Sequence[TcIncarnation], now_ms: int, retention_ms: int) -> None:
+        """Drop the log prefix below each checkpointed TC's truncation point.
+
+        Without waiting: Kafka answers a ``delete_records`` once every replica moved its
+        log start (about 0.5 s with 3 replicas), and every TC of the worker waited for it
+        when the loop did. A TC has at most one truncation asked; the ended txns below
+        its point are forgotten when the log says it is done, if the incarnation that
+        asked still serves. A point already reached is not asked again.
+        """
+        for tc in tcs:
+            if tc.truncating is not None:
+                point, fut = tc.truncating
+                if not fut.done():
+                    continue
+                tc.truncating = None
+                exc = fut.exception()
+                if exc is not None:
+                    log.warning("tc %d: truncation below %d failed: %s", tc.tc_id, point, exc)
+                elif self.serving(tc):
+                    tc.truncated_below = point
+                    log.info("tc %d: log truncated below offset %d (%d ended txns forgotten)",
+                             tc.tc_id, point, tc.store.forget_before(point))
+            if not tc.truncate_pending or tc.truncating is not None or not self.serving(tc):
+                continue
+            tc.truncate_pending = False
+            point = tc.store.truncation_point(now_ms, retention_ms)
+            if point <= tc.truncated_below:
+                continue
+            try:
+                tc.truncating = (point, self.txn_log.truncate(tc.tc_id, point))
+            except Exception as exc:  # noqa: BLE001 - the log closed, or the client refused
+                log.warning("tc %d: truncation below %d failed: %s", tc.tc_id, point, exc)
 
     def read_back(self, want: dict[int, tuple[TcIncarnation, int]]) -> set[int]:
         """Tail until each TC incarnation has read its offset back.

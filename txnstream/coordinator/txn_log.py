@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,8 +127,11 @@ class TransactionLog(Protocol):
                      on_failure: Failed) -> None:
         """Append without waiting; ``on_failure`` runs (maybe later) if one is lost."""
 
-    def truncate(self, tc_id: int, before: int) -> None:
-        """Drop every record below offset ``before``; raises if that failed."""
+    def truncate(self, tc_id: int, before: int) -> Future[Any]:
+        """Drop every record below offset ``before``, without waiting.
+
+        The future is done when the log has (its exception says why not).
+        """
 
     def close(self) -> None:
         """Leave the owners."""
@@ -266,14 +270,19 @@ class KafkaTransactionLog:
             on_failure(refused)
         self.clients.producer.poll(0)
 
-    def truncate(self, tc_id: int, before: int) -> None:
-        """``delete_records`` below ``before``, waiting up to ``admin_timeout_s``."""
+    def truncate(self, tc_id: int, before: int) -> Future[Any]:
+        """``delete_records`` below ``before``; the broker's answer in the future.
+
+        Kafka answers once every replica has moved its log start, at the followers' next
+        fetch: about ``replica.fetch.wait.max.ms`` (500 ms) with 3 replicas. The worker
+        does not wait for it (``request_timeout_ms`` bounds it: ``admin_timeout_s``).
+        """
         admin = self.clients.admin
         if admin is None:
             raise TxnStreamError(f"{self.topic}: cannot truncate tc {tc_id}, the log is closed")
-        fut = admin.delete_records([KafkaTP(self.topic, tc_id, before)])
-        for f in fut.values():
-            f.result(self.admin_timeout_s)
+        timeout = {"request_timeout": self.admin_timeout_s}
+        (fut,) = admin.delete_records([KafkaTP(self.topic, tc_id, before)], **timeout).values()
+        return fut
 
     def close(self) -> None:
         """Close the group consumer (it leaves the group); drop the admin client."""
@@ -345,12 +354,19 @@ class InMemoryTransactionLog:
         if not result.ok:
             on_failure(result.error)
 
-    def truncate(self, tc_id: int, before: int) -> None:
-        """Drop the records below ``before``; past the end it raises, as Kafka does."""
+    def truncate(self, tc_id: int, before: int) -> Future[Any]:
+        """Drop the records below ``before`` at once.
+
+        Past the end the future fails, as Kafka's does.
+        """
+        fut: Future[Any] = Future()
         if before > self._next.get(tc_id, 0):  # as Kafka: OFFSET_OUT_OF_RANGE
-            raise ValueError(f"tc {tc_id}: no offset {before} in the log yet")
+            fut.set_exception(ValueError(f"tc {tc_id}: no offset {before} in the log yet"))
+            return fut
         self._low[tc_id] = max(self._low.get(tc_id, 0), before)
         self._records[tc_id] = [r for r in self._records.get(tc_id, []) if r[0] >= before]
+        fut.set_result(None)
+        return fut
 
     def close(self) -> None:
         """Stop reading."""

@@ -46,9 +46,10 @@ Each turn:
 5. **Checkpoint and truncate** now and then: a renewal EPOCH (read back first), a
    CHECKPOINT record carrying the sequence counter and recent group keys, then
    ``delete_records`` drops the prefix no longer needed, cutting at the EPOCH governing
-   the first record still needed (:meth:`TransactionMetadataStore.truncation_point`). A
-   crash anywhere here leaves a valid log: the renewal and the checkpoint change no txn,
-   and ``delete_records`` only removes what no replay needs.
+   the first record still needed (:meth:`TransactionMetadataStore.truncation_point`),
+   without waiting for the broker's answer (``TcOwnership.truncate``). A crash anywhere
+   here leaves a valid log: the renewal and the checkpoint change no txn, and
+   ``delete_records`` only removes what no replay needs.
 
 **A failed append** (delivery error, flush timeout, ``produce()`` refusing the record)
 means the in-memory store may be ahead of the log. That incarnation of the TC is dropped
@@ -482,19 +483,6 @@ class CoordinatorWorker:
             metrics.REQUEST_SECONDS.labels(origin[3]).observe(time.perf_counter() - origin[2])
 
     def _truncate(self, now_ms: int) -> None:
-        """Drop the log prefix below each checkpointed TC's truncation point."""
-        for tc in list(self.tcs.values()):
-            if not tc.truncate_pending or not self._ownership.serving(tc):
-                continue
-            tc.truncate_pending = False
-            point = tc.store.truncation_point(now_ms, self.settings.end_retention_ms)
-            if point <= 0:
-                continue
-            try:
-                self._txn_log.truncate(tc.tc_id, point)
-            except Exception as exc:
-                log.warning("tc %d: truncation below %d failed: %s", tc.tc_id, point, exc)
-                continue
-            dropped = tc.store.forget_before(point)
-            log.info("tc %d: log truncated below offset %d (%d ended txns forgotten)",
-                     tc.tc_id, point, dropped)
+        """Truncate each checkpointed TC's log prefix, without waiting (TcOwnership)."""
+        self._ownership.truncate(list(self.tcs.values()), now_ms,
+                                 self.settings.end_retention_ms)

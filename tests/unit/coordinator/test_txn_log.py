@@ -85,7 +85,7 @@ def check_truncation_drops_the_prefix(log: TransactionLog) -> None:
     result = log.append(tc, sent)
     assert result.ok, result.error
     cut = result.offsets[2]
-    log.truncate(tc, cut)
+    log.truncate(tc, cut).result(30)
     low, high = log.watermarks(tc)
     assert low == cut and high > result.offsets[-1]
     got = read_from(log, tc, low, 3)
@@ -97,7 +97,7 @@ def check_truncation_past_the_end_fails(log: TransactionLog) -> None:
     tc = 0
     _, high = log.watermarks(tc)
     with pytest.raises(Exception):  # noqa: B017 - Kafka and the fake raise their own
-        log.truncate(tc, high + 10)
+        log.truncate(tc, high + 10).result(30)
     assert log.watermarks(tc)[1] == high
 
 
