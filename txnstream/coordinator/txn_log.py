@@ -275,7 +275,7 @@ class KafkaTransactionLog:
 
         Kafka answers once every replica has moved its log start, at the followers' next
         fetch: about ``replica.fetch.wait.max.ms`` (500 ms) with 3 replicas. The worker
-        does not wait for it (``request_timeout_ms`` bounds it: ``admin_timeout_s``).
+        does not wait for it; the request times out after ``admin_timeout_s``.
         """
         admin = self.clients.admin
         if admin is None:
