@@ -26,21 +26,22 @@ PROGRAM = textwrap.dedent("""
     def let_others_run(seconds):
         time.sleep(seconds)
 
-    watch = StallWatch(stall_s=1.0, rearm_s=0.1).start()
+    watch = StallWatch(stall_s={stall}, rearm_s=0.1).start()
     time.sleep(0.3)  # the watch thread is running
-    {call}(2.5)
+    {call}({seconds})
     watch.stop()
     print("done", flush=True)
 """)
 
 
-def run(call: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", PROGRAM.format(call=call)],
+def run(call: str, stall: float, seconds: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", PROGRAM.format(call=call, stall=stall,
+                                                                seconds=seconds)],
                           capture_output=True, text=True, timeout=60)
 
 
 def test_a_stall_dumps_the_stack_of_the_thread_holding_the_lock():
-    out = run("hold_the_lock")
+    out = run("hold_the_lock", stall=1.0, seconds=2.5)
     assert out.returncode == 0 and "done" in out.stdout, out.stderr
     assert "Timeout (0:00:01)!" in out.stderr
     assert "hold_the_lock" in out.stderr  # the culprit's frame is named
@@ -48,7 +49,8 @@ def test_a_stall_dumps_the_stack_of_the_thread_holding_the_lock():
 
 
 def test_threads_that_keep_running_dump_nothing():
-    out = run("let_others_run")
+    # twice the stall, and 1.4 s of slack for the re-arming thread on a loaded machine
+    out = run("let_others_run", stall=1.5, seconds=3.0)
     assert out.returncode == 0 and "done" in out.stdout, out.stderr
     assert "Timeout" not in out.stderr and "Thread 0x" not in out.stderr
 
