@@ -103,8 +103,6 @@ MAPS_TO = {
     "twophase_lost": "issue 39 (an input acked with nothing written for it)",
     "twophase_told_committed": "issue 39 (complete() said COMMITTED, the rows or records "
                                "are not there)",
-    "worker_stalled": "a worker's Python threads all stood still 5 s outside any pause "
-                      "(its stall-watch dump names the call): seed 57's idle hold",
     "flood_latency": "issue 34 item 2/3/7 (honest commit p99 in the flood phase over 2x "
                      "the quiet phase's, commits clear of faults: a principal or a socket "
                      "holder slows others)",

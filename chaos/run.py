@@ -38,7 +38,7 @@ from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
 from chaos.credentials import FLOODER, HARNESS, TWOPHASE, Credentials
 from chaos.hostile import hostile_roles
-from chaos.latency import phase_bounds, summarize
+from chaos.latency import summarize
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
@@ -51,7 +51,6 @@ from chaos.runinfo import (
     log_errors,
     txn_counts,
 )
-from chaos.stalls import Stall, find_stalls, unexplained
 from chaos.supervisor import TXNSTREAM_BIN, Supervisor
 from chaos.truth import TruthLog
 from chaos.twophase import IN_TOPIC as TWOPHASE_IN
@@ -404,25 +403,6 @@ class ChaosRun:
         self._phase("measure", t0)
         return [{"what": k, "value": v, "bound": lim} for k, (v, lim) in rows.items() if v > lim]
 
-    def _stalls(self, truth: Any) -> list[tuple[str, Stall]]:
-        """Each worker's stall-watch dumps that none of its pauses explains.
-
-        The counts go to the summary (``stalls``).
-        """
-        start = phase_bounds(truth.phases).get("quiet", (time.time(), 0.0))[0]
-        faults = self.nemesis.as_dicts() if self.nemesis is not None else []
-        out, counts = [], {}
-        for name in self.sup.names("worker"):
-            path = self.sup.procs[name].log_path
-            found = find_stalls(path.read_text(errors="replace")) if path.exists() else []
-            pauses = [(start + float(f["at"]), start + float(f["at"]) + float(f["duration_s"]))
-                      for f in faults if f["kind"] == "pause" and f["target"] == name]
-            odd = unexplained(found, pauses)
-            counts[name] = {"dumps": len(found), "unexplained": len(odd)}
-            out += [(name, s) for s in odd]
-        self.summary["stalls"] = counts
-        return out
-
     def _held_open_s(self) -> float | None:
         """Seconds since the flood's lister began holding its txns open (None: no flood).
 
@@ -478,10 +458,6 @@ class ChaosRun:
              and not f["error"]])
         if lat["verdict"] == "flood_latency":
             an.add("flood_latency", lat)
-        for name, stall in self._stalls(truth):
-            an.add("worker_stalled", {"worker": name, "before": stall.before,
-                                      "after": stall.after, "frames": stall.frames[:12]},
-                   sub=name)
         if self.p.hostile and "doomed_deleted_at" in self.summary and \
                 self._doomed_recreated():
             an.add("deleted_topic_recreated", {"topic": DOOMED_TOPIC})

@@ -16,7 +16,6 @@ LAYERS: dict[str, int] = {
     # 0. foundations
     "txnstream.types": 0, "txnstream.errors": 0, "txnstream.config": 0,
     "txnstream.validate": 0, "txnstream.codec": 0, "txnstream.ratelog": 0,
-    "txnstream.stallwatch": 0,
     "txnstream.metrics": 0, "txnstream.message": 0, "txnstream.markers": 0,
     "txnstream.membership": 0, "txnstream.workers_key": 0, "txnstream.native": 0,
     # 1. Kafka

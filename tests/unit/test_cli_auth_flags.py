@@ -141,7 +141,6 @@ def test_worker_limit_flags_reach_worker_settings() -> None:
     ("--max-request-bytes", "1.5"), ("--max-inflight-per-connection", "0"),
     ("--read-share", "0"), ("--read-share", "1.5"), ("--read-share", "nan"),
     ("--read-share", "half"), ("--read-burst-s", "0"), ("--read-burst-s", "inf"),
-    ("--stall-dump-s", "0.5"), ("--stall-dump-s", "-1"), ("--stall-dump-s", "nan"),
 ])
 def test_bad_limits_are_refused_naming_the_flag(flag: str, value: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -185,9 +184,3 @@ def test_the_line_caps_reach_the_worker_settings_and_its_listener():
     assert (s.read_share, s.read_burst_s) == (0.2, 0.5)
     assert worker_settings_from_args(_parse("worker")) == WorkerSettings(
         buffer_role=worker_settings_from_args(_parse("worker")).buffer_role)
-
-
-def test_the_stall_dump_is_on_by_default_and_0_turns_it_off():
-    assert _parse("worker").stall_dump_s == 5.0
-    assert _parse("worker", "--stall-dump-s", "0").stall_dump_s == 0.0
-    assert _parse("worker", "--stall-dump-s", "12.5").stall_dump_s == 12.5

@@ -25,7 +25,6 @@ from txnstream.cli._common import add_topic_flags, config_from_args
 from txnstream.config import KAFKA_LOG, Config
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.worker import CoordinatorWorker
-from txnstream.stallwatch import DEFAULT_STALL_S, REARM_S, StallWatch
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,10 +52,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on --metrics-host:PORT, and the buffer "
                    "role's (a child process) on PORT+1 (default: off)")
-    p.add_argument("--stall-dump-s", type=_stall_seconds, default=DEFAULT_STALL_S, metavar="S",
-                   help="when no Python thread of the worker (or of its buffer child) ran "
-                        "for S seconds, write every thread's stack to stderr: where a "
-                        "stalled worker stood (0: off; default %(default)s)")
     p.add_argument("--metrics-host", default="127.0.0.1",
                    help="address the metrics endpoints bind (default 127.0.0.1; 0.0.0.0 in a "
                    "container, so Prometheus can scrape them)")
@@ -113,13 +108,6 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
-    return value
-
-
-def _stall_seconds(text: str) -> float:
-    value = 0.0 if text.strip() == "0" else _positive_seconds(text)
-    if value and value <= REARM_S:
-        raise argparse.ArgumentTypeError(f"must be 0 (off) or over {REARM_S:g} s, got {text}")
     return value
 
 
@@ -227,8 +215,6 @@ def _run(args: argparse.Namespace) -> int:
     topics = _buffer_topics(args)
     child = not args.no_buffer_role and not args.buffer_in_process
     settings = worker_settings_from_args(args)
-    if args.stall_dump_s:
-        StallWatch(args.stall_dump_s).start()
     worker = CoordinatorWorker(config, args.id, settings)
     if args.metrics_port:
         from txnstream import metrics
@@ -242,7 +228,7 @@ def _run(args: argparse.Namespace) -> int:
             args=(worker.config, topics, worker.worker_id, settings.session_timeout_ms,
                   settings.buffer_snapshot_interval_s,
                   args.metrics_port + 1 if args.metrics_port else 0, os.getpid(),
-                  args.metrics_host, settings.unsigned, args.stall_dump_s))
+                  args.metrics_host, settings.unsigned))
         buffers.start()
     done = threading.Event()
 
@@ -272,15 +258,12 @@ PARENT_WATCH_S = 0.5
 def run_buffer_role(config: Config, topics: tuple[str, ...] | None, member: str,
                     session_timeout_ms: int, snapshot_interval_s: float, metrics_port: int,
                     parent: int, metrics_host: str = "127.0.0.1",
-                    unsigned: bool = False, stall_dump_s: float = 0.0) -> None:
+                    unsigned: bool = False) -> None:
     """The buffer role of worker ``member`` (pid ``parent``), in a child process.
 
     ``unsigned``: the worker's ``--unsigned``; the child makes the same choice.
-    ``stall_dump_s``: the worker's ``--stall-dump-s`` (0: off).
     """
     logging.basicConfig(level=logging.INFO)
-    if stall_dump_s:
-        StallWatch(stall_dump_s).start()
     logging.getLogger("txnstream").setLevel(logging.INFO)
     if metrics_port:
         from txnstream import metrics
