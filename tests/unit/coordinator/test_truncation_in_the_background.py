@@ -11,9 +11,11 @@ brokers a truncation that advances takes 485-509 ms, one that does not 1-5 ms).
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.unit.coordinator.test_worker_consume_errors import (  # the worker's fakes
@@ -89,60 +91,53 @@ def turn_within(w: CoordinatorWorker, seconds: float) -> bool:
     return not t.is_alive()
 
 
-def test_a_truncation_the_broker_has_not_answered_does_not_hold_the_turn():
+@pytest.fixture
+def due() -> Iterator[tuple[CoordinatorWorker, SlowAdmin, TcIncarnation, list[int]]]:
+    """A worker with a truncation to offset 42 due; its listener closed after the test."""
     w, admin, tc, forgotten = worker_with_a_truncation_due(42)
-    try:
-        assert turn_within(w, 2.0), "the turn waited on delete_records"
-        assert admin.calls == [(0, 42)]
-        assert forgotten == []  # not before the broker said it is done
-        assert turn_within(w, 2.0)  # still unanswered: the next turns run too
-        assert admin.calls == [(0, 42)]  # and ask nothing more meanwhile
-        admin.answer()
-        assert turn_within(w, 2.0)
-        assert forgotten == [42]
-    finally:
-        admin.answer()
-        w._listener.close()
+    yield w, admin, tc, forgotten
+    admin.answer()
+    w._listener.close()
 
 
-def test_a_truncation_to_the_point_already_reached_is_not_asked_again():
-    w, admin, tc, forgotten = worker_with_a_truncation_due(42)
-    try:
-        assert turn_within(w, 2.0)
-        admin.answer()
-        assert turn_within(w, 2.0)
-        tc.truncate_pending = True  # the next checkpoint: the point has not moved
-        assert turn_within(w, 2.0)
-        assert admin.calls == [(0, 42)]
-    finally:
-        admin.answer()
-        w._listener.close()
+def test_a_truncation_the_broker_has_not_answered_does_not_hold_the_turn(due):
+    w, admin, tc, forgotten = due
+    assert turn_within(w, 2.0), "the turn waited on delete_records"
+    assert admin.calls == [(0, 42)]
+    assert forgotten == []  # not before the broker said it is done
+    assert turn_within(w, 2.0)  # still unanswered: the next turns run too
+    assert admin.calls == [(0, 42)]  # and ask nothing more meanwhile
+    admin.answer()
+    assert turn_within(w, 2.0)
+    assert forgotten == [42]
 
 
-def test_a_failed_truncation_forgets_nothing_and_is_tried_at_the_next_checkpoint(caplog):
-    w, admin, tc, forgotten = worker_with_a_truncation_due(42)
-    try:
-        assert turn_within(w, 2.0)
-        admin.answer(RuntimeError("broker said no"))
-        assert turn_within(w, 2.0)
-        assert forgotten == []
-        assert "truncation below 42 failed" in caplog.text and "broker said no" in caplog.text
-        tc.truncate_pending = True
-        assert turn_within(w, 2.0)
-        assert admin.calls == [(0, 42), (0, 42)]
-    finally:
-        admin.answer()
-        w._listener.close()
+def test_a_truncation_to_the_point_already_reached_is_not_asked_again(due):
+    w, admin, tc, forgotten = due
+    assert turn_within(w, 2.0)
+    admin.answer()
+    assert turn_within(w, 2.0)
+    tc.truncate_pending = True  # the next checkpoint: the point has not moved
+    assert turn_within(w, 2.0)
+    assert admin.calls == [(0, 42)]
 
 
-def test_a_truncation_answered_after_the_tc_stopped_serving_forgets_nothing():
-    w, admin, tc, forgotten = worker_with_a_truncation_due(42)
-    try:
-        assert turn_within(w, 2.0)
-        tc.phase = TcPhase.REPLAYING  # revoked and taken again meanwhile
-        admin.answer()
-        assert turn_within(w, 2.0)
-        assert forgotten == []
-    finally:
-        admin.answer()
-        w._listener.close()
+def test_a_failed_truncation_forgets_nothing_and_is_tried_at_the_next_checkpoint(due, caplog):
+    w, admin, tc, forgotten = due
+    assert turn_within(w, 2.0)
+    admin.answer(RuntimeError("broker said no"))
+    assert turn_within(w, 2.0)
+    assert forgotten == []
+    assert "truncation below 42 failed" in caplog.text and "broker said no" in caplog.text
+    tc.truncate_pending = True
+    assert turn_within(w, 2.0)
+    assert admin.calls == [(0, 42), (0, 42)]
+
+
+def test_a_truncation_answered_after_the_tc_stopped_serving_forgets_nothing(due):
+    w, admin, tc, forgotten = due
+    assert turn_within(w, 2.0)
+    tc.phase = TcPhase.REPLAYING  # revoked and taken again meanwhile
+    admin.answer()
+    assert turn_within(w, 2.0)
+    assert forgotten == []
