@@ -85,7 +85,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--session-timeout-ms", type=int, default=None,
                     help="workers' session timeout in the failover bench (default: "
                          "bench.failover.SESSION_TIMEOUT_MS, 6000)")
-    ap.add_argument("--processor-records", type=int, default=100_000,
+    ap.add_argument("--processor-records", type=int, default=400_000,
                     help="input records per consume-transform-produce loop")
     ap.add_argument("--processor-rounds", type=int, default=3,
                     help="rounds of the three consume-transform-produce loops, in turn")
@@ -195,7 +195,7 @@ def main(argv: list[str]) -> int:
         goals.extend(rows)
         section("Exactly-once consume-transform-produce (issue 5)", rows)
         section("Consume-transform-produce: CPU per record by process (issue 36)", cpu)
-        curve = proc.sweep(fresh_config(bootstrap), args.processor_records // 2,
+        curve = proc.sweep(fresh_config(bootstrap), args.processor_records,
                            proc.SWEEP_BATCHES, proc.SWEEP_INTERVALS,
                            progress=lambda r: console.print(r),
                            rounds=args.processor_rounds)

@@ -18,7 +18,12 @@ rule), so the last checkpoint does not wait out the interval.
 
 Each reads its own copy of the same input (plain records, 4 partitions) and is timed the
 same way: from its first input record received (the group join is out of the window) to
-its last commit (at-least-once: its last flush and ack). Goals: exactly-once at least
+its last commit (at-least-once: its last flush and ack). Each loop's producer is ready
+before its window: Kafka's EOS loop waits in ``init_transactions``, and the txnstream
+loops start consuming :data:`PRODUCER_READY_S` after their producer was made (librdkafka
+asks for an idempotent producer's id half a second after the handle is made, since none
+of its brokers is up at first; a loop whose group joined sooner waited for it inside its
+window, 0.3 s of a 1 s window in some rounds and not in others). Goals: exactly-once at least
 0.8x the at-least-once loop (issue 36) and 1.2x Kafka's EOS loop (issue 13).
 
 ``sweep()`` measures the exactly-once and at-least-once loops over batch sizes and
@@ -56,6 +61,13 @@ COMMIT_EVERY = DEFAULT_COMMIT_EVERY
 ALO_GOAL = 0.8
 KAFKA_EOS_GOAL = 1.2
 PARTITIONS = 4
+RECORDS = 400_000
+"""Inputs per loop: 3-4 s windows on 2 cores. With 100,000 (under 1 s) one round's rates
+moved by 2x, the at-least-once loop's and Kafka's between about 120k and 250k rec/s
+with nothing changed; 4 rounds of 400,000 gave all three loops within 20% of each other
+(BENCHMARKS.md, stop 66)."""
+PRODUCER_READY_S = 0.6
+"""Age of a loop's producer when its consuming starts (see the module's docstring)."""
 SWEEP_BATCHES = [50, 200, 500, 2000]
 SWEEP_INTERVALS = [0.1, 0.3, 1.0, 3.0]
 
@@ -70,6 +82,11 @@ def _fill(cfg: Config, topic: str, n: int) -> None:
             except BufferError:
                 p.poll(0.01)
     p.flush(60)
+
+
+def _ready(made: float) -> None:
+    """Wait until a producer made at ``made`` has had :data:`PRODUCER_READY_S`."""
+    time.sleep(max(0.0, made + PRODUCER_READY_S - time.monotonic()))
 
 
 def _upper(m):  # the transform every loop applies: key kept, value upper-cased
@@ -98,6 +115,7 @@ def _checkpoints(interval_s: float, every: int) -> Iterator[Callable[[int], bool
 def txnstream_eo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
                  interval_s: float = COMMIT_INTERVAL_S, every: int = COMMIT_EVERY) -> float:
     with Client(config=cfg) as client:
+        made = time.monotonic()
         proc = ExactlyOnceProcessor(client, src, f"b-{uuid.uuid4().hex[:6]}", dst, _upper,
                                     batch_size=batch, commit_interval_s=interval_s,
                                     commit_every=every)
@@ -111,6 +129,7 @@ def txnstream_eo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
             return got
 
         proc.consumer.receive_batch = timed_receive  # type: ignore[method-assign]
+        _ready(made)
         # run() pipelines checkpoints (one commits while the next is taken); it returns
         # once the last is committed
         proc.run(max_idle_s=180, stop=lambda: proc.stats.inputs + proc.committing >= n)
@@ -122,8 +141,10 @@ def txnstream_eo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
 def txnstream_alo(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
                   interval_s: float = COMMIT_INTERVAL_S, every: int = COMMIT_EVERY) -> float:
     with Client(config=cfg) as client, _checkpoints(interval_s, every) as due:
-        c = client.subscribe(src, subscription=f"b-{uuid.uuid4().hex[:6]}")
+        made = time.monotonic()
         p = client.create_producer(dst)
+        c = client.subscribe(src, subscription=f"b-{uuid.uuid4().hex[:6]}")
+        _ready(made)
         done = 0
         t0 = None
         pending: dict = {}  # tp -> last input taken since the checkpoint
@@ -206,7 +227,7 @@ def kafka_eos(cfg: Config, src: str, dst: str, n: int, batch: int = BATCH,
 LOOPS = ("exactly-once processor", "at-least-once", "Kafka EOS")
 
 
-def run(cfg: Config, records: int = 100_000, progress=None,
+def run(cfg: Config, records: int = RECORDS, progress=None,
         broker_pids: Sequence[int] | None = None, rounds: int = 3) -> tuple[list[dict], list[dict]]:
     """Three loops over the same volume, same checkpoints, ``rounds`` times in turn: the
     goal rows (each loop's median rate, and the median of the per-round ratios), and each
@@ -360,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m bench.processor")
     ap.add_argument("--bootstrap", required=True)
-    ap.add_argument("--records", type=int, default=50_000)
+    ap.add_argument("--records", type=int, default=RECORDS)
     ap.add_argument("--batches", default=",".join(map(str, SWEEP_BATCHES)))
     ap.add_argument("--intervals", default=",".join(f"{i:g}" for i in SWEEP_INTERVALS))
     ap.add_argument("--rounds", type=int, default=3, help="rounds per point")
