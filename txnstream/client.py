@@ -24,6 +24,7 @@ from txnstream.errors import (
     TxnStreamError,
 )
 from txnstream.kafka.native_send import NativeSpares
+from txnstream.kafka.topics import cluster_metadata
 from txnstream.lifecycle import DeadLetters
 from txnstream.pipeline import RequestPipeline
 from txnstream.producer import Producer
@@ -320,7 +321,8 @@ class Client:
         """Every topic of the cluster (a metadata request for all creates none)."""
         from confluent_kafka.admin import AdminClient
 
-        meta = AdminClient(self.config.admin()).list_topics(timeout=self.config.admin_timeout_s)
+        meta = cluster_metadata(AdminClient(self.config.admin()), self.config.admin_timeout_s,
+                                f"listing the topics of {self.config.bootstrap_servers}")
         return {name for name, t in meta.topics.items() if t.error is None}
 
     def _check_open(self) -> None:

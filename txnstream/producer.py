@@ -40,6 +40,7 @@ from txnstream.delayed import delay_header
 from txnstream.errors import ConfigError, KafkaClientError, TxnStreamError, classify_kafka_error
 from txnstream.kafka.clients import close_producer
 from txnstream.kafka.partitioning import murmur2_partition, murmur2_partitions
+from txnstream.kafka.topics import cluster_metadata
 from txnstream.markers import RESERVED_HEADERS
 from txnstream.send_paths import (
     FLUSH_SLICE_S,
@@ -73,9 +74,13 @@ TOPIC_WAIT_S = 5.0
 unknown, or without leaders, to the broker answering for a moment)."""
 
 
-def _count(kafka: KafkaProducer, topic: str, timeout_s: float) -> int:
-    """``topic``'s partition count as the cluster says now; 0 if it does not."""
-    tmeta = kafka.list_topics(topic, timeout=timeout_s).topics.get(topic)
+def _count(kafka: KafkaProducer, topic: str, timeout_s: float, where: str) -> int:
+    """``topic``'s partition count as the cluster (``where``) says now; 0 if it does not.
+
+    ``KafkaClientError`` if the cluster does not answer (:func:`cluster_metadata`).
+    """
+    tmeta = cluster_metadata(kafka, timeout_s, f"a producer of topic {topic!r} on {where}",
+                             topic).topics.get(topic)
     return len(tmeta.partitions) if tmeta is not None and tmeta.error is None else 0
 
 
@@ -87,7 +92,7 @@ def _partitions_of(kafka: KafkaProducer, topic: str, timeout_s: float, where: st
     """
     deadline = time.monotonic() + min(TOPIC_WAIT_S, timeout_s)
     while True:
-        if n := _count(kafka, topic, timeout_s):
+        if n := _count(kafka, topic, timeout_s, where):
             return n
         if time.monotonic() >= deadline:
             raise ConfigError(f"topic {topic!r} does not exist on {where}")
@@ -117,6 +122,7 @@ class Producer:
         self._paths = SendPaths(self._settings, topic, self._lock, spares)
         """``send_batch``'s native way to librdkafka, and its order with ``send``."""
         self._timeout_s = config.admin_timeout_s
+        self._where = config.bootstrap_servers
         self.num_partitions = _partitions_of(self._kafka, topic, config.admin_timeout_s,
                                              config.bootstrap_servers)
         self._rr = itertools.count()
@@ -157,7 +163,7 @@ class Producer:
         """
         deadline = time.monotonic() + min(TOPIC_WAIT_S, self._timeout_s)
         while True:
-            known = _count(self._kafka, self.topic, self._timeout_s)
+            known = _count(self._kafka, self.topic, self._timeout_s, self._where)
             native = self._paths.partitions(self._timeout_s)
             if native is not None:
                 known = min(known, native)

@@ -35,11 +35,13 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception, wait_fixed
+
 from chaos.roles.common import RoleArgs, commit_outcome, run_role
 from chaos.truth import TruthLog, decode_value, encode_value
 from txnstream import Client, DeadLetterPolicy
 from txnstream.consumer import Consumer
-from txnstream.errors import TxnStreamError
+from txnstream.errors import KafkaClientError, KafkaErrorKind, TxnStreamError
 from txnstream.message import Message
 from txnstream.processor import DEFAULT_COMMIT_INTERVAL_S
 
@@ -108,7 +110,13 @@ class ProcessorRole:
         except Exception as exc:  # noqa: BLE001 - the new member starts from the cursor anyway
             log.warning("closing the consumer to rewind: %s", exc)
         self.last_offset.clear()
-        self.consumer = self._subscribe()
+        # A rewind often follows a fault (a broker down, a cluster slow to answer): a
+        # subscribe the cluster did not answer is retriable, so it is tried again, as an
+        # application would, until it is answered or the role stops (seed 66).
+        for attempt in Retrying(retry=retry_if_exception(_unanswered), wait=wait_fixed(1.0),
+                                stop=lambda _s: self.stop.is_set(), reraise=True):
+            with attempt:
+                self.consumer = self._subscribe()
 
     def loop(self) -> None:
         """Batch after batch until stopped."""
@@ -301,3 +309,11 @@ class ProcessorRole:
 def run(args: RoleArgs) -> int:
     """Process batches until SIGTERM."""
     return run_role(ProcessorRole, args)
+
+
+def _unanswered(exc: BaseException) -> bool:
+    """A call the cluster did not answer (retriable): worth trying again."""
+    if isinstance(exc, KafkaClientError) and exc.kind is KafkaErrorKind.RETRIABLE:
+        log.warning("the cluster did not answer (%s): trying again in 1 s", exc)
+        return True
+    return False

@@ -67,6 +67,7 @@ from txnstream.errors import (
     WorkerIdentityError,
     WrongClusterError,
 )
+from txnstream.kafka.topics import cluster_metadata
 from txnstream.markers import MarkerSigner
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TxnID
@@ -145,7 +146,8 @@ class TransactionCoordinatorClient:
         self._rr = itertools.count(random.randrange(1 << 16))
         probe = Consumer(config.consumer(f"{config.topics.prefix}-probe"))
         try:
-            meta = probe.list_topics(timeout=config.admin_timeout_s)
+            meta = cluster_metadata(probe, config.admin_timeout_s,
+                                    f"finding the coordinators on {config.bootstrap_servers}")
         finally:
             probe.close()
         t = config.topics

@@ -31,11 +31,17 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from txnstream.errors import TooManyRequestsError
+from txnstream.errors import (
+    KafkaClientError,
+    KafkaErrorKind,
+    TooManyRequestsError,
+    classify_kafka_error,
+)
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
 
 __all__ = [
+    "cluster_metadata",
     "GONE_CODES",
     "LOOKUP_TIMEOUT_S",
     "NO_AUTO_CREATE",
@@ -81,6 +87,32 @@ Lookup = Callable[[str | None], dict[str, int | None]]
 """The cluster's topics now: ``lookup(topic)`` for one, ``lookup(None)`` for all. A topic
 left out does not exist; one mapped to None is listed with an error (its state is not
 known). Raises if the cluster did not answer."""
+
+
+def cluster_metadata(client: Any, timeout_s: float, what: str, topic: str | None = None) -> Any:
+    """``client.list_topics`` (every topic, or ``topic``): the cluster's metadata.
+
+    librdkafka raises a bare ``KafkaException`` when the cluster does not answer within
+    ``timeout_s`` (``_TIMED_OUT``, ``_TRANSPORT``: a broker down, a cluster starting);
+    it is raised as a ``KafkaClientError`` naming ``what`` asked and classified (a
+    cluster down is retriable), so a caller that handles ``TxnStreamError`` handles it.
+    """
+    try:
+        return (client.list_topics(timeout=timeout_s) if topic is None
+                else client.list_topics(topic, timeout=timeout_s))
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else exc
+        unanswered = getattr(err, "code", lambda: None)() in NO_ANSWER_CODES
+        raise KafkaClientError(
+            f"{what}: no metadata from the cluster within {timeout_s:g} s ({err})"
+            + ("; try again once it answers" if unanswered else ""),
+            KafkaErrorKind.RETRIABLE if unanswered else classify_kafka_error(exc)) from exc
+
+
+NO_ANSWER_CODES = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+                             KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE})
+"""librdkafka's local errors for a metadata request the cluster did not answer: a broker
+down or restarting, a cluster starting. Retriable: the same call succeeds once it answers."""
 
 
 def says_gone(err: Any) -> bool:

@@ -38,6 +38,7 @@ from txnstream.errors import CorruptRecordError, TxnStreamError, message_error
 from txnstream.kafka.clients import close_producer
 from txnstream.kafka.fetch import consume, delivered_at, delivered_offset, learn_topic
 from txnstream.kafka.partitioning import murmur2_partition
+from txnstream.kafka.topics import cluster_metadata
 from txnstream.pendingack.handle import PendingAckHandle
 from txnstream.pendingack.records import (
     CHECKPOINT_HEADER,
@@ -89,7 +90,9 @@ class PendingAckStore:
         self.subscription = subscription
         self.member_id = member_id
         self._producer = Producer(config.producer(**{"linger.ms": 1}))
-        meta = self._producer.list_topics(self.topic, timeout=config.admin_timeout_s)
+        meta = cluster_metadata(self._producer, config.admin_timeout_s,
+                                f"subscription {subscription!r}'s pending-ack log on "
+                                f"{config.bootstrap_servers}", self.topic)
         tmeta = meta.topics.get(self.topic)
         if tmeta is None or tmeta.error is not None:
             raise TxnStreamError(f"topic {self.topic} does not exist: run `txnstream init`")
