@@ -182,9 +182,11 @@ class RecordsExcludedError(InvalidTxnStatusError):
 
 
 class KafkaClientError(TxnStreamError):
-    """A Kafka client call failed; the message names where. ``kind`` says how to react:
-    fatal (retrying will not cure it), or retriable (a cluster that did not answer a
-    metadata request: the same call succeeds once it does)."""
+    """A Kafka client call failed; the message names where.
+
+    ``kind`` says how to react: fatal (retrying will not cure it), or retriable (a cluster
+    that did not answer a metadata request: the same call succeeds once it does).
+    """
 
     def __init__(self, message: str, kind: KafkaErrorKind, txn_id: TxnID | None = None) -> None:
         super().__init__(message, txn_id)
