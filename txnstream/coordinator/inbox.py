@@ -34,7 +34,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from txnstream.coordinator.transport import ServerConnection
@@ -51,7 +51,8 @@ SWEEP_AT = 1_024
 once (else at their next request): at most this many plus those that read within the
 last ``burst_s / share`` seconds (5 s by default)."""
 
-Item = tuple[bytes, "ServerConnection"]
+Item = tuple[Any, "ServerConnection", int]
+"""A request (as the worker put it: decoded, or its bytes), its connection, its size."""
 
 
 class ReadQuota:
@@ -118,15 +119,18 @@ class FairInbox:
         """The request just taken is a read: its handling counts against the read quota."""
         self._is_read = True
 
-    def put(self, data: bytes, conn: ServerConnection) -> None:
-        """A request read from ``conn`` (the listener's thread)."""
-        self._arrived.put((data, conn))
+    def put(self, request: Any, conn: ServerConnection, nbytes: int | None = None) -> None:
+        """A request read from ``conn`` (the listener's thread).
+
+        ``nbytes``: its size on the line (default ``len(request)``, for one given as bytes).
+        """
+        self._arrived.put((request, conn, len(request) if nbytes is None else nbytes))
 
     def waiting(self) -> int:
         """Requests not taken yet (the worker's thread)."""
         return sum(len(q) for q in self._waiting.values()) + self._arrived.qsize()
 
-    def take(self, timeout: float) -> Iterator[Item]:
+    def take(self, timeout: float) -> Iterator[tuple[Any, ServerConnection]]:
         """The requests of this turn, fairly; waits up to ``timeout`` for the first one.
 
         Time between one request given and the next asked for is its handling time,
@@ -154,10 +158,10 @@ class FairInbox:
                     return
             for principal in turn:
                 q = self._waiting[principal]
-                data, conn = q.popleft()
+                data, conn, nbytes = q.popleft()
                 if not q:
                     del self._waiting[principal]
-                conn.took(len(data))
+                conn.took(nbytes)
                 taken += 1
                 t0 = time.perf_counter()
                 self._is_read = False

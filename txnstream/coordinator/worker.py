@@ -167,7 +167,7 @@ class CoordinatorWorker:
         users = guarded_line_users(config, s.listen, s.allow_unauthenticated,
                                    f"worker {self.worker_id}")
         self._listener = Listener(bind.host, bind.port,
-                                  self._inbox.put,
+                                  self._received,
                                   users=users, tls=server_ssl_context(config),
                                   name=f"tc-listener-{self.worker_id}",
                                   limits=LineLimits(
@@ -320,16 +320,7 @@ class CoordinatorWorker:
                        if tc.phase is TcPhase.SERVING)
         self._endpoints.turn(now_ms, self.tcs, (tc.tc_id for tc in self.tcs.values()
                                                  if self._ownership.serving(tc)))
-        for data, conn in self._inbox.take(self.settings.idle_poll_s if idle else 0):
-            try:
-                req = TcRequest.decode(data)
-            except CorruptRecordError as exc:  # not this line, or hostile: closed
-                conn.close()
-                self._rate_limited.error(f"corrupt {conn.peer.rsplit(':', 1)[0]}", "worker %s: "
-                                         "closing the connection from %s (principal %s): a "
-                                         "corrupt request: %s", self.worker_id, conn.peer,
-                                         conn.principal, exc)
-                continue
+        for req, conn in self._inbox.take(self.settings.idle_poll_s if idle else 0):
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
             if req.op in _READS:
@@ -469,6 +460,23 @@ class CoordinatorWorker:
             return None
         tc.truncate_pending = True
         return offsets[0]
+
+    def _received(self, data: bytes, conn: ServerConnection) -> None:
+        """A frame read from ``conn`` (the listener's thread): decoded into the inbox.
+
+        Garbage closes the connection at once, as Kafka's network thread closes one whose
+        request does not parse: not once a turn reaches it, which a throttled principal's
+        requests, or a worker serving no TC, may not do for a minute (seed 66).
+        """
+        try:
+            self._inbox.put(TcRequest.decode(data), conn, len(data))
+        except CorruptRecordError as exc:  # not this line, or hostile: closed
+            conn.took(len(data))
+            conn.close()
+            self._rate_limited.error(f"corrupt {conn.peer.rsplit(':', 1)[0]}", "worker %s: "
+                                     "closing the connection from %s (principal %s): a "
+                                     "corrupt request: %s", self.worker_id, conn.peer,
+                                     conn.principal, exc)
 
     def _reply(self, req: TcRequest, reply: TcReply, data: bytes | None = None) -> None:
         """Answer on the connection the request came in on (``data``: ``reply`` encoded).

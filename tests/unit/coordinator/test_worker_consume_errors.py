@@ -140,6 +140,11 @@ class FakeConn:
         self.closed.set()
 
 
+def arrive(w: CoordinatorWorker, data: bytes, conn: Any) -> None:
+    """``data`` read from ``conn`` by the worker's listener (its thread's callback)."""
+    w._listener._on_request(data, conn)
+
+
 @pytest.fixture
 def make_worker():
     made: list[CoordinatorWorker] = []
@@ -152,7 +157,7 @@ def make_worker():
         made.append(w)
         conn = FakeConn()
         for r in requests:
-            w._inbox.put(r, conn)
+            arrive(w, r, conn)
         tc = TcIncarnation(0, TransactionMetadataStore(0, "w-unit"), replay_end=0,
                            phase=TcPhase.SERVING)
         tc.next_checkpoint = float("inf")
@@ -202,9 +207,9 @@ def test_a_read_whose_connection_is_gone_is_not_handled_and_others_are(make_work
     w, honest = make_worker([], [])
     gone = FakeConn("127.0.0.1:66")
     for i in range(5):
-        w._inbox.put(get_request(f"lost-{i}"), gone)
+        arrive(w, get_request(f"lost-{i}"), gone)
     gone.close()  # the peer reset it: what a failed write tells the transport
-    w._inbox.put(get_request("kept"), honest)
+    arrive(w, get_request("kept"), honest)
     before = _handled("GET")
     w._turn_once()
     assert [TcReply.decode(v).request_id for v in honest.sent] == ["kept"]
@@ -219,7 +224,7 @@ def _handled(op: str) -> float:
 def test_a_garbage_request_is_logged_naming_its_peer_and_the_rest_served(make_worker, caplog):
     w, conn = make_worker([], [b"\x01garbage"])
     other = FakeConn("127.0.0.2:9")
-    w._inbox.put(get_request("r4"), other)
+    arrive(w, get_request("r4"), other)
     with caplog.at_level(logging.ERROR):
         w._turn_once()
     assert "connection from 127.0.0.1:9 (principal anonymous): a corrupt request" in caplog.text
@@ -234,8 +239,8 @@ def test_a_connection_sending_garbage_is_closed_and_logged_once_not_per_frame(
     w, honest = make_worker([], [])
     flooder = FakeConn("127.0.0.1:66")
     for i in range(500):
-        w._inbox.put(b"\x01garbage-%d" % i, flooder)
-    w._inbox.put(get_request("r5"), honest)
+        arrive(w, b"\x01garbage-%d" % i, flooder)
+    arrive(w, get_request("r5"), honest)
     with caplog.at_level(logging.WARNING):
         while w._inbox.waiting():
             w._turn_once()
@@ -298,3 +303,18 @@ def test_connections_of_requests_nobody_answers_are_forgotten_past_their_deadlin
     w._turn_once()
     assert len(w._origins) == worker_mod.ORIGINS_SWEEP_AT + 10, "live ones are kept"
     assert w._sweep_origins_at == 2 * len(w._origins)
+
+
+def test_garbage_closes_its_connection_at_once_while_the_worker_serves_no_tc(make_worker):
+    """Seed 66's soak: a connection that sent a frame with no request in it stayed open
+    60 s, on a worker whose TCs were revoked and replayed again and again: the garbage
+    waited in the inbox, which a worker serving no TC does not read. It is refused when
+    it is read, as Kafka's network thread closes a connection whose request does not
+    parse."""
+    w, _ = make_worker([], [])
+    w.tcs.clear()  # every TC revoked: the worker serves none
+    flooder = FakeConn("127.0.0.1:66")
+    arrive(w, b"\xff" + bytes(range(64)), flooder)
+    for _ in range(3):
+        w._turn_once()
+    assert flooder.closed.is_set(), "a connection that sent garbage was kept open"
