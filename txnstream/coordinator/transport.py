@@ -173,9 +173,10 @@ class _Conn:
         self._writer.close()
 
     def close(self) -> None:
-        """Close (from any thread)."""
+        """Close (from any thread): closed at once for every thread, the socket soon."""
         if not self.closed.is_set():
-            self._io.call(self._close_now)
+            self.closed.set()
+            self._io.call(self._writer.close)
 
 
 class ServerConnection(_Conn):
@@ -312,6 +313,8 @@ class Listener:
                 conn.queued_bytes += len(data)
                 self.queued_bytes += len(data)
                 self._on_request(data, conn)
+                if conn.closed.is_set():
+                    break  # refused (its request did not parse): nothing more is read
                 if self._full(conn):  # backpressure: read no more until the worker takes
                     conn.room = asyncio.Event()
                     self._paused.add(conn)

@@ -468,6 +468,9 @@ class CoordinatorWorker:
         request does not parse: not once a turn reaches it, which a throttled principal's
         requests, or a worker serving no TC, may not do for a minute (seed 66).
         """
+        if conn.closed.is_set():  # closed at an earlier frame: nothing after it is taken
+            conn.took(len(data))
+            return
         try:
             self._inbox.put(TcRequest.decode(data), conn, len(data))
         except CorruptRecordError as exc:  # not this line, or hostile: closed

@@ -318,3 +318,15 @@ def test_garbage_closes_its_connection_at_once_while_the_worker_serves_no_tc(mak
     for _ in range(3):
         w._turn_once()
     assert flooder.closed.is_set(), "a connection that sent garbage was kept open"
+
+
+def test_nothing_a_connection_sends_after_its_garbage_is_taken(make_worker):
+    """The worker takes a connection's frames in order and closes it at the garbage: a
+    request read after it (already in the socket's buffer) is not handled."""
+    w, _ = make_worker([], [])
+    flooder = FakeConn("127.0.0.1:66")
+    arrive(w, b"\xff" + bytes(range(64)), flooder)
+    arrive(w, get_request("after-garbage"), flooder)
+    assert w._inbox.waiting() == 0, "a request sent after garbage was queued"
+    w._turn_once()
+    assert flooder.sent == [], "a request sent after garbage was answered"
