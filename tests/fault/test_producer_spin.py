@@ -1,0 +1,152 @@
+"""A native ``send_batch`` waiting on a broker that does not answer costs no CPU.
+
+librdkafka's idempotent producer polls with a zero timeout for as long as a partition has
+records ready to send and five or more in flight (``rd_kafka_toppar_producer_serve``: the
+batch-ready wakeup is set before the per-partition in-flight limit is checked). A
+``send_batch`` of more than one request's worth, or a second batch to a partition while
+the first is in flight, left records ready behind a request with five or more, and the
+handle's broker thread then burned a core until the answer came: a broker paused for
+seconds cost each such producer a core for seconds, and on a machine the broker shares,
+the spinning clients and workers kept it from answering (a run at a tenth of its rate).
+
+The broker here is a real one of the test's own, paused with SIGSTOP (the suite's shared
+broker must not be). While it is paused, this process must stay idle (a ``produce()`` that
+cannot hand its records waits, as a full librdkafka queue makes it wait); once it resumes,
+every record lands, in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.conftest import _free_port_pair
+from txnstream import Config
+from txnstream.cluster import LocalCluster
+from txnstream.kafka.native_send import NativeSender, librdkafka_settings, native_send
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("paused-broker")]
+
+needs_native = pytest.mark.skipif(native_send() is None,
+                                  reason="txnstream._native_send did not build or load")
+
+PAUSE_S = 3.0
+IDLE_CPU_S = 0.6
+"""CPU this process may use over the pause (a spinning broker thread uses ~PAUSE_S)."""
+RECORD = b"r" * 100
+
+
+@pytest.fixture(scope="module")
+def own_broker() -> Iterator[LocalCluster]:
+    state = Path(tempfile.mkdtemp(prefix="txnstream-spin-"))
+    cluster = LocalCluster(state, brokers=1, port=_free_port_pair())
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _topic(bootstrap: str, partitions: int) -> str:
+    name = f"spin-{os.urandom(4).hex()}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        f.result(30)
+    return name
+
+
+def _sender(bootstrap: str, topic: str) -> NativeSender:
+    mod = native_send()
+    assert mod is not None
+    rendered = librdkafka_settings(Config(bootstrap_servers=bootstrap).producer())
+    assert not isinstance(rendered, str)
+    return NativeSender(mod, rendered, topic, logging.getLogger("test.spin"))
+
+
+def _read(bootstrap: str, topic: str, partitions: int, n: int) -> dict[int, list[bytes]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{os.urandom(4).hex()}",
+                  "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < n and time.monotonic() < deadline:
+            for m in c.consume(1000, 1.0):
+                assert m.error() is None, m.error()
+                got[m.partition()].append(m.value())
+        return got
+    finally:
+        c.close()
+
+
+@needs_native
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_batches_waiting_on_a_paused_broker_use_no_cpu_and_all_land_in_order(
+        own_broker: LocalCluster, partitions: int) -> None:
+    bootstrap = own_broker.bootstrap
+    topic = _topic(bootstrap, partitions)
+    sender = _sender(bootstrap, topic)
+    tally = sender.tally()
+    headers = {p: [("h", b"v")] for p in range(partitions)}
+    try:
+        warm = [b"warm"] * partitions
+        assert sender.produce(tally, warm, None, list(range(partitions)), headers, 0) == \
+            (partitions, 0)
+        assert sender.flush(30) == 0
+        broker = next(iter(own_broker.pids().values()))
+        batches, per = 6, 3000  # each batch is several requests' worth per partition
+        handed: list[int] = []
+        failed: list[BaseException] = []
+
+        def produce() -> None:  # may wait for the broker: in a thread of its own
+            try:
+                for b in range(batches):
+                    values = [b"%d:%d:" % (b, i) + RECORD for i in range(per)]
+                    parts = [i % partitions for i in range(per)]
+                    start = 0
+                    while start < per:
+                        start, err = sender.produce(tally, values, None, parts, headers,
+                                                    start)
+                        assert err == 0, err
+                    handed.append(b)
+            except BaseException as exc:  # noqa: BLE001 - the test's thread reports it
+                failed.append(exc)
+
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            producer = threading.Thread(target=produce, daemon=True)
+            producer.start()
+            time.sleep(0.5)  # what was handed over is now waiting on the broker
+            cpu0, wall0 = time.process_time(), time.monotonic()
+            time.sleep(PAUSE_S)
+            cpu = time.process_time() - cpu0
+            wall = time.monotonic() - wall0
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        producer.join(60)
+        assert not failed, failed
+        assert handed == list(range(batches)), f"batches handed: {handed}"
+        sent = batches * per
+        assert cpu < IDLE_CPU_S, (
+            f"this process used {cpu:.2f} s of CPU in {wall:.1f} s while its records "
+            f"waited on a paused broker: a producer thread spins")
+        assert sender.flush(60) == 0
+        got = _read(bootstrap, topic, partitions, partitions + sent)
+        for p in range(partitions):
+            want = [b"warm"] + [b"%d:%d:" % (b, i) + RECORD for b in range(batches)
+                                for i in range(per) if i % partitions == p]
+            assert got[p] == want, f"partition {p}: records lost, doubled or reordered"
+    finally:
+        sender.close(5)
