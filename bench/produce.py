@@ -2,8 +2,9 @@
 and against Kafka's own transactional producer; rate and CPU per record.
 
 Every variant sends the same records (1 KB values, keys ``"0"`` .. ``"n-1"``, so the same
-partitions) with the same librdkafka settings (``Config.producer()``: idempotent,
-``linger.ms`` 5, the murmur2 partitioner), each to a fresh topic of :data:`PARTITIONS`
+partitions) with the same librdkafka settings (a data producer's,
+``txnstream.producer.data_producer_settings``: idempotent, ``linger.ms`` 5, the murmur2
+partitioner, one request in flight per connection), each to a fresh topic of :data:`PARTITIONS`
 partitions. The txnstream variants go through ``client.create_producer(topic)``, that is
 txnstream's :class:`~txnstream.producer.Producer`. Each is timed from just before its
 first send (the first ``new_transaction()`` / ``begin_transaction()`` for the
@@ -60,7 +61,7 @@ from bench.common import goal_row, make_topic, ratio, workers
 from bench.cpu import GROUPS, JIT, CpuMeter, CpuUse, cpu_text, jit_text
 from txnstream import Client, Config
 from txnstream.kafka.partitioning import murmur2_partition
-from txnstream.producer import Producer
+from txnstream.producer import Producer, data_producer_settings
 
 VALUE = b"v" * 1024
 PER_TXN = 1000
@@ -183,7 +184,8 @@ def _kafka_txn(p: KafkaProducer, topic: str, keys: list[bytes], per_txn: int) ->
 
 def _kafka_txn_producer(cfg: Config, topic: str) -> KafkaProducer:
     """A Kafka transactional producer, initialised, its first txn (one record) done."""
-    p = KafkaProducer(cfg.producer(**{"transactional.id": f"bench-{uuid.uuid4().hex[:8]}"}))
+    p = KafkaProducer(data_producer_settings(
+        cfg, **{"transactional.id": f"bench-{uuid.uuid4().hex[:8]}"}))
     p.init_transactions(KAFKA_INIT_TIMEOUT_S)
     p.begin_transaction()
     _kafka_produce(p, topic, b"warm-up")

@@ -104,34 +104,6 @@ static struct {
 } rk;
 static void *rk_lib = NULL;
 
-/* ---- the gate ----
- *
- * librdkafka's idempotent producer makes a new request for a partition only while fewer
- * than RD_KAFKA_IDEMP_MAX_INFLIGHT (5) of its *messages* are in flight, but it sets the
- * broker thread's batch-ready wakeup before it checks that limit
- * (rd_kafka_toppar_producer_serve). So while a partition has records ready to send and
- * five or more in flight, its broker thread polls with a zero timeout until the answer
- * comes: a core per producer for as long as the broker takes (seconds, when it pauses),
- * and on a machine the broker shares, the spinning threads kept it from answering.
- *
- * So no record is handed to librdkafka where it would wait like that. A record goes to
- * partition p only if
- * - nothing of p is unreported: the call opens a window for p, one request's worth
- *   (window_records, window_bytes), handed in one burst, so librdkafka sends it as one
- *   request; or
- * - it fits the window this call opened for p; or
- * - fewer than IDEMP_MAX_INFLIGHT - 1 of p's records are unreported: at most 4 are then
- *   in flight, so a request can always be made.
- * Else the call waits (without the GIL) for p's reports, as librdkafka's own queue would
- * have held the record until then; every wait_ms it returns, so Python can be
- * interrupted, and is called again. A burst never overlaps a flush(): during a flush
- * librdkafka sends each record as soon as it is queued, which would split the burst into
- * a request of a few records and leave the rest waiting behind it. */
-#define IDEMP_MAX_INFLIGHT 5
-#define RECORD_OVERHEAD 96 /* bytes a record adds to a request beyond its key and value
-                            * (an estimate: framing, headers), so a window stays within
-                            * batch.size */
-
 /* ---- a transaction's counts ---- */
 typedef struct {
     int32_t partition;
@@ -168,16 +140,8 @@ typedef struct {
     atomic_int busy;     /* produce() and flush() calls using rk without the GIL */
     atomic_int flushing; /* flush() calls running: the poll thread leaves the reports to
                           * them, so the last report wakes the flush, not the thread */
-    pthread_mutex_t mu; /* the tallies, the log lines and the gate */
+    pthread_mutex_t mu; /* the tallies and the log lines */
     tally_t tallies;    /* a ring's head: every tally_t of this Sender */
-    /* The gate (see "the gate" below): records handed to librdkafka and not reported yet,
-     * per partition; produce() calls handing records and flush() calls running; woken on
-     * each change. */
-    pthread_cond_t gate;
-    int64_t *unreported;
-    int32_t nunreported;
-    int handing, flushes, stopping;
-    int64_t window_records, window_bytes; /* one request's worth: batch.num.messages, batch.size */
     logline_t logs[MAX_LOGS];
     int nlogs;
     long dropped_logs;
@@ -223,9 +187,6 @@ static void on_delivery(rd_kafka_t *h, const rd_kafka_message_t *m, void *opaque
     if (t == NULL)
         return;
     pthread_mutex_lock(&s->mu);
-    if (m->partition >= 0 && m->partition < s->nunreported &&
-        --s->unreported[m->partition] < IDEMP_MAX_INFLIGHT)
-        pthread_cond_broadcast(&s->gate);
     t->acked++;
     if (m->err) {
         if (!t->err) {
@@ -377,8 +338,6 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kw) {
     }
     rd_kafka_conf_t *conf = rk.conf_new();
     char errstr[512];
-    s->window_records = 10000; /* librdkafka's defaults of batch.num.messages, batch.size */
-    s->window_bytes = 1000000;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(settings); i++) {
         const char *name, *value;
         if (!PyArg_ParseTuple(PyList_GET_ITEM(settings, i), "ss;a setting is (name, value)",
@@ -386,10 +345,6 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kw) {
             rk.conf_destroy(conf);
             return -1;
         }
-        if (strcmp(name, "batch.num.messages") == 0)
-            s->window_records = atoll(value);
-        else if (strcmp(name, "batch.size") == 0)
-            s->window_bytes = atoll(value);
         if (rk.conf_set(conf, name, value, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
             /* The value is not shown: it may be a secret. */
             PyErr_Format(PyExc_ValueError, "librdkafka refused the setting %s", name);
@@ -434,7 +389,6 @@ static PyObject *Sender_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     if (s == NULL)
         return NULL;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->gate, NULL);
     s->tallies.prev = s->tallies.next = &s->tallies;
     return (PyObject *)s;
 }
@@ -585,7 +539,6 @@ static PyObject *Sender_produce(Sender *s, PyObject *args) {
     PyObject *values = NULL, *keys = NULL, *parts = NULL, *result = NULL;
     mem_t *vm = NULL, *km = NULL;
     int32_t *pm = NULL;
-    int64_t *wm = NULL, *wb = NULL;
     rd_kafka_headers_t **hs = NULL;
     int32_t nhs = 0;
     values = PySequence_Tuple(values_in);
@@ -630,27 +583,7 @@ static PyObject *Sender_produce(Sender *s, PyObject *args) {
         pm[i] = (int32_t)p;
     }
     tally_t *t = tally->t;
-    /* This call's windows (see the gate): records and bytes per partition, -1: none. */
-    wm = PyMem_Malloc((size_t)nhs * sizeof *wm);
-    wb = PyMem_Malloc((size_t)nhs * sizeof *wb);
-    if (wm == NULL || wb == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (int32_t p = 0; p < nhs; p++)
-        wm[p] = -1;
     pthread_mutex_lock(&s->mu);
-    if (s->nunreported < nhs) {
-        int64_t *u = realloc(s->unreported, (size_t)nhs * sizeof *u);
-        if (u == NULL) {
-            pthread_mutex_unlock(&s->mu);
-            PyErr_NoMemory();
-            goto done;
-        }
-        memset(u + s->nunreported, 0, (size_t)(nhs - s->nunreported) * sizeof *u);
-        s->unreported = u;
-        s->nunreported = nhs;
-    }
     t->sent += m; /* before the first report can come; what is not handed is taken back */
     pthread_mutex_unlock(&s->mu);
     Py_ssize_t i = 0;
@@ -658,59 +591,8 @@ static PyObject *Sender_produce(Sender *s, PyObject *args) {
     rd_kafka_topic_t *rkt = s->rkt;
     Py_BEGIN_ALLOW_THREADS
     int64_t full_since = -1;
-    int64_t until = now_ms() + wait_ms;
-    int handing = 0;
     while (i < m) {
-        int32_t p = pm[i];
-        int64_t size = (int64_t)(vm[i].len + km[i].len) + RECORD_OVERHEAD;
-        pthread_mutex_lock(&s->mu);
-        int gave_up = 0;
-        for (;;) {
-            int64_t u = s->unreported[p];
-            if (u == 0 && wm[p] != 0) { /* a window of its own (an empty one is open) */
-                wm[p] = 0;
-                wb[p] = 0;
-            }
-            int fits = wm[p] >= 0 && wm[p] < s->window_records &&
-                       (wm[p] == 0 || wb[p] + size <= s->window_bytes);
-            if ((fits || u + 1 < IDEMP_MAX_INFLIGHT) && (handing || !s->flushes))
-                break;
-            if (handing) { /* a wait lets a flush run, and starts a new burst after */
-                handing = 0;
-                s->handing--;
-                pthread_cond_broadcast(&s->gate);
-                continue;
-            }
-            if (s->stopping || now_ms() >= until) {
-                gave_up = 1;
-                break;
-            }
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            int64_t left = until - now_ms();
-            ts.tv_sec += left / 1000;
-            ts.tv_nsec += (left % 1000) * 1000000;
-            if (ts.tv_nsec >= 1000000000) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000;
-            }
-            pthread_cond_timedwait(&s->gate, &s->mu, &ts);
-        }
-        if (!gave_up) {
-            if (!handing) {
-                handing = 1;
-                s->handing++;
-            }
-            s->unreported[p]++; /* before it is handed: its report may come at once */
-            if (wm[p] >= 0) {
-                wm[p]++;
-                wb[p] += size;
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-        if (gave_up) /* err 0: the caller calls again from i (and may be interrupted) */
-            break;
-        rd_kafka_headers_t *hc = rk.headers_copy(hs[p]);
+        rd_kafka_headers_t *hc = rk.headers_copy(hs[pm[i]]);
         err = rk.producev(h, VTYPE_RKT, rkt, VTYPE_PARTITION, pm[i], VTYPE_VALUE,
                           (void *)vm[i].ptr, vm[i].len, VTYPE_KEY, (void *)km[i].ptr, km[i].len,
                           VTYPE_MSGFLAGS, RD_KAFKA_MSG_F_COPY, VTYPE_OPAQUE, (void *)t,
@@ -720,13 +602,6 @@ static PyObject *Sender_produce(Sender *s, PyObject *args) {
             full_since = -1;
             continue;
         }
-        pthread_mutex_lock(&s->mu);
-        s->unreported[p]--;
-        if (wm[p] > 0) {
-            wm[p]--;
-            wb[p] -= size;
-        }
-        pthread_mutex_unlock(&s->mu);
         rk.headers_destroy(hc); /* librdkafka takes them only with the record */
         if (err != RD_KAFKA_RESP_ERR__QUEUE_FULL)
             break;
@@ -739,14 +614,10 @@ static PyObject *Sender_produce(Sender *s, PyObject *args) {
         }
         rk.poll(h, 10); /* let it drain (the thread serves the reports too) */
     }
+    Py_END_ALLOW_THREADS
     pthread_mutex_lock(&s->mu);
-    if (handing) {
-        s->handing--;
-        pthread_cond_broadcast(&s->gate);
-    }
     t->sent -= m - i;
     pthread_mutex_unlock(&s->mu);
-    Py_END_ALLOW_THREADS
     result = Py_BuildValue("(ni)", start + i, (int)err);
 done:
     sender_done(s);
@@ -755,8 +626,6 @@ done:
     PyMem_Free(vm);
     PyMem_Free(km);
     PyMem_Free(pm);
-    PyMem_Free(wm);
-    PyMem_Free(wb);
     Py_XDECREF(values);
     Py_XDECREF(keys);
     Py_XDECREF(parts);
@@ -778,28 +647,9 @@ static PyObject *Sender_flush(Sender *s, PyObject *args) {
         return NULL;
     int left;
     Py_BEGIN_ALLOW_THREADS
-    int64_t start = now_ms();
-    pthread_mutex_lock(&s->mu); /* not during a burst (the gate): it would split it */
-    while (s->handing && !s->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&s->gate, &s->mu, &ts);
-    }
-    s->flushes++;
-    pthread_mutex_unlock(&s->mu);
-    int rest = timeout_ms - (int)(now_ms() - start);
     atomic_fetch_add(&s->flushing, 1);
-    rk.flush(h, rest > 0 ? rest : 0);
+    rk.flush(h, timeout_ms);
     atomic_fetch_sub(&s->flushing, 1);
-    pthread_mutex_lock(&s->mu);
-    s->flushes--;
-    pthread_cond_broadcast(&s->gate);
-    pthread_mutex_unlock(&s->mu);
     left = rk.outq_len(h);
     Py_END_ALLOW_THREADS
     sender_done(s);
@@ -893,10 +743,6 @@ static PyObject *Sender_close(Sender *s, PyObject *args) {
     s->rk = NULL; /* no produce() starts any more (a running one holds a reference) */
     s->rkt = NULL;
     Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&s->mu); /* a produce() waiting at the gate returns */
-    s->stopping = 1;
-    pthread_cond_broadcast(&s->gate);
-    pthread_mutex_unlock(&s->mu);
     while (atomic_load(&s->busy)) { /* a produce() or flush() still using the handle */
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
@@ -953,10 +799,7 @@ static void Sender_dealloc(Sender *s) {
         free(s->logs[i].text);
     }
     s->nlogs = 0;
-    free(s->unreported);
-    s->unreported = NULL;
     pthread_mutex_unlock(&s->mu);
-    pthread_cond_destroy(&s->gate);
     pthread_mutex_destroy(&s->mu);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }

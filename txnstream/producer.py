@@ -99,6 +99,34 @@ def _partitions_of(kafka: KafkaProducer, topic: str, timeout_s: float, where: st
         time.sleep(0.1)
 
 
+IN_FLIGHT = "max.in.flight.requests.per.connection"
+IN_FLIGHT_NAMES = (IN_FLIGHT, "max.in.flight")
+"""librdkafka's name of the setting, and its alias."""
+DATA_IN_FLIGHT = 1
+"""Produce requests a data producer has in flight per broker connection, unless the user
+sets it. librdkafka's idempotent producer makes a new request for a partition only while
+fewer than five of its records are in flight there, yet wakes its broker thread at once
+for records ready to send behind them: it polls with a zero timeout until the broker
+answers, a core per producer for as long as the broker takes (on a machine the broker
+shares, the spinning producers slowed it further: 4 of 6 rounds of ``send_batch`` at a
+tenth of their rate, docs/architecture.md). With one request in flight, the next one
+waits in the connection's queue and the thread sleeps; a partition makes no more than
+one request at a time anyway once five of its records are in flight. It still spins for
+a topic with one partition on the broker (nothing else to queue): librdkafka's."""
+
+
+def data_producer_settings(config: Config, **kafka: object) -> dict[str, object]:
+    """The settings of a data producer's handles (confluent-kafka's and the native one).
+
+    ``Config.producer()``, with at most :data:`DATA_IN_FLIGHT` requests in flight per
+    connection unless ``kafka`` or ``config.kafka`` set it.
+    """
+    settings = config.producer(**kafka)
+    if not any(name in kafka or name in config.kafka for name in IN_FLIGHT_NAMES):
+        settings[IN_FLIGHT] = DATA_IN_FLIGHT
+    return settings
+
+
 class Producer:
     """Sends to one topic; thread-safe; use ``client.create_producer(topic)``.
 
@@ -115,7 +143,7 @@ class Producer:
         self._serve = serve
         """Has the topic served before a delayed plain send (``Client._serve``)."""
         check_txn_producer(kafka, f"given to create_producer({topic!r})")
-        self._settings = config.producer(**kafka)
+        self._settings = data_producer_settings(config, **kafka)
         self._kafka = KafkaProducer(self._settings)
         self._closed = False
         self._lock = threading.Lock()

@@ -1,18 +1,22 @@
-"""A native ``send_batch`` waiting on a broker that does not answer costs no CPU.
+"""A data producer's batches waiting on a broker that does not answer cost no CPU.
 
 librdkafka's idempotent producer polls with a zero timeout for as long as a partition has
 records ready to send and five or more in flight (``rd_kafka_toppar_producer_serve``: the
-batch-ready wakeup is set before the per-partition in-flight limit is checked). A
-``send_batch`` of more than one request's worth, or a second batch to a partition while
-the first is in flight, left records ready behind a request with five or more, and the
-handle's broker thread then burned a core until the answer came: a broker paused for
-seconds cost each such producer a core for seconds, and on a machine the broker shares,
-the spinning clients and workers kept it from answering (a run at a tenth of its rate).
+batch-ready wakeup is set before the per-partition in-flight limit is checked), unless
+another request waits in the connection's queue. Batches queued behind a request of five
+or more records made the handle's broker thread burn a core until the answer came: a
+broker paused for seconds cost each such producer a core for seconds, and on a machine
+the broker shares, the spinning clients and workers kept it from answering (a run at a
+tenth of its rate). A data producer now has one request in flight per connection
+(``txnstream.producer.DATA_IN_FLIGHT``), so the next waits in the queue and the thread
+sleeps, on a topic of several partitions per broker. On a topic of one partition there
+is nothing else to queue and librdkafka still spins: that case is expected to fail until
+librdkafka changes (docs/architecture.md "Native code").
 
 The broker here is a real one of the test's own, paused with SIGSTOP (the suite's shared
-broker must not be). While it is paused, this process must stay idle (a ``produce()`` that
-cannot hand its records waits, as a full librdkafka queue makes it wait); once it resumes,
-every record lands, in order.
+broker must not be), and the handle is the native one ``send_batch`` uses, with a data
+producer's settings. While the broker is paused this process must stay idle; once it
+resumes, every record lands, in order.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from tests.conftest import _free_port_pair
 from txnstream import Config
 from txnstream.cluster import LocalCluster
 from txnstream.kafka.native_send import NativeSender, librdkafka_settings, native_send
+from txnstream.producer import data_producer_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("paused-broker")]
 
@@ -70,7 +75,7 @@ def _topic(bootstrap: str, partitions: int) -> str:
 def _sender(bootstrap: str, topic: str) -> NativeSender:
     mod = native_send()
     assert mod is not None
-    rendered = librdkafka_settings(Config(bootstrap_servers=bootstrap).producer())
+    rendered = librdkafka_settings(data_producer_settings(Config(bootstrap_servers=bootstrap)))
     assert not isinstance(rendered, str)
     return NativeSender(mod, rendered, topic, logging.getLogger("test.spin"))
 
@@ -92,7 +97,11 @@ def _read(bootstrap: str, topic: str, partitions: int, n: int) -> dict[int, list
 
 
 @needs_native
-@pytest.mark.parametrize("partitions", [1, 4])
+@pytest.mark.parametrize("partitions", [
+    pytest.param(1, marks=pytest.mark.xfail(
+        strict=True, reason="librdkafka's idempotent producer spins with one partition per "
+        "broker whatever its settings (docs/architecture.md)")),
+    4])
 def test_batches_waiting_on_a_paused_broker_use_no_cpu_and_all_land_in_order(
         own_broker: LocalCluster, partitions: int) -> None:
     bootstrap = own_broker.bootstrap
