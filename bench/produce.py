@@ -4,12 +4,13 @@ and against Kafka's own transactional producer; rate and CPU per record.
 Every variant sends the same records (1 KB values, keys ``"0"`` .. ``"n-1"``, so the same
 partitions) with the same librdkafka settings (a data producer's,
 ``txnstream.producer.data_producer_settings``: idempotent, ``linger.ms`` 5, the murmur2
-partitioner, one request in flight per connection), each to a fresh topic of :data:`PARTITIONS`
-partitions. The txnstream variants go through ``client.create_producer(topic)``, that is
-txnstream's :class:`~txnstream.producer.Producer`. Each is timed from just before its
-first send (the first ``new_transaction()`` / ``begin_transaction()`` for the
-transactional ones) to its last acknowledgement: a commit returns only once every send of
-its transaction is acknowledged, and the plain side ends with ``flush()``.
+partitioner, one request in flight per connection), each to a fresh topic of
+:data:`PARTITIONS` partitions. The txnstream variants go through
+``client.create_producer(topic)``, that is txnstream's
+:class:`~txnstream.producer.Producer`. Each is timed from just before its first send (the
+first ``new_transaction()`` / ``begin_transaction()`` for the transactional ones) to its
+last acknowledgement: a commit returns only once every send of its transaction is
+acknowledged, and the plain side ends with ``flush()``.
 
 * transactional, ``send``: per :data:`PER_TXN` records, ``new_transaction()``,
   ``producer.send(value, key=key, txn=txn)`` for each, ``txn.commit()``;
