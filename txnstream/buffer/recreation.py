@@ -25,9 +25,10 @@ The owner then restarts the partition's state from the new log's start with the 
 epoch one higher and publishes a snapshot at once (:mod:`txnstream.buffer.worker`);
 readers reload from it (:attr:`~txnstream.buffer.served.BufferView.log_epoch`).
 
-:class:`TopicIds` asks the broker for topic ids: an error, a missing topic or no admin
-client means "not known", never "changed". :class:`LogRestarts` is the owner's side:
-its periodic check, and the state a newly served partition's fold starts from.
+:class:`TopicIds` asks the broker for topic ids (natively where it can): an error, a
+missing topic or no admin client means "not known", never "changed".
+:class:`LogRestarts` is the owner's side: its periodic check, and the state a newly
+served partition's fold starts from.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from confluent_kafka.admin import AdminClient
 
 from txnstream.buffer.snapshot import TransactionBufferSnapshot, restore
 from txnstream.buffer.transaction_buffer import TransactionBuffer
+from txnstream.kafka.librdkafka import native_librdkafka
 from txnstream.types import TopicPartition
 
 if TYPE_CHECKING:  # readers (the Spark source's planner) use TopicIds without the owner's
@@ -117,20 +119,38 @@ class LogIdentity:
 
 
 class TopicIds:
-    """Kafka topic ids, asked of the broker (``AdminClient.describe_topics``)."""
+    """Kafka topic ids, asked of the broker.
 
-    def __init__(self, make_admin: Callable[[], AdminClient], timeout_s: float) -> None:
-        """``make_admin`` is called at the first question (and again after a failure)."""
+    Through ``through`` (a consumer and its ``client.id``) where the native module loads:
+    one DescribeTopics on that consumer's own handle, of which only names and ids are
+    read (``txnstream._native.topic_ids``). confluent-kafka's ``describe_topics`` builds
+    a Python object per partition, replica and ISR member: for a topic of 1,024
+    partitions, 6.2 ms of CPU a call, once a second on every buffer owner. Otherwise
+    (or once the native call refuses the consumer), through ``AdminClient.describe_topics``.
+    Both give the same answers (``tests/integration/buffer/test_topic_ids.py``).
+    """
+
+    def __init__(self, make_admin: Callable[[], AdminClient], timeout_s: float,
+                 through: tuple[Consumer, str] | None = None) -> None:
+        """``make_admin`` is called at the first question asked of it (and after a failure)."""
         self._make_admin = make_admin
         self._timeout_s = timeout_s
         self._admin: AdminClient | None = None
         self._retry_at = 0.0
+        self._through = through if native_librdkafka() is not None else None
+
+    @property
+    def native(self) -> bool:
+        """Whether the ids are asked through the native module."""
+        return self._through is not None
 
     def get(self, topics: Iterable[str]) -> dict[str, str]:
         """Each topic's id (Kafka's base64 text); a topic with no answer is left out."""
         names = sorted(set(topics))
         if not names:
             return {}
+        if self._through is not None and (ids := self._get_native(names)) is not None:
+            return ids
         admin = self._admin_()
         if admin is None:
             return {}
@@ -151,6 +171,23 @@ class TopicIds:
                 out[name] = str(desc.topic_id)
         return out
 
+    def _get_native(self, names: list[str]) -> dict[str, str] | None:
+        """The ids through the consumer's handle; None if it refuses (never asked again)."""
+        mod = native_librdkafka()
+        assert mod is not None and self._through is not None
+        consumer, client_id = self._through
+        try:
+            ids, why = mod.topic_ids(consumer, client_id, names,
+                                     max(0, int(self._timeout_s * 1000)))
+        except (TypeError, ValueError, RuntimeError) as exc:  # closed, or not its layout
+            log.info("topic ids are asked through an admin client from now on: the "
+                     "native call refused consumer %s (%s)", client_id, exc)
+            self._through = None
+            return None
+        if why is not None:  # no word on any of them: nothing is decided on it
+            log.debug("topic ids of %s: %s", names, why)
+        return dict(ids)
+
     def close(self) -> None:
         """Drop the admin client, so a stopped worker does not go on reconnecting.
 
@@ -158,6 +195,7 @@ class TopicIds:
         reference goes. Asked again after, no id is known.
         """
         self._admin = None
+        self._through = None
         self._retry_at = float("inf")
 
     def _admin_(self) -> AdminClient | None:

@@ -101,8 +101,7 @@ ERROR_BACKOFF_S = 1.0
 """Pause after a failed fold step: no busy loop on a broker that is down, and short next
 to the session timeout, so the group keeps the member."""
 FOLD_WAIT_S = 0.005  # how long one turn waits for data records (a marker's latency)
-CLAIM_TIMEOUT_S = 10.0
-"""How long the OWNER record of a claim may take to be written."""
+CLAIM_TIMEOUT_S = 10.0  # how long the OWNER record of a claim may take to be written
 
 
 class BufferWorker:
@@ -134,13 +133,13 @@ class BufferWorker:
         self._state_topic = config.topics.buffer_state
         self._group = self._new_group_consumer()
         self._bounds = LogBounds(config, self.member, kafka)
+        data_id = f"tb-data-{self.member}"
         self._data = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-data-{uuid.uuid4().hex[:8]}",
-            **PACED_FETCH, **{"client.id": f"tb-data-{self.member}"}))
+            **PACED_FETCH, **{"client.id": data_id}))
         self._data_topics = KnownTopics(self._data, config.admin_timeout_s)
-        self._scan = DataScan(
-            self._data, f"tb-data-{self.member}", pace_s=FOLD_WAIT_S, resume_at=lambda tp: (
-                s.buf.last_offset + 1 if (s := self.served.get(tp)) is not None else None))
+        self._scan = DataScan(self._data, data_id, pace_s=FOLD_WAIT_S, resume_at=lambda tp: (
+            s.buf.last_offset + 1 if (s := self.served.get(tp)) is not None else None))
         self._registry = kafka.consumer(config.consumer(
             f"{config.topics.prefix}-tb-reg-{uuid.uuid4().hex[:8]}",
             **{"fetch.wait.max.ms": 50, "client.id": f"tb-reg-{self.member}"}))
@@ -155,8 +154,9 @@ class BufferWorker:
         self._publisher = BufferPublisher(self._producer, self._state_topic, self._store,
                                           self._data, self.member, config.admin_timeout_s)
         self._retry_claim: dict[int, float] = {}
-        ids = TopicIds(lambda: kafka.admin(config.admin()), config.admin_timeout_s)
-        self._logs = LogRestarts(self._data, ids, self.member, config.admin_timeout_s)
+        self._logs = LogRestarts(self._data, TopicIds(
+            lambda: kafka.admin(config.admin()), config.admin_timeout_s, (self._data, data_id)),
+            self.member, config.admin_timeout_s)
         self._signer: MarkerSigner | None = None  # signs its markers, checks folded ones
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
