@@ -51,9 +51,11 @@ from txnstream.types import TopicPartition
 if TYPE_CHECKING:  # readers (the Spark source's planner) use TopicIds without the owner's
     # publisher, whose metrics import prometheus_client
     from txnstream.buffer.publisher import ServedPartition
+    from txnstream.config import Config
+    from txnstream.kafka.clients import KafkaClientFactory
 
 __all__ = ["LogIdentity", "LogRestarts", "Restart", "TopicIds", "CONFIRM_CHECKS",
-           "RECREATION_CHECK_S", "fresh_state"]
+           "RECREATION_CHECK_S", "fresh_state", "idle_consumer"]
 
 log = logging.getLogger(__name__)
 
@@ -121,35 +123,43 @@ class LogIdentity:
 class TopicIds:
     """Kafka topic ids, asked of the broker.
 
-    Through ``through`` (a consumer and its ``client.id``) where the native module loads:
-    one DescribeTopics on that consumer's own handle, of which only names and ids are
-    read (``txnstream._native.topic_ids``). confluent-kafka's ``describe_topics`` builds
-    a Python object per partition, replica and ISR member: for a topic of 1,024
-    partitions, 6.2 ms of CPU a call, once a second on every buffer owner. Otherwise
-    (or once the native call refuses the consumer), through ``AdminClient.describe_topics``.
-    Both give the same answers (``tests/integration/buffer/test_topic_ids.py``).
+    Where the native module loads, through a consumer of its own that ``idle`` makes (a
+    consumer and its ``client.id``, with nothing assigned: a request on a consumer that
+    fetches waits behind its fetch parked on the broker, up to ``fetch.wait.max.ms``,
+    and the owner asks at each partition it starts serving): one DescribeTopics on that
+    handle, of which only names and ids are read (``txnstream._native.topic_ids``).
+    confluent-kafka's ``describe_topics`` builds a Python object per partition, replica
+    and ISR member: for a topic of 1,024 partitions, 6.2 ms of CPU a call, once a second
+    on every buffer owner. Otherwise (or once the native call refuses the consumer),
+    through ``AdminClient.describe_topics``. Both give the same answers
+    (``tests/integration/buffer/test_topic_ids.py``).
     """
 
     def __init__(self, make_admin: Callable[[], AdminClient], timeout_s: float,
-                 through: tuple[Consumer, str] | None = None) -> None:
-        """``make_admin`` is called at the first question asked of it (and after a failure)."""
+                 idle: Callable[[], tuple[Consumer, str]] | None = None) -> None:
+        """``make_admin`` and ``idle`` are called at the first question asked.
+
+        ``make_admin`` again after a failure; the consumer ``idle`` makes is this object's
+        to close.
+        """
         self._make_admin = make_admin
         self._timeout_s = timeout_s
         self._admin: AdminClient | None = None
         self._retry_at = 0.0
-        self._through = through if native_librdkafka() is not None else None
+        self._idle = idle if native_librdkafka() is not None else None
+        self._through: tuple[Consumer, str] | None = None
 
     @property
     def native(self) -> bool:
         """Whether the ids are asked through the native module."""
-        return self._through is not None
+        return self._idle is not None
 
     def get(self, topics: Iterable[str]) -> dict[str, str]:
         """Each topic's id (Kafka's base64 text); a topic with no answer is left out."""
         names = sorted(set(topics))
         if not names:
             return {}
-        if self._through is not None and (ids := self._get_native(names)) is not None:
+        if self._idle is not None and (ids := self._get_native(names)) is not None:
             return ids
         admin = self._admin_()
         if admin is None:
@@ -172,30 +182,40 @@ class TopicIds:
         return out
 
     def _get_native(self, names: list[str]) -> dict[str, str] | None:
-        """The ids through the consumer's handle; None if it refuses (never asked again)."""
+        """The ids through the idle consumer; None if it refuses (never asked again)."""
         mod = native_librdkafka()
-        assert mod is not None and self._through is not None
-        consumer, client_id = self._through
+        assert mod is not None and self._idle is not None
         try:
+            if self._through is None:
+                self._through = self._idle()
+            consumer, client_id = self._through
             ids, why = mod.topic_ids(consumer, client_id, names,
                                      max(0, int(self._timeout_s * 1000)))
-        except (TypeError, ValueError, RuntimeError) as exc:  # closed, or not its layout
+        except (KafkaException, TypeError, ValueError, RuntimeError) as exc:
             log.info("topic ids are asked through an admin client from now on: the "
-                     "native call refused consumer %s (%s)", client_id, exc)
-            self._through = None
+                     "native call through %s refused (%s)", self._through, exc)
+            self._drop_native()
             return None
         if why is not None:  # no word on any of them: nothing is decided on it
             log.debug("topic ids of %s: %s", names, why)
         return dict(ids)
 
+    def _drop_native(self) -> None:
+        through, self._through, self._idle = self._through, None, None
+        if through is not None:
+            try:
+                through[0].close()
+            except RuntimeError:  # closed already
+                pass
+
     def close(self) -> None:
-        """Drop the admin client, so a stopped worker does not go on reconnecting.
+        """Close the idle consumer and drop the admin client (no more reconnecting).
 
         An admin client has no ``close()``: librdkafka destroys it when the last
         reference goes. Asked again after, no id is known.
         """
+        self._drop_native()
         self._admin = None
-        self._through = None
         self._retry_at = float("inf")
 
     def _admin_(self) -> AdminClient | None:
@@ -207,6 +227,14 @@ class TopicIds:
                 log.info("topic ids not known (%s): a recreated topic is found by its "
                          "offsets alone", exc)
         return self._admin
+
+
+def idle_consumer(kafka: KafkaClientFactory, config: Config,
+                  member: str) -> Callable[[], tuple[Consumer, str]]:
+    """A maker of the consumer :class:`TopicIds` asks through: nothing is ever assigned to it."""
+    client_id = f"tb-ids-{member}"
+    return lambda: (kafka.consumer(config.consumer(f"{config.topics.prefix}-tb-ids",
+                                                   **{"client.id": client_id})), client_id)
 
 
 class LogRestarts:

@@ -32,9 +32,8 @@ up (:meth:`_restart`, :mod:`txnstream.buffer.recreation`). Every
 the coordinator of each txn still ongoing here about it and writes the marker its
 answer calls for, signed with the workers' key (only signed markers count in folds).
 
-The worker thread outlives every Kafka error: each step fails alone, is logged, and
-runs again at its next turn. A delta that is not delivered leaves readers a gap: they
-reload from a snapshot, and the owner publishes one at once.
+The worker thread outlives every Kafka error: each step fails alone, is logged, runs again next
+turn. An undelivered delta leaves readers a gap: they reload from a snapshot, published at once.
 
 Bounds: per partition, the fold's state above the log start (:mod:`.transaction_buffer`);
 per snapshot record, ``MAX_SNAPSHOT_RECORD_BYTES``; per delta, what one turn folded.
@@ -66,6 +65,7 @@ from txnstream.buffer.recreation import (
     Restart,
     TopicIds,
     fresh_state,
+    idle_consumer,
 )
 from txnstream.buffer.scan import PACED_FETCH, DataScan
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord
@@ -155,8 +155,8 @@ class BufferWorker:
                                           self._data, self.member, config.admin_timeout_s)
         self._retry_claim: dict[int, float] = {}
         self._logs = LogRestarts(self._data, TopicIds(
-            lambda: kafka.admin(config.admin()), config.admin_timeout_s, (self._data, data_id)),
-            self.member, config.admin_timeout_s)
+            lambda: kafka.admin(config.admin()), config.admin_timeout_s,
+            idle_consumer(kafka, config, self.member)), self.member, config.admin_timeout_s)
         self._signer: MarkerSigner | None = None  # signs its markers, checks folded ones
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

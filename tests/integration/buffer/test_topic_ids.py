@@ -1,12 +1,13 @@
 """Topic ids asked natively through a consumer's handle are the ids confluent-kafka gives.
 
 A buffer owner checks its served topics' ids once a second (a recreated topic: a new
-id). :class:`~txnstream.buffer.recreation.TopicIds` asks through the owner's data
-consumer with ``txnstream._native.topic_ids`` where the module loads, and through an
-``AdminClient`` otherwise. Both ask a real broker here, about topics that exist, one that
-does not, and one deleted and created again: the answers must be the same, and a
-consumer the native call refuses (closed, not the one named) leaves the ids to the admin
-client, never to "not known".
+id). :class:`~txnstream.buffer.recreation.TopicIds` asks through an idle consumer of its
+own (never the owner's data consumer, whose parked fetch a request waits behind:
+``test_wide_serving.py``) with ``txnstream._native.topic_ids`` where the module loads,
+and through an ``AdminClient`` otherwise. Both ask a real broker here, about topics that
+exist, one that does not, and one deleted and created again: the answers must be the
+same, and a consumer the native call refuses (closed, not the one named) leaves the ids
+to the admin client, never to "not known". The consumer is TopicIds' to close.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def consumer(config: Config) -> Iterator[tuple[Consumer, str]]:
 
 
 def _both(config: Config, through: tuple[Consumer, str]) -> tuple[TopicIds, TopicIds]:
-    native = TopicIds(lambda: AdminClient(config.admin()), 10.0, through)
+    native = TopicIds(lambda: AdminClient(config.admin()), 10.0, lambda: through)
     plain = TopicIds(lambda: AdminClient(config.admin()), 10.0)
     assert native.native and not plain.native
     return native, plain
@@ -62,6 +63,10 @@ def test_native_and_admin_ids_agree_on_topics_that_exist_and_one_that_does_not(
     assert got[wide] != got[narrow]
     assert native.get([missing]) == plain.get([missing]) == {}
     assert native.get([]) == {}
+    native.close()
+    with pytest.raises(RuntimeError):
+        consumer[0].poll(0)  # closed with the TopicIds that asked through it
+    assert native.get([wide]) == {}, "a closed TopicIds knows no id"
 
 
 def test_a_topic_created_again_has_a_new_id_by_both(
@@ -85,10 +90,11 @@ def test_a_consumer_the_native_call_refuses_leaves_the_ids_to_the_admin_client(
     want = TopicIds(lambda: AdminClient(config.admin()), 10.0).get([topic])
     assert topic in want
     wrong = TopicIds(lambda: AdminClient(config.admin()), 10.0,
-                     (c, f"not-{client_id}-{os.getpid()}"))
+                     lambda: (c, f"not-{client_id}-{os.getpid()}"))
     assert wrong.get([topic]) == want and not wrong.native
     other = Consumer({"bootstrap.servers": config.bootstrap_servers,
                       "group.id": f"g-closed-{client_id}", "client.id": f"c-{client_id}"})
-    closed = TopicIds(lambda: AdminClient(config.admin()), 10.0, (other, f"c-{client_id}"))
+    closed = TopicIds(lambda: AdminClient(config.admin()), 10.0,
+                      lambda: (other, f"c-{client_id}"))
     other.close()
     assert closed.get([topic]) == want and not closed.native
