@@ -22,7 +22,6 @@ import gc
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from chaos.cluster import free_port_block
 from txnstream import Config, TopicNames
 
 log = logging.getLogger(__name__)
@@ -45,20 +45,12 @@ compose-test``, say) must not change which broker the suite uses."""
 
 
 def _free_port_pair() -> int:
-    """A port p with p and p+100 free on 127.0.0.1 (client and controller listeners)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 100 > 65535:
-            continue
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port + 100))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair found on 127.0.0.1")
+    """A port p with p and p+100 free on 127.0.0.1 (client and controller listeners).
+
+    Below the kernel's ephemeral range, as the nemesis harness's: a port merely free there
+    can be taken as an outgoing connection's source port before the JVM binds it.
+    """
+    return free_port_block(1)
 
 
 def _docker_answers() -> bool:
