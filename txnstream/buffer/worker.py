@@ -149,7 +149,7 @@ class BufferWorker:
         partitions = PartitionCatalog(metadata_lookup(
             self._data, min(LOOKUP_TIMEOUT_S, config.admin_timeout_s)))
         self._markers = MarkerWriter(self._producer, partitions)
-        self._ongoing = OngoingTxnCheck(config, self._data, partitions, self._markers)
+        self._ongoing = OngoingTxnCheck(config, self._bounds, partitions, self._markers)
         self._gauges = BufferGauges(self._data)
         self._publisher = BufferPublisher(self._producer, self._state_topic, self._store,
                                           self._data, self.member, config.admin_timeout_s)
