@@ -12,18 +12,23 @@ marker is at a lower offset than the ABORT the owner appends, and the fold keeps
 first marker. Only partitions whose fold reached the end read after the answers are
 judged, so a marker the coordinator wrote before answering is already folded.
 
-The check runs on the owner's serving thread (nothing is folded meanwhile), so it costs a
-round, not one per txn: the questions go out :data:`ASK_THREADS` at a time, and the
-stuck partitions' ends are asked at once of a consumer that fetches nothing (on the data
-consumer each waited behind its parked fetch). 200 txns open over 16 partitions took
-1.7-1.9 s a check one at a time (``tests/integration/buffer/test_ongoing_check_cost.py``).
+The owner's serving thread only starts a round and, at a later turn, judges its answers
+(writes the markers): the questions go out :data:`ASK_THREADS` at a time on threads of
+the check's own, so however slow the coordinators are (a storm of commits in their
+queues) the fold goes on meanwhile, and the stuck partitions' ends are asked at once of
+a consumer that fetches nothing (on the data consumer each waited behind its parked
+fetch). Asked in line, one question at a time, 200 txns open over 16 partitions held the
+fold 1.7-1.9 s a check (``tests/integration/buffer/test_ongoing_check_cost.py``), and
+1,000 open held every reader of their topic back about 2 s while they committed.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Protocol
 
 from confluent_kafka import KafkaException
@@ -50,8 +55,8 @@ MAX_TXNS_ASKED = 2_000
 """Ongoing txns one check asks coordinators about (one GET each); the rest wait for the
 next check. Bounds a check's time when many txns are open."""
 ASK_THREADS = 16
-"""Questions to coordinators in flight at once during a check (threads made at the first
-check, for the owner's life)."""
+"""Questions to coordinators in flight at once during a round (threads made at the first
+round, for the owner's life). One round at a time."""
 ASK_TIMEOUT_S = 5.0
 """How long one question to a coordinator may take (a GET, or the STATS after a not
 found); one not answered in time is asked again at the next check."""
@@ -78,6 +83,17 @@ class OngoingTxnCheck:
         self._tc: TransactionCoordinatorClient | None = None
         """Asks coordinators about txns that stay ongoing (made at the first check)."""
         self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._stuck: dict[TopicPartition, dict[TxnID, int]] | None = None
+        """The round in flight: each partition's ongoing txns when it started."""
+        self._answers: dict[TxnID, TxnAnswer] = {}
+        self._left = 0
+        self._done = threading.Event()
+
+    @property
+    def answered(self) -> bool:
+        """Whether a round's questions are all answered (or given up): :meth:`run` judges."""
+        return self._stuck is not None and self._done.is_set()
 
     def close(self) -> None:
         """Close the coordinator client and the question threads, if made."""
@@ -88,12 +104,19 @@ class OngoingTxnCheck:
             self._tc.close()
             self._tc = None
 
-    def run(self, served: Mapping[TopicPartition, Served]) -> None:
-        """Ask each ongoing txn's coordinator about it; write the marker the answer needs.
+    def run(self, served: Mapping[TopicPartition, Served], ask: bool = True) -> None:
+        """Judge the round in flight if it is answered; else start one if ``ask``.
 
-        Only partitions whose fold reached the end read after the answers are judged: a
-        marker the coordinator wrote before answering is then already folded.
+        Never waits for a coordinator (on the owner's serving thread). Only partitions
+        whose fold reached the end read after the answers are judged: a marker the
+        coordinator wrote before answering is then already folded.
         """
+        if self.answered:
+            self._judge(served)
+        elif ask and self._stuck is None:
+            self._start(served)
+
+    def _start(self, served: Mapping[TopicPartition, Served]) -> None:
         stuck = {tp: s.buf.ongoing_txns() for tp, s in served.items() if s.buf.ongoing}
         if not stuck:
             return
@@ -103,8 +126,29 @@ class OngoingTxnCheck:
             self._pool = ThreadPoolExecutor(ASK_THREADS, thread_name_prefix="tb-ongoing")
         asked = list(dict.fromkeys(t for txns in stuck.values() for t in txns))[:MAX_TXNS_ASKED]
         next_seq: dict[int, int | None] = {}
-        answers = {t: a for t, a in zip(asked, self._pool.map(
-            lambda t: self._ask(t, next_seq), asked), strict=True) if a is not None}
+        self._stuck, self._answers, self._left = stuck, {}, len(asked)
+        self._done.clear()
+        for txn_id in asked:
+            self._pool.submit(self._ask, txn_id, next_seq).add_done_callback(
+                partial(self._answered, txn_id))
+
+    def _answered(self, txn_id: TxnID, f: Future[TxnAnswer | None]) -> None:
+        answer = None
+        if not f.cancelled():
+            if (exc := f.exception()) is not None:
+                _rate_limited.warning(f"ask {type(exc).__name__}", "cannot ask about ongoing "
+                                      "txn %s: %r", txn_id, exc)
+            else:
+                answer = f.result()
+        with self._lock:
+            if answer is not None:
+                self._answers[txn_id] = answer
+            self._left -= 1
+            if self._left == 0:
+                self._done.set()
+
+    def _judge(self, served: Mapping[TopicPartition, Served]) -> None:
+        stuck, answers, self._stuck = self._stuck or {}, self._answers, None
         ends = self._bounds.get(stuck, retry=False)  # after the answers (module docstring)
         for tp, txns in stuck.items():  # each partition alone: one gone stops no other
             if isinstance(end := ends.get(tp), tuple):

@@ -249,9 +249,9 @@ class BufferWorker:
                 if now >= next_check:
                     self._step("recreated logs check", self._check_logs)
                     next_check = now + RECREATION_CHECK_S
-                if now >= next_lwm:
-                    self._step("ongoing txns check", lambda: self._ongoing.run(self.served))
-                    next_lwm = now + self.lwm_check_interval_s
+                if (ask := now >= next_lwm) or self._ongoing.answered:  # never waits
+                    self._step("ongoing txns check", partial(self._ongoing.run, self.served, ask))
+                    next_lwm = now + self.lwm_check_interval_s if ask else next_lwm
         finally:
             self._step("final deltas", self._publish_deltas)
             self._step("final snapshots", lambda: self._publish_snapshots(force=True))
