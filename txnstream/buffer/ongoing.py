@@ -20,6 +20,12 @@ a consumer that fetches nothing (on the data consumer each waited behind its par
 fetch). Asked in line, one question at a time, 200 txns open over 16 partitions held the
 fold 1.7-1.9 s a check (``tests/integration/buffer/test_ongoing_check_cost.py``), and
 1,000 open held every reader of their topic back about 2 s while they committed.
+
+A question names a page of txns of one coordinator (a GET of ``group_seqs``), not one
+txn: at one GET a txn, 10,000 txns held open cost the worker 0.6-0.8 of a core at rest
+(``bench.open_txns``). A coordinator that refuses it (an earlier version) is asked a txn
+at a time. When more txns are ongoing than a round asks (:data:`MAX_TXNS_ASKED`), those
+asked longest ago go first.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ from txnstream.buffer.transaction_buffer import TransactionBuffer
 from txnstream.buffer.vouch import Action, TxnAnswer, judge
 from txnstream.config import Config
 from txnstream.coordinator.protocol import TcOp
+from txnstream.coordinator.request_checks import GET_PAGE
 from txnstream.coordinator.tc_client import TransactionCoordinatorClient
-from txnstream.errors import TransactionNotFoundError, TxnStreamError
+from txnstream.errors import InvalidRequestError, TransactionNotFoundError, TxnStreamError
 from txnstream.kafka.offsets import LogBounds
 from txnstream.kafka.topics import PartitionCatalog, says_gone
 from txnstream.markers import MarkerKind, TxnMarker
@@ -52,14 +59,15 @@ log = logging.getLogger(__name__)
 _rate_limited = RateLimitedLog(log)
 
 MAX_TXNS_ASKED = 2_000
-"""Ongoing txns one check asks coordinators about (one GET each); the rest wait for the
-next check. Bounds a check's time when many txns are open."""
+"""Ongoing txns one round asks coordinators about (a GET a page of
+``request_checks.GET_PAGE``); the rest are asked first at the next round. Bounds a
+round's time when many txns are open."""
 ASK_THREADS = 16
 """Questions to coordinators in flight at once during a round (threads made at the first
 round, for the owner's life). One round at a time."""
 ASK_TIMEOUT_S = 5.0
-"""How long one question to a coordinator may take (a GET, or the STATS after a not
-found); one not answered in time is asked again at the next check."""
+"""How long one question to a coordinator may take (a GET of a page, or of one txn and
+the STATS after a not found); one not answered in time is asked again at the next check."""
 
 
 class Served(Protocol):
@@ -87,6 +95,9 @@ class OngoingTxnCheck:
         self._stuck: dict[TopicPartition, dict[TxnID, int]] | None = None
         """The round in flight: each partition's ongoing txns when it started."""
         self._answers: dict[TxnID, TxnAnswer] = {}
+        self._round = 0
+        self._asked: dict[TxnID, int] = {}
+        """Each ongoing txn's round it was last asked at (bounded by the ongoing ones)."""
         self._left = 0
         self._done = threading.Event()
 
@@ -124,25 +135,34 @@ class OngoingTxnCheck:
             self._tc = TransactionCoordinatorClient(self.config, signer=self._markers.signer)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(ASK_THREADS, thread_name_prefix="tb-ongoing")
-        asked = list(dict.fromkeys(t for txns in stuck.values() for t in txns))[:MAX_TXNS_ASKED]
-        next_seq: dict[int, int | None] = {}
-        self._stuck, self._answers, self._left = stuck, {}, len(asked)
-        self._done.clear()
+        ongoing = dict.fromkeys(t for txns in stuck.values() for t in txns)
+        # those asked longest ago first (never asked: first of all), so txns past the
+        # bound that stay open cannot keep the same ones from ever being asked
+        asked = sorted(ongoing, key=lambda t: self._asked.get(t, -1))[:MAX_TXNS_ASKED]
+        self._round += 1
+        self._asked = {t: r for t in ongoing if (r := self._asked.get(t)) is not None}
+        self._asked.update((t, self._round) for t in asked)
+        by_tc: dict[int, list[TxnID]] = {}
         for txn_id in asked:
-            self._pool.submit(self._ask, txn_id, next_seq).add_done_callback(
-                partial(self._answered, txn_id))
+            by_tc.setdefault(txn_id.tc_id, []).append(txn_id)
+        pages = [(tc_id, txns[i:i + GET_PAGE]) for tc_id, txns in by_tc.items()
+                 for i in range(0, len(txns), GET_PAGE)]
+        self._stuck, self._answers, self._left = stuck, {}, len(pages)
+        self._done.clear()
+        for tc_id, page in pages:
+            self._pool.submit(self._ask_page, tc_id, page).add_done_callback(
+                partial(self._answered, page))
 
-    def _answered(self, txn_id: TxnID, f: Future[TxnAnswer | None]) -> None:
-        answer = None
+    def _answered(self, page: list[TxnID], f: Future[dict[TxnID, TxnAnswer]]) -> None:
+        answers: dict[TxnID, TxnAnswer] = {}
         if not f.cancelled():
             if (exc := f.exception()) is not None:
                 _rate_limited.warning(f"ask {type(exc).__name__}", "cannot ask about ongoing "
-                                      "txn %s: %r", txn_id, exc)
+                                      "txns %s..: %r", page[0], exc)
             else:
-                answer = f.result()
+                answers = f.result()
         with self._lock:
-            if answer is not None:
-                self._answers[txn_id] = answer
+            self._answers.update(answers)
             self._left -= 1
             if self._left == 0:
                 self._done.set()
@@ -175,6 +195,37 @@ class OngoingTxnCheck:
                 _rate_limited.warning(f"ended {tp}", "%s: txn %s is ongoing here but %s: "
                                       "wrote its %s marker", tp, txn_id, why, kind.value)
         self._markers.flush(10)
+
+    def _ask_page(self, tc_id: int, page: list[TxnID]) -> dict[TxnID, TxnAnswer]:
+        """Coordinator ``tc_id``'s answers about ``page``, in one GET.
+
+        A txn it did not answer is left out. A coordinator that refuses a GET of many
+        (an earlier version) is asked one txn at a time.
+        """
+        assert self._tc is not None
+        if not 0 <= tc_id < self._tc.num_coordinators:
+            return {t: TxnAnswer(None, no_coordinator=True) for t in page}
+        seqs = {t.least_bits: t for t in page}
+        try:
+            reply = self._tc.request(TcOp.GET, tc_id, group_seqs=tuple(seqs),
+                                     timeout_s=ASK_TIMEOUT_S)
+        except InvalidRequestError:
+            next_seq: dict[int, int | None] = {}
+            return {t: a for t in page if (a := self._ask(t, next_seq)) is not None}
+        except TxnStreamError as exc:  # not served now, not an admin, ...: next check
+            _rate_limited.warning(f"ask {tc_id} {type(exc).__name__}", "coordinator %d: "
+                                  "cannot ask about ongoing txns: %s", tc_id, exc)
+            return {}
+        out: dict[TxnID, TxnAnswer] = {}
+        for info in reply.txns:  # only what was asked counts
+            if info.txn_id.tc_id == tc_id and (t := seqs.get(info.txn_id.least_bits)):
+                out[t] = TxnAnswer(info.status, frozenset(
+                    TopicPartition.parse(p) for p in info.partitions))
+        next_sequence = reply.stats.get("next_sequence")
+        for seq in reply.group_seqs:
+            if (t := seqs.get(seq)) is not None and t not in out:
+                out[t] = TxnAnswer(None, next_sequence=next_sequence)
+        return out
 
     def _ask(self, txn_id: TxnID, next_seq: dict[int, int | None]) -> TxnAnswer | None:
         """The coordinator's answer about ``txn_id``; None if it cannot be had now."""

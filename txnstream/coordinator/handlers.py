@@ -23,7 +23,10 @@ sends a reply only after the entries read back, the finalizer answers the waiter
   not a registration turn and then an END turn (Kafka's EndTxn likewise needs no
   earlier reply). Their own requests, if they arrive after the decision, are answered
   OK when they add nothing (:meth:`_already_in`).
-* **GET**, **LIST**, **STATS** read; LIST answers in pages of :data:`LIST_PAGE`.
+* **GET**, **LIST**, **STATS** read; LIST answers in pages of :data:`LIST_PAGE`. A GET
+  names one txn (``txn_seq``) or a page of them (``group_seqs``, as many as a LIST
+  page: a buffer owner's check of the txns ongoing at its partitions asks a request
+  a page, not a request a txn).
 
 Before any of them, :func:`~txnstream.coordinator.request_checks.check_request` checks
 every field, and the caller's principal (proved by the line's handshake) is checked
@@ -384,12 +387,33 @@ class TcRequestHandler:
     # ------------------------------------------------------------ reading
 
     def _get(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
+        if req.group_seqs:
+            return self._get_many(tc, req, caller)
         meta = self._owned(tc, req.txn_seq, caller, "read")
         # The key goes to who may write the txn: its owner (attach_transaction), or an
         # admin (who may end it anyway).
         return TcReply(req.request_id, req.client_id, tc.tc_id, txn_seq=req.txn_seq,
                        txns=(TxnInfo.of(meta),), owner_id=self.worker_id,
                        txn_keys=self._keys(tc.tc_id, (req.txn_seq,)))
+
+    def _get_many(self, tc: TcIncarnation, req: TcRequest, caller: Caller) -> TcReply:
+        """A page of txns (``group_seqs``: ``request_checks.GET_PAGE`` at most); no keys.
+
+        ``txns``: those the caller may read; ``group_seqs``: those not known here;
+        ``stats``: ``next_sequence`` (to tell never issued from forgotten). A txn in
+        neither was not answered (not the caller's to read): the asker must not take it
+        for unknown.
+        """
+        found: list[TxnInfo] = []
+        unknown: list[int] = []
+        for seq in dict.fromkeys(req.group_seqs):
+            if (meta := tc.store.txns.get(seq)) is None:
+                unknown.append(seq)
+            elif meta.owner == caller.principal or caller.admin:
+                found.append(TxnInfo.of(meta))
+        return TcReply(req.request_id, req.client_id, tc.tc_id, group_seqs=tuple(unknown),
+                       txns=tuple(found), stats={"next_sequence": tc.store.next_sequence},
+                       owner_id=self.worker_id)
 
     def _list(self, tc: TcIncarnation, req: TcRequest, now_ms: int, caller: Caller) -> TcReply:
         """One page of txns above ``after_seq``, in sequence order.

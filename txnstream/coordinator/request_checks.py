@@ -14,7 +14,7 @@ from txnstream.coordinator.protocol import TcOp, TcRequest
 from txnstream.errors import InvalidRequestError
 
 __all__ = ["check_request", "MAX_GROUP_KEY_BYTES", "MAX_PARTITIONS_PER_REQUEST",
-           "MAX_GROUP_SEQS", "MAX_ID_CHARS"]
+           "MAX_GROUP_SEQS", "MAX_ID_CHARS", "GET_PAGE"]
 
 MAX_ID_CHARS = 64
 """Request and client ids: a uuid's hex is 32."""
@@ -26,6 +26,9 @@ MAX_PARTITIONS_PER_REQUEST = 10_000
 """Partitions or subscriptions one ADD may register (Kafka caps a topic near 10k too)."""
 MAX_GROUP_SEQS = 10_000
 """Txns one END_GROUP may end (a Spark batch has one per task attempt)."""
+GET_PAGE = 25
+"""Txns one GET of many may name (``group_seqs``): as many as a LIST page, the unit the
+worker's fair turns were measured at (``handlers.LIST_PAGE``)."""
 MAX_REASON_CHARS = 64
 MAX_SUBSCRIPTION_CHARS = 255
 MAX_SEQ = (1 << 62) - 1
@@ -46,7 +49,11 @@ def check_request(req: TcRequest, max_timeout_ms: int, max_reserve: int,
         raise _bad(req, "request_id", f"must be 1-{MAX_ID_CHARS} characters")
     if len(req.client_id) > MAX_ID_CHARS:
         raise _bad(req, "client_id", f"is over {MAX_ID_CHARS} characters")
-    if req.op in _WITH_TXN and not 0 <= req.txn_seq <= MAX_SEQ:
+    many = req.op is TcOp.GET and bool(req.group_seqs)  # a GET of many: no txn_seq
+    if many and len(req.group_seqs) > GET_PAGE:
+        raise _bad(req, "group_seqs", f"names {len(req.group_seqs)} txns, over a GET's "
+                   f"{GET_PAGE}")
+    if req.op in _WITH_TXN and not many and not 0 <= req.txn_seq <= MAX_SEQ:
         raise _bad(req, "txn_seq", f"must be a TxnID sequence 0..{MAX_SEQ}, got {req.txn_seq}")
     if req.op is TcOp.PREPARE and not (
             req.max_prepared_ms == 0 or 1 <= req.max_prepared_ms <= max_prepared_ms):

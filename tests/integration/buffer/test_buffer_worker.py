@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -58,6 +59,76 @@ def test_unregistered_txn_record_is_aborted_at_lwm_and_unblocks(config, tc_worke
                    "a published snapshot of partition 1")
     finally:
         bw.stop()
+
+
+def test_a_stuck_txn_behind_more_open_txns_than_a_round_asks_is_still_ended(
+        config, tc_worker, client, monkeypatch):
+    """A round asks about at most ``MAX_TXNS_ASKED`` ongoing txns; the rest must be asked
+    at a later round. Asked in the partition's order each round, txns that stay open
+    past the bound kept a copied record behind them from ever being judged: it held
+    the partition back for good."""
+    from txnstream.buffer import ongoing
+
+    monkeypatch.setattr(ongoing, "MAX_TXNS_ASKED", 5)
+    topic, elsewhere = make_topic(config, 1), make_topic(config, 1)
+    producer = client.create_producer(topic)
+    live = []
+    for _ in range(12):  # open past the test: more than two rounds' worth
+        txn = client.new_transaction(timeout_s=300)
+        producer.send(b"live", txn=txn, partition=0)
+        live.append(txn)
+    producer.flush()
+    copied = client.new_transaction()
+    client.create_producer(elsewhere).send(b"there", txn=copied, partition=0)
+    copied.commit()  # committed without registering `topic`: the copy here is junk
+    raw = KafkaProducer(config.producer())
+    raw.produce(topic, b"copied", partition=0,
+                headers=txn_headers(copied.id, copied.key, topic, 0))
+    raw.flush(10)
+    bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
+    bw.start()
+    try:
+        wait_until(lambda: bw.markers_written >= 1, 60,
+                   "the copied txn's ABORT marker, behind 12 open txns and rounds of 5")
+        assert bw.markers_written == 1, "the check ended txns that are open"
+    finally:
+        bw.stop()
+        for txn in live:
+            txn.abort()
+
+
+def test_coordinators_that_refuse_a_page_of_txns_are_asked_one_txn_at_a_time(
+        config, tc_worker, client, monkeypatch):
+    """A coordinator of an earlier version refuses a GET that names no ``txn_seq``: the
+    owner then asks it a txn at a time, and still ends only what must end."""
+    from txnstream.coordinator.handlers import TcRequestHandler
+    from txnstream.errors import InvalidRequestError
+
+    def earlier(self, tc, req, caller):
+        raise InvalidRequestError("GET request refused: txn_seq must be a TxnID sequence")
+
+    monkeypatch.setattr(TcRequestHandler, "_get_many", earlier)
+    topic, elsewhere = make_topic(config, 1), make_topic(config, 1)
+    producer = client.create_producer(topic)
+    live = client.new_transaction(timeout_s=300)
+    producer.send(b"live", txn=live, partition=0)
+    producer.flush()
+    copied = client.new_transaction()
+    client.create_producer(elsewhere).send(b"there", txn=copied, partition=0)
+    copied.commit()
+    raw = KafkaProducer(config.producer())
+    raw.produce(topic, b"copied", partition=0,
+                headers=txn_headers(copied.id, copied.key, topic, 0))
+    raw.flush(10)
+    bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
+    bw.start()
+    try:
+        wait_until(lambda: bw.markers_written >= 1, 60, "the copied txn's ABORT marker")
+        time.sleep(1.5)  # rounds more: the live txn stays
+        assert bw.markers_written == 1, "the check ended the open txn"
+    finally:
+        bw.stop()
+        live.abort()
 
 
 def _served(client, tp) -> bool:

@@ -9,6 +9,9 @@ over 64 partitions held every reader of the topic back about 2 s at a check whil
 committed (``bench.open_txns``). Now the serving thread only starts a round and judges
 its answers at a later turn; here every call it makes must be short, and rounds must
 still be judged.
+
+A round also asks each coordinator a page of txns a request: one GET a txn cost the
+worker 0.6-0.8 of a core at rest with 10,000 txns open.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import statistics
 import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.integration.buffer.conftest import make_topic, wait_until
 from txnstream.buffer.ongoing import OngoingTxnCheck
 from txnstream.buffer.worker import BufferWorker
+from txnstream.coordinator.request_checks import GET_PAGE
 from txnstream.types import TxnStatus
 
 pytestmark = pytest.mark.integration
@@ -74,3 +79,47 @@ def test_an_owners_check_of_many_open_txns_does_not_hold_its_fold(
     assert median < 0.3, (
         f"the check of {OPEN} open txns over {PARTITIONS} partitions held the serving "
         f"thread {sorted(round(s, 3) for s in took)} s, the owner folding nothing meanwhile")
+
+
+def _gets() -> float:
+    return sum(REGISTRY.get_sample_value("txnstream_tc_requests_total",
+                                         {"op": "GET", "result": r}) or 0.0
+               for r in ("ok", "InvalidRequestError", "TransactionNotFoundError"))
+
+
+def test_a_round_asks_each_coordinator_a_page_of_txns_a_request(
+        config, tc_worker, client, monkeypatch):
+    rounds: list[int] = []
+    start = OngoingTxnCheck._start
+
+    def counted(self, served):
+        start(self, served)
+        if self._stuck is not None:
+            rounds.append(sum(len(t) for t in self._stuck.values()))
+
+    monkeypatch.setattr(OngoingTxnCheck, "_start", counted)
+    topic = make_topic(config, PARTITIONS)
+    producer = client.create_producer(topic)
+    txns = []
+    for i in range(OPEN):
+        txn = client.new_transaction(timeout_s=300)
+        producer.send(b"open", txn=txn, partition=i % PARTITIONS)
+        txns.append(txn)
+    producer.flush()
+    bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
+    before = _gets()
+    bw.start()
+    try:
+        wait_until(lambda: sum(n == OPEN for n in rounds) >= CHECKS, 120,
+                   f"{CHECKS} rounds over {OPEN} open txns")
+    finally:
+        bw.stop()
+        for txn in txns:
+            txn.abort()
+    gets = _gets() - before
+    # a page of at most GET_PAGE txns of one coordinator a GET
+    pages = OPEN // GET_PAGE + config.num_coordinators
+    assert gets <= len(rounds) * pages, (
+        f"{len(rounds)} rounds over {OPEN} open txns asked {gets:.0f} GETs, "
+        f"{gets / len(rounds):.0f} a round: over {pages}, a page a coordinator")
+    assert bw.markers_written == 0, "the check ended txns that are open"
