@@ -11,7 +11,7 @@ its answers at a later turn; here every call it makes must be short, and rounds 
 still be judged.
 
 A round also asks each coordinator a page of txns a request: one GET a txn cost the
-worker 0.6-0.8 of a core at rest with 10,000 txns open.
+worker 0.16 of a core at rest with 10,000 txns open (a page: 0.05).
 """
 
 from __future__ import annotations
