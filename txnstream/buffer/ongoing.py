@@ -23,9 +23,9 @@ fold 1.7-1.9 s a check (``tests/integration/buffer/test_ongoing_check_cost.py``)
 
 A question names a page of txns of one coordinator (a GET of ``group_seqs``), not one
 txn: at one GET a txn, 10,000 txns held open cost the worker 0.16 of a core at rest,
-now 0.05 (10 open: 0.025; ``bench.open_txns``). A coordinator that refuses it (an earlier version) is asked a txn
-at a time. When more txns are ongoing than a round asks (:data:`MAX_TXNS_ASKED`), those
-asked longest ago go first.
+now 0.05 (10 open: 0.025; ``bench.open_txns``). A coordinator that refuses it (an
+earlier version) is asked a txn at a time. When more txns are ongoing than a round
+asks (:data:`MAX_TXNS_ASKED`), those asked longest ago go first.
 """
 
 from __future__ import annotations
