@@ -70,7 +70,7 @@ def test_a_stuck_txn_behind_more_open_txns_than_a_round_asks_is_still_ended(
     from txnstream.buffer import ongoing
 
     monkeypatch.setattr(ongoing, "MAX_TXNS_ASKED", 5)
-    topic, elsewhere = make_topic(config, 1), make_topic(config, 1)
+    topic = make_topic(config, 1)
     producer = client.create_producer(topic)
     live = []
     for _ in range(12):  # open past the test: more than two rounds' worth
@@ -78,13 +78,7 @@ def test_a_stuck_txn_behind_more_open_txns_than_a_round_asks_is_still_ended(
         producer.send(b"live", txn=txn, partition=0)
         live.append(txn)
     producer.flush()
-    copied = client.new_transaction()
-    client.create_producer(elsewhere).send(b"there", txn=copied, partition=0)
-    copied.commit()  # committed without registering `topic`: the copy here is junk
-    raw = KafkaProducer(config.producer())
-    raw.produce(topic, b"copied", partition=0,
-                headers=txn_headers(copied.id, copied.key, topic, 0))
-    raw.flush(10)
+    _copy_a_committed_txns_record(config, client, topic)
     bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
     bw.start()
     try:
@@ -108,18 +102,12 @@ def test_coordinators_that_refuse_a_page_of_txns_are_asked_one_txn_at_a_time(
         raise InvalidRequestError("GET request refused: txn_seq must be a TxnID sequence")
 
     monkeypatch.setattr(TcRequestHandler, "_get_many", earlier)
-    topic, elsewhere = make_topic(config, 1), make_topic(config, 1)
+    topic = make_topic(config, 1)
     producer = client.create_producer(topic)
     live = client.new_transaction(timeout_s=300)
     producer.send(b"live", txn=live, partition=0)
     producer.flush()
-    copied = client.new_transaction()
-    client.create_producer(elsewhere).send(b"there", txn=copied, partition=0)
-    copied.commit()
-    raw = KafkaProducer(config.producer())
-    raw.produce(topic, b"copied", partition=0,
-                headers=txn_headers(copied.id, copied.key, topic, 0))
-    raw.flush(10)
+    _copy_a_committed_txns_record(config, client, topic)
     bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
     bw.start()
     try:
@@ -129,6 +117,19 @@ def test_coordinators_that_refuse_a_page_of_txns_are_asked_one_txn_at_a_time(
     finally:
         bw.stop()
         live.abort()
+
+
+def _copy_a_committed_txns_record(config, client, topic: str) -> None:
+    """Partition 0 of ``topic`` gets a record of a txn that committed elsewhere, without
+    registering ``topic``: junk there, which the owner's check must end (ABORT)."""
+    elsewhere = make_topic(config, 1)
+    copied = client.new_transaction()
+    client.create_producer(elsewhere).send(b"there", txn=copied, partition=0)
+    copied.commit()
+    raw = KafkaProducer(config.producer())
+    raw.produce(topic, b"copied", partition=0,
+                headers=txn_headers(copied.id, copied.key, topic, 0))
+    raw.flush(10)
 
 
 def _served(client, tp) -> bool:

@@ -35,6 +35,19 @@ PARTITIONS = 16
 CHECKS = 4
 
 
+def _open_txns(config, client) -> tuple[str, list]:
+    """A topic of :data:`PARTITIONS` and :data:`OPEN` txns open over it, a record each."""
+    topic = make_topic(config, PARTITIONS)
+    producer = client.create_producer(topic)
+    txns = []
+    for i in range(OPEN):
+        txn = client.new_transaction(timeout_s=300)
+        producer.send(b"open", txn=txn, partition=i % PARTITIONS)
+        txns.append(txn)
+    producer.flush()
+    return topic, txns
+
+
 def test_an_owners_check_of_many_open_txns_does_not_hold_its_fold(
         config, tc_worker, client, monkeypatch):
     took: list[float] = []
@@ -56,14 +69,7 @@ def test_an_owners_check_of_many_open_txns_does_not_hold_its_fold(
 
     monkeypatch.setattr(OngoingTxnCheck, "run", timed)
     monkeypatch.setattr(OngoingTxnCheck, "_judge", counted)
-    topic = make_topic(config, PARTITIONS)
-    producer = client.create_producer(topic)
-    txns = []
-    for i in range(OPEN):
-        txn = client.new_transaction(timeout_s=300)
-        producer.send(b"open", txn=txn, partition=i % PARTITIONS)
-        txns.append(txn)
-    producer.flush()
+    topic, txns = _open_txns(config, client)
     bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
     bw.start()
     try:
@@ -98,14 +104,7 @@ def test_a_round_asks_each_coordinator_a_page_of_txns_a_request(
             rounds.append(sum(len(t) for t in self._stuck.values()))
 
     monkeypatch.setattr(OngoingTxnCheck, "_start", counted)
-    topic = make_topic(config, PARTITIONS)
-    producer = client.create_producer(topic)
-    txns = []
-    for i in range(OPEN):
-        txn = client.new_transaction(timeout_s=300)
-        producer.send(b"open", txn=txn, partition=i % PARTITIONS)
-        txns.append(txn)
-    producer.flush()
+    topic, txns = _open_txns(config, client)
     bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
     before = _gets()
     bw.start()
