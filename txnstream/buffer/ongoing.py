@@ -9,8 +9,11 @@ holding the partition back.
 Why writing ABORT there is safe: a coordinator's txn that registered here gets its
 markers here before it is COMMITTED or ABORTED; if it *did* commit here, its COMMIT
 marker is at a lower offset than the ABORT the owner appends, and the fold keeps the
-first marker. Only partitions whose fold reached the end read after the answers are
-judged, so a marker the coordinator wrote before answering is already folded.
+first marker. A partition is judged once its fold has reached the end read after the
+answers, so a marker the coordinator wrote before answering is already folded; until
+then it waits (judged at a later turn). It was skipped instead, and a partition written
+to without pause is never at its end at the moment its end is read: a copied record
+there was never ended (``test_buffer_worker.py``, ~900 records a second).
 
 The owner's serving thread only starts a round and, at a later turn, judges its answers
 (writes the markers): the questions go out :data:`ASK_THREADS` at a time on threads of
@@ -95,6 +98,10 @@ class OngoingTxnCheck:
         self._stuck: dict[TopicPartition, dict[TxnID, int]] | None = None
         """The round in flight: each partition's ongoing txns when it started."""
         self._answers: dict[TxnID, TxnAnswer] = {}
+        self._due: dict[TopicPartition, tuple[int, dict[TxnID, int], dict[TxnID, TxnAnswer]]] = {}
+        """Answered partitions whose fold has not reached the end read after the answers:
+        that end, the partition's txns asked and the round's answers (a later round's
+        replace them: one entry a served partition at most)."""
         self._round = 0
         self._asked: dict[TxnID, int] = {}
         """Each ongoing txn's round it was last asked at (bounded by the ongoing ones)."""
@@ -103,8 +110,12 @@ class OngoingTxnCheck:
 
     @property
     def answered(self) -> bool:
-        """Whether a round's questions are all answered (or given up): :meth:`run` judges."""
-        return self._stuck is not None and self._done.is_set()
+        """Whether :meth:`run` has judging to do.
+
+        A round's questions are all answered (or given up), or partitions of an answered
+        round wait for their fold.
+        """
+        return (self._stuck is not None and self._done.is_set()) or bool(self._due)
 
     def close(self) -> None:
         """Close the coordinator client and the question threads, if made."""
@@ -116,15 +127,17 @@ class OngoingTxnCheck:
             self._tc = None
 
     def run(self, served: Mapping[TopicPartition, Served], ask: bool = True) -> None:
-        """Judge the round in flight if it is answered; else start one if ``ask``.
+        """Judge what is answered; start a round if ``ask`` and none is in flight.
 
         Never waits for a coordinator (on the owner's serving thread). Only partitions
         whose fold reached the end read after the answers are judged: a marker the
         coordinator wrote before answering is then already folded.
         """
-        if self.answered:
+        if self._stuck is not None and self._done.is_set():
             self._judge(served)
-        elif ask and self._stuck is None:
+        elif self._due:
+            self._judge_due(served)
+        if ask and self._stuck is None:
             self._start(served)
 
     def _start(self, served: Mapping[TopicPartition, Served]) -> None:
@@ -168,20 +181,33 @@ class OngoingTxnCheck:
                 self._done.set()
 
     def _judge(self, served: Mapping[TopicPartition, Served]) -> None:
-        stuck, answers, self._stuck = self._stuck or {}, self._answers, None
+        """A round is answered: each partition's end now, then judge those folded to it."""
+        stuck, self._stuck = self._stuck or {}, None
         ends = self._bounds.get(stuck, retry=False)  # after the answers (module docstring)
         for tp, txns in stuck.items():  # each partition alone: one gone stops no other
             if isinstance(end := ends.get(tp), tuple):
-                high = end[1]
-            else:
-                exc = end or KafkaException(f"no end of {tp}")
-                gone = says_gone(exc) and self._partitions.gone(tp)
-                _rate_limited.warning(f"check {tp}", "%s: end unknown (%s): its ongoing txns "
-                                      "are not checked%s", tp, exc,
-                                      " (the partition no longer exists)" if gone else "")
+                self._due[tp] = (end[1], txns, self._answers)
                 continue
+            exc = end or KafkaException(f"no end of {tp}")
+            gone = says_gone(exc) and self._partitions.gone(tp)
+            _rate_limited.warning(f"check {tp}", "%s: end unknown (%s): its ongoing txns "
+                                  "are not checked%s", tp, exc,
+                                  " (the partition no longer exists)" if gone else "")
+        self._judge_due(served)
+
+    def _judge_due(self, served: Mapping[TopicPartition, Served]) -> None:
+        """Judge each partition whose fold reached the end read after its answers.
+
+        The others wait for their fold: a partition written to without pause is never
+        at its end at the moment it is read, only past it later.
+        """
+        wrote = False
+        for tp, (high, txns, answers) in list(self._due.items()):
             s = served.get(tp)
-            if s is None or s.buf.last_offset < high - 1:
+            if s is not None and s.buf.last_offset < high - 1:
+                continue
+            del self._due[tp]
+            if s is None:  # no longer served here
                 continue
             for txn_id in txns:
                 answer = answers.get(txn_id)
@@ -192,9 +218,11 @@ class OngoingTxnCheck:
                     continue
                 kind = MarkerKind.COMMIT if action is Action.COMMIT else MarkerKind.ABORT
                 self._markers.write(tp, TxnMarker(txn_id, kind, 0))
+                wrote = True
                 _rate_limited.warning(f"ended {tp}", "%s: txn %s is ongoing here but %s: "
                                       "wrote its %s marker", tp, txn_id, why, kind.value)
-        self._markers.flush(10)
+        if wrote:
+            self._markers.flush(10)
 
     def _ask_page(self, tc_id: int, page: list[TxnID]) -> dict[TxnID, TxnAnswer]:
         """Coordinator ``tc_id``'s answers about ``page``, in one GET.

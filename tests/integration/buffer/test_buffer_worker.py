@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -117,6 +118,39 @@ def test_coordinators_that_refuse_a_page_of_txns_are_asked_one_txn_at_a_time(
     finally:
         bw.stop()
         live.abort()
+
+
+def test_a_stuck_txn_on_a_partition_that_never_rests_is_still_ended(config, tc_worker, client):
+    """The check judges a partition only once its fold has reached the end read after
+    the answers (a marker the coordinator wrote before answering is then folded). On a
+    partition written to without pause, the fold is a few records short of that end at
+    every judging, and a copied record there was never ended: it held the partition
+    back for good."""
+    topic = make_topic(config, 1)
+    with client.transaction() as warm:  # registers the topic: the partition is served
+        client.create_producer(topic).send(b"warm", txn=warm, partition=0)
+    _copy_a_committed_txns_record(config, client, topic)
+    stop = threading.Event()
+
+    def busy() -> None:  # plain records, one every ~millisecond, each its own batch
+        p = KafkaProducer(config.producer(**{"linger.ms": 0}))
+        while not stop.is_set():
+            p.produce(topic, b"busy", partition=0)
+            p.poll(0)
+            time.sleep(0.001)
+        p.flush(10)
+
+    writer = threading.Thread(target=busy, daemon=True)
+    writer.start()
+    bw = BufferWorker(config, [topic], snapshot_interval_s=1, lwm_check_interval_s=0.5)
+    bw.start()
+    try:
+        wait_until(lambda: bw.markers_written >= 1, 30,
+                   "the copied txn's ABORT marker on a partition written to without pause")
+    finally:
+        stop.set()
+        writer.join(30)
+        bw.stop()
 
 
 def _copy_a_committed_txns_record(config, client, topic: str) -> None:
