@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -56,7 +57,7 @@ from txnstream.markers import MarkerKind, TxnMarker
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition, TxnID
 
-__all__ = ["ASK_THREADS", "ASK_TIMEOUT_S", "MAX_TXNS_ASKED", "OngoingTxnCheck"]
+__all__ = ["ASK_THREADS", "ASK_TIMEOUT_S", "DUE_MAX_S", "MAX_TXNS_ASKED", "OngoingTxnCheck"]
 
 log = logging.getLogger(__name__)
 _rate_limited = RateLimitedLog(log)
@@ -68,6 +69,12 @@ round's time when many txns are open."""
 ASK_THREADS = 16
 """Questions to coordinators in flight at once during a round (threads made at the first
 round, for the owner's life). One round at a time."""
+DUE_MAX_S = 5.0
+"""How long an answered partition may wait for its fold to reach the end read after the
+answers; then its answers are dropped (the next round asks again). Bounds how old an
+answer a marker may rest on: "never issued" can turn false once the coordinator issues
+that sequence (it matters only to a worker without a membership key, where a record's
+``txn.id`` is its word alone)."""
 ASK_TIMEOUT_S = 5.0
 """How long one question to a coordinator may take (a GET of a page, or of one txn and
 the STATS after a not found); one not answered in time is asked again at the next check."""
@@ -98,10 +105,12 @@ class OngoingTxnCheck:
         self._stuck: dict[TopicPartition, dict[TxnID, int]] | None = None
         """The round in flight: each partition's ongoing txns when it started."""
         self._answers: dict[TxnID, TxnAnswer] = {}
-        self._due: dict[TopicPartition, tuple[int, dict[TxnID, int], dict[TxnID, TxnAnswer]]] = {}
+        self._due: dict[TopicPartition, tuple[int, dict[TxnID, int],
+                                              dict[TxnID, TxnAnswer], float]] = {}
         """Answered partitions whose fold has not reached the end read after the answers:
-        that end, the partition's txns asked and the round's answers (a later round's
-        replace them: one entry a served partition at most)."""
+        that end, the partition's txns asked, the round's answers and when they were
+        all in (a later round's replace them: one entry a served partition at most;
+        dropped after :data:`DUE_MAX_S`)."""
         self._round = 0
         self._asked: dict[TxnID, int] = {}
         """Each ongoing txn's round it was last asked at (bounded by the ongoing ones)."""
@@ -183,10 +192,11 @@ class OngoingTxnCheck:
     def _judge(self, served: Mapping[TopicPartition, Served]) -> None:
         """A round is answered: each partition's end now, then judge those folded to it."""
         stuck, self._stuck = self._stuck or {}, None
+        now = time.monotonic()
         ends = self._bounds.get(stuck, retry=False)  # after the answers (module docstring)
         for tp, txns in stuck.items():  # each partition alone: one gone stops no other
             if isinstance(end := ends.get(tp), tuple):
-                self._due[tp] = (end[1], txns, self._answers)
+                self._due[tp] = (end[1], txns, self._answers, now)
                 continue
             exc = end or KafkaException(f"no end of {tp}")
             gone = says_gone(exc) and self._partitions.gone(tp)
@@ -202,12 +212,13 @@ class OngoingTxnCheck:
         at its end at the moment it is read, only past it later.
         """
         wrote = False
-        for tp, (high, txns, answers) in list(self._due.items()):
+        now = time.monotonic()
+        for tp, (high, txns, answers, at) in list(self._due.items()):
             s = served.get(tp)
-            if s is not None and s.buf.last_offset < high - 1:
+            if s is not None and s.buf.last_offset < high - 1 and now - at < DUE_MAX_S:
                 continue
             del self._due[tp]
-            if s is None:  # no longer served here
+            if s is None or s.buf.last_offset < high - 1:  # not served; or waited too long
                 continue
             for txn_id in txns:
                 answer = answers.get(txn_id)
@@ -246,7 +257,7 @@ class OngoingTxnCheck:
             return {}
         out: dict[TxnID, TxnAnswer] = {}
         for info in reply.txns:  # only what was asked counts
-            if info.txn_id.tc_id == tc_id and (t := seqs.get(info.txn_id.least_bits)):
+            if info.txn_id.tc_id == tc_id and (t := seqs.get(info.txn_id.least_bits)) is not None:
                 out[t] = TxnAnswer(info.status, frozenset(
                     TopicPartition.parse(p) for p in info.partitions))
         next_sequence = reply.stats.get("next_sequence")
