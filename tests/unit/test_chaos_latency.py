@@ -113,6 +113,10 @@ def test_commits_overlapping_a_fault_are_left_out_of_the_verdict():
     assert every["quiet"]["commits"] == 2 and every["flood"]["commits"] == 2
     assert every["quiet"]["p90_ms"] == 8000.0
     assert out["judged"].startswith("the 2 of 4 commits clear of the 2 faults")
+    # the slowest are every commit's; the slowest judged, the verdict's own
+    assert [e["secs"] for e in out["slowest"]["quiet"]] == [8.0, 0.1]
+    assert [e["secs"] for e in out["slowest_judged"]["quiet"]] == [0.1]
+    assert [e["secs"] for e in out["slowest_judged"]["flood"]] == [0.2]
 
 
 def stream(lo: float, n: int, secs: float) -> list[dict[str, Any]]:

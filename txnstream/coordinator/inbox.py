@@ -51,8 +51,9 @@ SWEEP_AT = 1_024
 once (else at their next request): at most this many plus those that read within the
 last ``burst_s / share`` seconds (5 s by default)."""
 
-Item = tuple[Any, "ServerConnection", int]
-"""A request (as the worker put it: decoded, or its bytes), its connection, its size."""
+Item = tuple[Any, "ServerConnection", int, float]
+"""A request (as the worker put it: decoded, or its bytes), its connection, its size,
+and ``time.monotonic()`` when it arrived."""
 
 
 class ReadQuota:
@@ -114,6 +115,8 @@ class FairInbox:
         """Per principal, requests moved off the arrival queue, oldest first."""
         self._is_read = False
         """The request given last is a read (:meth:`read`)."""
+        self.arrived = 0.0
+        """``time.monotonic()`` when the request :meth:`take` gave last arrived."""
 
     def read(self) -> None:
         """The request just taken is a read: its handling counts against the read quota."""
@@ -124,7 +127,8 @@ class FairInbox:
 
         ``nbytes``: its size on the line (default ``len(request)``, for one given as bytes).
         """
-        self._arrived.put((request, conn, len(request) if nbytes is None else nbytes))
+        self._arrived.put((request, conn, len(request) if nbytes is None else nbytes,
+                           time.monotonic()))
 
     def waiting(self) -> int:
         """Requests not taken yet (the worker's thread)."""
@@ -158,7 +162,7 @@ class FairInbox:
                     return
             for principal in turn:
                 q = self._waiting[principal]
-                data, conn, nbytes = q.popleft()
+                data, conn, nbytes, self.arrived = q.popleft()
                 if not q:
                     del self._waiting[principal]
                 conn.took(nbytes)

@@ -94,6 +94,10 @@ UNKNOWN_PARTITION_WAIT_S = 3.0
 ``UNKNOWN_TOPIC_OR_PARTITION``. A client names a partition its own metadata shows, so
 the coordinator's view is behind (it looks a topic up again at most once a second): a
 partition just added."""
+SLOW_REQUEST_S = 1.0
+"""A request answered this long after it was first sent is logged (WARNING) with each of
+its attempts: which worker, what came of it, how long it took (the worker logs its own
+side: :mod:`txnstream.coordinator.origins`)."""
 MAX_REQUEST_BYTES = 1 << 20
 """A worker closes a connection that sends a larger request (its ``max_request_bytes``
 default): refused here first, with an error that says so."""
@@ -301,10 +305,29 @@ class TransactionCoordinatorClient:
         stale: list[int] = []  # EPOCH offset of an owner that said it no longer serves
         refused: list[CoordinatorAuthError] = []  # refusals that led to another endpoint
         unreachable: set[tuple[int, Endpoint]] = set()  # records this request could not reach
+        tries: list[str] = []  # each attempt: where, what came of it, how long it took
+        looked_up: list[str] = []  # the endpoint each attempt found
+        started = time.monotonic()
+
+        def timed() -> TcReply:
+            t0, n = time.monotonic(), len(looked_up)
+            what = "answered"
+            try:
+                return attempt()
+            except BaseException as exc:
+                what = f"{type(exc).__name__.lstrip('_')} {exc}".strip()[:160]
+                raise
+            finally:
+                where = looked_up[-1] if len(looked_up) > n else "no endpoint"
+                tries.append(f"{where}: {what} after {time.monotonic() - t0:.3f} s")
 
         def attempt() -> TcReply:
+            t0 = time.monotonic()
             ep = self.directory.lookup(req.tc_id, ATTEMPT_TIMEOUT_S,
                                        stale[-1] if stale else None, frozenset(unreachable))
+            if ep is not None:
+                looked_up.append(f"{ep.endpoint} (epoch at {ep.epoch_offset}, found in "
+                                 f"{time.monotonic() - t0:.3f} s)")
             if ep is None or (ep.epoch_offset, ep.endpoint) in unreachable:
                 if refused:  # every other record failed too: the refusal stands
                     raise refused[0]
@@ -369,7 +392,13 @@ class TransactionCoordinatorClient:
         retrying = Retrying(retry=retry_if_exception(_should_resend),
                             stop=stop_after_delay(deadline_s), wait=_resend_wait, reraise=False)
         try:
-            return retrying(attempt)
+            answered = retrying(timed)
+            if (took := time.monotonic() - started) >= SLOW_REQUEST_S:
+                _rate_limited.warning(f"slow {req.op.value}", "client %s: %s to coordinator "
+                                      "%d answered %.3f s after it was first sent; %d "
+                                      "attempts: %s", self.client_id, req.op.value,
+                                      req.tc_id, took, len(tries), "; ".join(tries[-5:]))
+            return answered
         except RetryError as exc:
             if refused:
                 raise refused[0] from exc

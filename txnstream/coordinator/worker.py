@@ -90,6 +90,7 @@ from txnstream.coordinator.line_security import (
     guarded_line_users,
     server_ssl_context,
 )
+from txnstream.coordinator.origins import Origins
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership, TcPhase
 from txnstream.coordinator.protocol import TcOp, TcReply, TcRequest
 from txnstream.coordinator.settings import WorkerSettings
@@ -117,9 +118,6 @@ _READS = frozenset({TcOp.GET, TcOp.LIST, TcOp.STATS})
 pipelined thousands and went away left a backlog that held others' commits for seconds)."""
 _WATCHED = frozenset({TcOp.NEW, TcOp.ACTIVATE, TcOp.ADD_PARTITIONS, TcOp.ADD_SUBSCRIPTIONS})
 """Requests whose connection is told when their txn ends without its own END."""
-ORIGINS_SWEEP_AT = 10_000
-"""Requests awaiting a reply past this many: those past their deadline are forgotten
-(their client gave up on them; a resend brings its connection again)."""
 
 
 class CoordinatorWorker:
@@ -158,11 +156,8 @@ class CoordinatorWorker:
         exempt = self.config.admins | {self.config.tc_principal}  # and lines without principals
         self._inbox = FairInbox(s.batch_max, ReadQuota(s.read_share, s.read_burst_s, lambda p: (
             p in exempt or not self._listener.authenticates)))
-        self._origins: dict[str, tuple[ServerConnection, int, float, str]] = {}
-        """Request id -> (connection, deadline, perf_counter at arrival, op): the
-        connection to answer on, and the request's deadline."""
+        self._origins = Origins(self.worker_id)  # taken, not answered: where to answer
         self._gauges = TcGauges(self._ownership)
-        self._sweep_origins_at = ORIGINS_SWEEP_AT
         bind = Endpoint.parse(s.listen)
         users = guarded_line_users(config, s.listen, s.allow_unauthenticated,
                                    f"worker {self.worker_id}")
@@ -320,6 +315,7 @@ class CoordinatorWorker:
                        if tc.phase is TcPhase.SERVING)
         self._endpoints.turn(now_ms, self.tcs, (tc.tc_id for tc in self.tcs.values()
                                                  if self._ownership.serving(tc)))
+        self._origins.turn_started()
         for req, conn in self._inbox.take(self.settings.idle_poll_s if idle else 0):
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
@@ -335,7 +331,7 @@ class CoordinatorWorker:
                 continue
             earlier = self._origins.get(req.request_id)
             if earlier is not None:  # a resend: it takes the earlier attempt's place
-                earlier[0].inflight -= 1
+                earlier.conn.inflight -= 1
             elif conn.inflight >= self.settings.max_inflight_per_connection:
                 conn.send(TcReply.failure(req, TooManyRequestsError(
                     f"this connection has {conn.inflight} requests awaiting replies from "
@@ -343,8 +339,7 @@ class CoordinatorWorker:
                     self.worker_id).encode())
                 continue
             conn.inflight += 1
-            self._origins[req.request_id] = (conn, req.deadline_ms, time.perf_counter(),
-                                             req.op.value)
+            self._origins.add(req, conn, self._inbox.arrived)
             handled[tc.tc_id] = tc
             caller = Caller(conn.principal, admin=conn.principal in self.config.admins
                             or not self._listener.authenticates)
@@ -371,6 +366,7 @@ class CoordinatorWorker:
                                     reply.error_kind if reply and reply.error_kind else "ok").inc()
             if reply is not None:
                 replies[tc.tc_id].append((req, reply, reply.encode()))
+        self._origins.stage("handled")
         # 1. Append every entry the requests and expired timeouts planned, failed requests'
         #    included (a commit that found its txn expired logged the abort), one flush.
         want: dict[int, tuple[TcIncarnation, int]] = {}
@@ -395,7 +391,9 @@ class CoordinatorWorker:
         # 3. Read back; reply only as the incarnation that handled the requests, still
         #    serving, and (if it appended) with every entry read back; a partition's
         #    first registration only once its buffer registration is written.
+        self._origins.stage("appended")
         confirmed = self._ownership.read_back(want) if want else set()
+        self._origins.stage("read back")
         unregistered = self._registrar.register(
             [*(p for pairs in replies.values() for req, reply, _ in pairs
                if req.op is TcOp.ADD_PARTITIONS and reply.error_kind is None
@@ -404,6 +402,7 @@ class CoordinatorWorker:
             log.warning("worker %s: buffer registration of %s (carried by a commit) not "
                         "written; their topics were registered before", self.worker_id,
                         sorted(map(str, unregistered & carried))[:5])
+        self._origins.stage("registered")
         for tc_id, pairs in replies.items():
             tc = handled[tc_id]
             if not self._ownership.serving(tc) or (tc_id in appended and tc_id not in confirmed):
@@ -415,14 +414,7 @@ class CoordinatorWorker:
         self._ownership.appended(appended & confirmed)
         self._finalizer.finalize(now_ms)
         self._truncate(now_ms)
-        if len(self._origins) > self._sweep_origins_at:
-            kept = {k: v for k, v in self._origins.items() if v[1] >= now_ms}
-            for k, v in self._origins.items():
-                if k not in kept:
-                    v[0].inflight -= 1
-            self._origins = kept
-            # many still waiting (END waiters): sweep again only once as many came in
-            self._sweep_origins_at = max(ORIGINS_SWEEP_AT, 2 * len(self._origins))
+        self._origins.sweep(now_ms)
 
     def _checkpoint(self, tc: TcIncarnation) -> int | None:
         """Renew the epoch, then append a CHECKPOINT; the checkpoint's offset, or None.
@@ -487,11 +479,11 @@ class CoordinatorWorker:
         If it has closed, the client resends under the same request id on another and
         gets the answer again.
         """
-        origin = self._origins.pop(req.request_id, None)
+        origin = self._origins.pop(req.request_id)
         if origin is not None:
-            origin[0].inflight -= 1
-            origin[0].send(reply.encode() if data is None else data)
-            metrics.REQUEST_SECONDS.labels(origin[3]).observe(time.perf_counter() - origin[2])
+            origin.conn.inflight -= 1
+            origin.conn.send(reply.encode() if data is None else data)
+            metrics.REQUEST_SECONDS.labels(origin.op).observe(time.monotonic() - origin.arrived)
 
     def _truncate(self, now_ms: int) -> None:
         """Truncate each checkpointed TC's log prefix, without waiting (TcOwnership)."""

@@ -7,6 +7,7 @@ exercised end to end on TCP.
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
@@ -195,6 +196,38 @@ def test_a_client_holding_a_stale_endpoint_fails_over_to_the_new_owner(listeners
     assert reply.owner_id == "w" and reply.txn_seq == 7
     assert len(seen_by_old) == 1, "the stale owner was asked once, then the new one"
     assert time.monotonic() - t0 < 2.0
+
+
+def test_a_request_answered_late_is_logged_with_each_of_its_attempts(
+        listeners, make_client, caplog, monkeypatch):
+    """A request answered past ``SLOW_REQUEST_S`` says where its time went: the stale
+    owner that refused it, then the new owner that answered, each with its time."""
+    from txnstream.coordinator import tc_client as tc_client_mod
+
+    monkeypatch.setattr(tc_client_mod, "SLOW_REQUEST_S", 0.2)
+
+    def not_mine(req: TcRequest, conn: ServerConnection) -> None:
+        conn.send(TcReply.failure(req, NotCoordinatorError("w-old does not serve 0"),
+                                  "w-old").encode())
+
+    old, new = listeners(not_mine), listeners()
+    client, d = make_client()
+    d.set(0, old.address, epoch=10)
+    threading.Timer(0.3, d.set, (0, new.address, 20)).start()
+    with caplog.at_level(logging.WARNING, logger=tc_client_mod.__name__):
+        assert client.request(TcOp.END, 0, txn_seq=3).owner_id == "w"
+    [line] = [r.getMessage() for r in caplog.records if r.name == tc_client_mod.__name__]
+    assert "client c-test: END to coordinator 0 answered" in line
+    assert "2 attempts" in line, line
+    first, second = line.split("attempts: ")[1].split("; ")
+    assert first.startswith(f"{old.address} (epoch at 10, found in ") and \
+        "Unreachable w-old does not serve 0" in first, first
+    assert second.startswith(f"{new.address} (epoch at 20, found in ") and \
+        ": answered after " in second, second
+    with caplog.at_level(logging.WARNING, logger=tc_client_mod.__name__):
+        caplog.clear()
+        client.request(TcOp.GET, 0)  # answered at once: not logged
+    assert not [r for r in caplog.records if r.name == tc_client_mod.__name__]
 
 
 def test_an_owner_that_dies_mid_request_is_replaced_and_the_request_answered_once(

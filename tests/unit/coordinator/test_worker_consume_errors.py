@@ -289,20 +289,24 @@ def test_connections_of_requests_nobody_answers_are_forgotten_past_their_deadlin
     """The worker remembers which connection each request came on until it answers; an
     incarnation that dropped its waiters never answers: those are swept once past their
     deadline, and a sweep that finds most still waiting is not redone every turn."""
-    from txnstream.coordinator import worker as worker_mod
+    from txnstream.coordinator.origins import SWEEP_AT, Origin
 
     w, conn = make_worker([], [])
     now_ms = int(time.time() * 1000)
-    expired = {f"gone-{i}": (conn, now_ms - 1) for i in range(worker_mod.ORIGINS_SWEEP_AT)}
-    waiting = {f"wait-{i}": (conn, now_ms + 60_000) for i in range(10)}
-    w._origins.update(expired | waiting)
+
+    def taken(deadline_ms: int) -> Origin:
+        return Origin(conn, deadline_ms, time.monotonic(), time.monotonic(), "END", "end")
+
+    by_id = w._origins._by_id
+    by_id.update({f"gone-{i}": taken(now_ms - 1) for i in range(SWEEP_AT)})
+    waiting = {f"wait-{i}": taken(now_ms + 60_000) for i in range(10)}
+    by_id.update(waiting)
     w._turn_once()
-    assert set(w._origins) == set(waiting)
-    w._origins.update({f"live-{i}": (conn, now_ms + 60_000)
-                       for i in range(worker_mod.ORIGINS_SWEEP_AT)})
+    assert set(w._origins._by_id) == set(waiting)
+    w._origins._by_id.update({f"live-{i}": taken(now_ms + 60_000) for i in range(SWEEP_AT)})
     w._turn_once()
-    assert len(w._origins) == worker_mod.ORIGINS_SWEEP_AT + 10, "live ones are kept"
-    assert w._sweep_origins_at == 2 * len(w._origins)
+    assert len(w._origins) == SWEEP_AT + 10, "live ones are kept"
+    assert w._origins._sweep_at == 2 * len(w._origins)
 
 
 def test_garbage_closes_its_connection_at_once_while_the_worker_serves_no_tc(make_worker):
