@@ -24,11 +24,13 @@ what faults cost is judged elsewhere (``txn_open_past_timeout``, the drain, the 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["MIN_COMMITS", "MAX_RATIO", "COMMIT_WANTS", "commit_samples", "phase_bounds",
-           "split", "percentile", "judge", "summarize", "slowest"]
+__all__ = ["MIN_COMMITS", "MAX_RATIO", "COMMIT_WANTS", "CLOCK_STEP_S", "ClockWatch",
+           "commit_samples", "phase_bounds", "split", "percentile", "judge", "summarize",
+           "slowest"]
 
 MIN_COMMITS = 50
 """Commits a phase needs for its p99 to be judged: with fewer, p99 is one outlier."""
@@ -39,17 +41,56 @@ FAULT_SETTLE_S = 10.0
 session timeout, a broker back in the cluster takes its leaderships back."""
 SLOWEST = 5
 """Slowest commits of each phase kept in the summary (to read against the fault log)."""
+CLOCK_STEP_S = 1.0
+"""A change this large of the wall clock against the monotonic one is a step of it."""
 COMMIT_WANTS = ("commit", "late")
 """Producer txns whose opener calls ``commit()`` on an open txn right away (``slow``
 commits after its timeout on purpose; ``foreign`` after its peer committed)."""
 
 
+class ClockWatch:
+    """Steps of the wall clock against the monotonic one, as faults of the machine.
+
+    The roles time commits on the wall clock (one clock for every process), the nemesis
+    its faults on the monotonic one. A VM paused and resumed has every process stand
+    still while the wall clock goes on: seed 72's stepped 22 s in its 14th minute, and
+    every later fault was judged 22 s before it happened. Such a step is a fault of its
+    own: timeouts measured on the wall clock (group sessions on the brokers, txn
+    deadlines) expire at once. :meth:`check` (every second or so) notes one as a
+    ``clock_step`` fault whose window covers the step and the interval it fell in.
+    """
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 mono: Callable[[], float] = time.monotonic) -> None:
+        self._wall, self._mono = wall, mono
+        self.steps: list[dict[str, Any]] = []
+        self._last = (wall(), mono())
+
+    def check(self) -> bool:
+        """Note a step since the last check; whether there was one."""
+        wall, mono = self._wall(), self._mono()
+        step = (wall - mono) - (self._last[0] - self._last[1])
+        if abs(step) >= CLOCK_STEP_S:
+            since = max(wall - self._last[0], mono - self._last[1])
+            self.steps.append({"kind": "clock_step", "role": "machine", "target": "clock",
+                               "pid": None, "at": None, "wall_at": wall - since,
+                               "duration_s": since, "step_s": round(step, 3),
+                               "error": None})
+        self._last = (wall, mono)
+        return abs(step) >= CLOCK_STEP_S
+
+
 def commit_samples(ends: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
-    """``(start, seconds)`` of every honest ``commit()`` the ``end`` events time."""
+    """``(start, seconds)`` of every honest ``commit()`` the ``end`` events time.
+
+    The seconds are its monotonic duration (``dt``) where the event has one, else
+    ``t - t0``.
+    """
     out = []
     for e in ends:
         if e.get("want") in COMMIT_WANTS and not e.get("co") and "t0" in e and "t" in e:
-            out.append((float(e["t0"]), max(0.0, float(e["t"]) - float(e["t0"]))))
+            secs = float(e["dt"]) if "dt" in e else float(e["t"]) - float(e["t0"])
+            out.append((float(e["t0"]), max(0.0, secs)))
     return out
 
 
@@ -125,17 +166,20 @@ def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, A
               faults: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """:func:`judge` of the honest commits clear of ``faults``, by phase.
 
-    ``faults`` (the nemesis's, ``at`` seconds after the quiet phase's start, for
-    ``duration_s``): a commit that overlaps one of them, or the :data:`FAULT_SETTLE_S`
-    after it, is left out of the verdict. ``all_commits`` has the same figures for every
+    ``faults`` (the nemesis's, from ``wall_at`` on the wall clock, else ``at`` seconds
+    after the quiet phase's start, for ``duration_s``; and :class:`ClockWatch`'s steps):
+    a commit that overlaps one of them, or the :data:`FAULT_SETTLE_S` after it, is left
+    out of the verdict. ``all_commits`` has the same figures for every
     commit, faults included (for reading: the verdict does not use them).
     """
     ends = list(ends)
     bounds = phase_bounds(phases)
     samples = commit_samples(ends)
     start = bounds["quiet"][0] if "quiet" in bounds else 0.0
-    windows = [(start + float(f["at"]), start + float(f["at"]) + float(f["duration_s"])
-                + FAULT_SETTLE_S) for f in faults]
+    froms = [float(f["wall_at"]) if f.get("wall_at") is not None else start + float(f["at"])
+             for f in faults]
+    windows = [(lo, lo + float(f["duration_s"]) + FAULT_SETTLE_S)
+               for lo, f in zip(froms, faults, strict=True)]
     def is_clear(t0: float, secs: float) -> bool:
         return not any(lo < t0 + secs and t0 < hi for lo, hi in windows)
 

@@ -60,6 +60,9 @@ class Fault:
     duration_s: float
     """Until healed (restarted, resumed, broker back in the cluster)."""
     error: str | None = None
+    wall_at: float | None = None
+    """``time.time()`` when it started: the clock the roles time commits on (``at`` is
+    the monotonic one's, which a VM's pause does not advance: chaos.latency)."""
 
 
 @dataclass
@@ -73,6 +76,7 @@ class _Active:
     heal: Callable[[], None]
     background: bool = False
     """Heal in a thread (a broker restart waits for the cluster to list it)."""
+    wall_started: float = 0.0
 
 
 class Nemesis(threading.Thread):
@@ -141,7 +145,7 @@ class Nemesis(threading.Thread):
         return self.rng.choice(free) if free else None
 
     def _inject(self, kind: str, role: str, deck: list[tuple[str, str]]) -> None:
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         p = self.profile
         try:
             if kind == "broker_kill9":
@@ -173,14 +177,15 @@ class Nemesis(threading.Thread):
                 if pid is None:
                     # It died on its own: the monitor reports and restarts it.
                     self._record(Fault(kind, role, name, None, now - self._t0, 0.0,
-                                       "target not running"))
+                                       "target not running", wall))
                     deck.append((kind, role))  # try that one again later
                     return
         except Exception as exc:  # noqa: BLE001 - a failed fault is recorded, not fatal
             log.exception("fault %s/%s failed", kind, role)
-            self._record(Fault(kind, role, "?", None, now - self._t0, 0.0, repr(exc)))
+            self._record(Fault(kind, role, "?", None, now - self._t0, 0.0, repr(exc), wall))
             deck.append((kind, role))
             return
+        act.wall_started = wall
         self._active[role] = act
 
     def _restart(self, name: str) -> None:
@@ -207,7 +212,7 @@ class Nemesis(threading.Thread):
             log.exception("healing %s failed", act.target)
             error = f"heal failed: {exc!r}"
         self._record(Fault(act.kind, act.role, act.target, act.pid, act.started - self._t0,
-                           time.monotonic() - act.started, error))
+                           time.monotonic() - act.started, error, act.wall_started))
 
     def _record(self, fault: Fault) -> None:
         with self._lock:

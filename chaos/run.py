@@ -38,7 +38,7 @@ from chaos.checker import Anomalies, check, load_truth
 from chaos.cluster import ChaosCluster, free_port
 from chaos.credentials import FLOODER, HARNESS, TWOPHASE, Credentials
 from chaos.hostile import hostile_roles
-from chaos.latency import summarize
+from chaos.latency import ClockWatch, summarize
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
 from chaos.profile import Profile
@@ -95,6 +95,7 @@ class ChaosRun:
         self.phases: dict[str, float] = {}
         self.nemesis: Nemesis | None = None
         self.monitor: Monitor | None = None
+        self.clock = ClockWatch()
         self.client: Client | None = None
         self.summary: dict[str, Any] = {"profile": profile.name, "seed": seed,
                                         "workdir": str(workdir), "error": None,
@@ -250,11 +251,15 @@ class ChaosRun:
         end = t0 + self.p.workload_s
         phases = TruthLog(self.truth_dir / "harness-phases.jsonl")  # chaos.latency
         phases.write({"e": "phase", "phase": "quiet", "t": time.time()})
+        self.clock = ClockWatch()  # the wall clock's steps: faults of the machine
         next_note = t0 + 30
         doom_at = t0 + self.p.workload_s / 2 if self.p.hostile else None
         fed_at = time.monotonic()
         while time.monotonic() < end:
             time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            if self.clock.check():
+                self.log(f"the wall clock stepped {self.clock.steps[-1]['step_s']} s against "
+                         "the monotonic one (the machine stood still): a fault of its own")
             if self.twophase.enabled:
                 self.twophase.feed(self.config, time.monotonic() - fed_at)
                 fed_at = time.monotonic()
@@ -455,7 +460,7 @@ class ChaosRun:
         lat = self.summary["commit_latency"] = summarize(
             (e for ends in truth.ends.values() for e in ends), truth.phases,
             [f for f in self.nemesis.as_dicts() if f["role"] in ("worker", "broker")
-             and not f["error"]])
+             and not f["error"]] + self.clock.steps)
         if lat["verdict"] == "flood_latency":
             an.add("flood_latency", lat)
         if self.p.hostile and "doomed_deleted_at" in self.summary and \
@@ -542,7 +547,8 @@ class ChaosRun:
                                                        "postgres_kill9")},
             "by_role": {k: dict(v) for k, v in by_role.items()},
             "failed": sum(1 for f in faults if f.error),
-            "log": self.nemesis.as_dicts() if self.nemesis else []}
+            "log": self.nemesis.as_dicts() if self.nemesis else [],
+            "clock_steps": self.clock.steps}
 
     def teardown(self) -> None:
         """Stop the nemesis and monitor, every role process, then the brokers."""

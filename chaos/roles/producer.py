@@ -191,7 +191,9 @@ class ProducerRole:
         if want == "slow":
             self.stop.wait(txn.timeout_s + rng.uniform(*sp["slow_overrun_s"]))
         exc: BaseException | None = None
-        t0 = time.time()  # the commit's (or abort's) latency: t - t0 (chaos.latency)
+        # the commit's (or abort's) latency: dt, on the monotonic clock; t0 and t place it
+        # on the wall clock, which all processes share (chaos.latency)
+        t0, m0 = time.time(), time.monotonic()
         if want == "abort":
             try:
                 txn.abort()
@@ -206,7 +208,8 @@ class ProducerRole:
             outcome = commit_outcome(txn, exc)
         self.truth.write(end | {"outcome": outcome, "status": txn.status.value,
                                 "error": None if exc is None else f"{type(exc).__name__}: {exc}",
-                                "t0": t0, "t": time.time()})
+                                "t0": t0, "t": time.time(),
+                                "dt": round(time.monotonic() - m0, 6)})
         if want == "late" and outcome == "committed":
             self._peer({"op": "late", "txn": str(txn.id)})
 

@@ -145,3 +145,46 @@ def test_a_commit_in_a_faults_settling_time_is_left_out():
     out = summarize([end(160.0, 0.1), end(161.5, 0.1)], PHASES, faults)
     assert out["quiet"]["commits"] == 1
     assert out["all_commits"]["quiet"]["commits"] == 2
+
+
+def test_a_fault_is_placed_on_the_commits_clock_by_its_wall_time():
+    """The nemesis times faults on the monotonic clock, the roles time commits on the
+    wall clock; a VM paused and resumed steps the wall clock only (seed 72: 22 s from
+    its 14th minute on), so every later fault was judged 22 s before it happened. A fault
+    that carries its wall time is placed by it."""
+    ends = stream(100.0, 60, 0.1) + stream(200.0, 60, 0.1) + [end(300.0, 3.0)]
+    # by "at" the fault was at 250-255 s; it really was at 298-303 s (wall_at)
+    fault = {"at": 150.0, "duration_s": 5.0, "wall_at": 298.0}
+    out = summarize(ends, PHASES, [fault])
+    assert out["flood"]["commits"] == 60, "the 3 s commit inside the fault is left out"
+    assert out["verdict"] == "ok"
+
+
+def test_a_step_of_the_wall_clock_is_a_fault_of_the_machine():
+    """Every process stood still while the wall clock went on: sessions and txn
+    timeouts measured on it expire at once. Commits near the step are left out."""
+    from chaos.latency import ClockWatch
+
+    wall, mono = [1000.0], [50.0]
+    watch = ClockWatch(wall=lambda: wall[0], mono=lambda: mono[0])
+    for _ in range(5):  # ordinary ticks, with jitter under the step threshold
+        wall[0] += 1.0
+        mono[0] += 1.0 + 0.01
+        watch.check()
+    assert watch.steps == []
+    wall[0] += 23.0  # a second on the monotonic clock, 23 s on the wall clock
+    mono[0] += 1.0
+    watch.check()
+    [step] = watch.steps
+    assert step["kind"] == "clock_step" and step["role"] == "machine"
+    assert step["duration_s"] == pytest.approx(23.0, abs=1.01)
+    assert step["wall_at"] <= wall[0] - 22.0
+    ends = stream(100.0, 60, 0.1) + stream(300.0, 60, 0.1) + [end(wall[0] - 1000 + 200, 2.0)]
+    shifted = [dict(step, wall_at=step["wall_at"] - 1000 + 200)]  # onto the test's clock
+    out = summarize(ends, PHASES, shifted)
+    assert out["flood"]["commits"] == 60 and out["verdict"] == "ok"
+
+
+def test_a_commit_is_timed_by_its_monotonic_duration_when_it_has_one():
+    e = end(210.0, 22.5, dt=0.4)  # the wall clock stepped while it waited
+    assert commit_samples([e]) == [(210.0, 0.4)]
