@@ -134,6 +134,32 @@ def test_worker_limit_flags_reach_worker_settings() -> None:
     assert not worker_settings_from_args(_parse("worker", "--no-buffer-role")).buffer_role
 
 
+def test_the_tc_assignment_strategy_flag_reaches_the_settings_and_the_group() -> None:
+    from txnstream.coordinator.kafka_clients import worker_clients
+
+    assert worker_settings_from_args(_parse("worker")).tc_assignment_strategy == \
+        "cooperative-sticky"
+    s = worker_settings_from_args(_parse("worker", "--tc-assignment-strategy", "range"))
+    assert s.tc_assignment_strategy == "range"
+
+    class Factory:  # what worker_clients asks for, without a broker
+        def consumer(self, conf):
+            return conf
+
+        def producer(self, conf):
+            return conf
+
+        def admin(self, conf):
+            return conf
+
+    cfg = Config(bootstrap_servers="127.0.0.1:1")
+    made = worker_clients(cfg, "w", s, Factory())  # type: ignore[arg-type]
+    assert made.consumer["partition.assignment.strategy"] == "range"
+    with pytest.raises(ConfigError, match="tc_assignment_strategy 'roundrobin'"):
+        worker_clients(cfg, "w", WorkerSettings(tc_assignment_strategy="roundrobin"),
+                       Factory())  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("flag,value", [
     ("--max-connections", "0"), ("--max-connections", "many"),
     ("--max-open-txns-per-principal", "-1"), ("--idle-timeout-s", "0"),
@@ -141,6 +167,7 @@ def test_worker_limit_flags_reach_worker_settings() -> None:
     ("--max-request-bytes", "1.5"), ("--max-inflight-per-connection", "0"),
     ("--read-share", "0"), ("--read-share", "1.5"), ("--read-share", "nan"),
     ("--read-share", "half"), ("--read-burst-s", "0"), ("--read-burst-s", "inf"),
+    ("--tc-assignment-strategy", "roundrobin"),
 ])
 def test_bad_limits_are_refused_naming_the_flag(flag: str, value: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ from txnstream.buffer.worker import BufferWorker
 from txnstream.cli import console
 from txnstream.cli._common import add_topic_flags, config_from_args
 from txnstream.config import KAFKA_LOG, Config
+from txnstream.coordinator.kafka_clients import TC_ASSIGNMENT_STRATEGIES
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.worker import CoordinatorWorker
 
@@ -34,6 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--id", default=None, help="worker id (default: host-pid-random)")
     p.add_argument("--session-timeout-ms", type=int, default=WorkerSettings().session_timeout_ms,
                    help="group session timeout: how fast a dead worker's TCs move")
+    p.add_argument("--tc-assignment-strategy", choices=TC_ASSIGNMENT_STRATEGIES,
+                   default=WorkerSettings().tc_assignment_strategy,
+                   help="how the coordinators' group hands TCs out: cooperative-sticky "
+                        "moves only the TCs that change owner; range (eager) is the "
+                        "protocol of workers before this version: a group cannot mix "
+                        "the two, so pass it for a rolling upgrade from them")
     p.add_argument("--buffer-topics", default=None,
                    help="serve only these data topics in the buffer role (comma-separated "
                         "names, or regexes starting with ^; default: every topic a txn "
@@ -184,6 +191,7 @@ def worker_settings_from_args(args: argparse.Namespace) -> WorkerSettings:
     """The WorkerSettings the ``worker`` command's flags ask for."""
     return WorkerSettings(
         session_timeout_ms=args.session_timeout_ms,
+        tc_assignment_strategy=args.tc_assignment_strategy,
         buffer_role=not args.no_buffer_role and args.buffer_in_process,
         buffer_topics=_buffer_topics(args),
         listen=args.listen, advertise=args.advertise,

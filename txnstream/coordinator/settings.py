@@ -18,6 +18,13 @@ class WorkerSettings:
 
     session_timeout_ms: int = 10_000
     """How long a silent worker keeps its TCs: failover time is about this long."""
+    tc_assignment_strategy: str = "cooperative-sticky"
+    """How the coordinators' group hands TCs out (librdkafka's
+    ``partition.assignment.strategy``). ``cooperative-sticky``: a worker joining or
+    leaving moves only the TCs that change owner; the others serve on. ``range`` (eager,
+    the protocol of workers before stop 71): every worker gives up every TC at every
+    change and replays each one it gets back. A group cannot mix the two (librdkafka
+    does not migrate online): a rolling upgrade from such workers passes ``range``."""
     heartbeat_interval_ms: int = 1_000
     batch_max: int = 2_000
     """Requests handled per turn: one log flush and one marker flush for all of them."""

@@ -44,6 +44,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.errors import TxnStreamError, is_retriable_kafka_error, message_error
+from txnstream.kafka.clients import leave_group
 from txnstream.kafka.fetch import KafkaRecord, drain
 from txnstream.kafka.topics import NO_AUTO_CREATE
 
@@ -170,18 +171,27 @@ class KafkaTransactionLog:
     admin_timeout_s: float
     where: str = "log consumer"
     """Names the consume loop in logged consumed errors."""
+    incremental: bool = False
+    """The group rebalances cooperatively: a callback names only the partitions that
+    change, and the assignment changes by them (``cooperative-sticky``)."""
 
     def subscribe(self, on_assign: Assigned, on_revoke: Assigned) -> None:
         """Join the group; a partition assigned is read from its start."""
         def assigned(consumer: Consumer, parts: list[KafkaTP]) -> None:
             for p in parts:
                 p.offset = OFFSET_BEGINNING
-            consumer.assign(parts)
+            if self.incremental:
+                consumer.incremental_assign(parts)
+            else:
+                consumer.assign(parts)
             on_assign([p.partition for p in parts])
 
         def revoked(consumer: Consumer, parts: list[KafkaTP]) -> None:
             on_revoke([p.partition for p in parts])
-            consumer.unassign()
+            if self.incremental:
+                consumer.incremental_unassign(parts)
+            else:
+                consumer.unassign()
 
         self.clients.consumer.subscribe([self.topic], on_assign=assigned, on_revoke=revoked,
                                         on_lost=revoked)
@@ -286,6 +296,8 @@ class KafkaTransactionLog:
 
     def close(self) -> None:
         """Close the group consumer (it leaves the group); drop the admin client."""
+        if self.incremental:  # the revoke runs here, not inside close() (leave_group)
+            leave_group(self.clients.consumer)
         self.clients.consumer.close()
         self.clients.admin = None
 
