@@ -55,6 +55,7 @@ from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from txnstream import metrics
+from txnstream.buffer import slot_group
 from txnstream.buffer.gauges import BufferGauges
 from txnstream.buffer.marker_writer import MarkerWriter
 from txnstream.buffer.ongoing import OngoingTxnCheck
@@ -111,11 +112,13 @@ class BufferWorker:
                  snapshot_interval_s: float = 10.0, lwm_check_interval_s: float = 5.0,
                  member: str | None = None, session_timeout_ms: int | None = None, *,
                  kafka: KafkaClientFactory = CONFLUENT_KAFKA, unsigned: bool = False,
-                 store: TransactionBufferSnapshotStore | None = None) -> None:
+                 store: TransactionBufferSnapshotStore | None = None,
+                 assignment_strategy: str = "cooperative-sticky") -> None:
         """A buffer role member; nothing runs before :meth:`start`.
 
         ``kafka`` makes its Kafka clients and ``store`` is its snapshot store (defaults: the
-        real ones; a test gives fakes). ``unsigned``: see ``WorkerSettings.unsigned``.
+        real ones; a test gives fakes). ``unsigned`` and ``assignment_strategy``: see
+        ``WorkerSettings.unsigned`` and ``tc_assignment_strategy`` (the slots' group).
         """
         self.config = config = worker_config(config, unsigned)  # no key: refused here
         self._unsigned = unsigned
@@ -127,6 +130,7 @@ class BufferWorker:
         self.lwm_check_interval_s = lwm_check_interval_s
         self.member = member or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self._session_timeout_ms = session_timeout_ms
+        self._strategy = assignment_strategy  # cooperative: only the slots that move move
         self.slots: dict[int, OwnedSlot] = {}
         self.served: dict[TopicPartition, ServedPartition] = {}
         self._store = store if store is not None else TransactionBufferSnapshotStore(config)
@@ -163,13 +167,8 @@ class BufferWorker:
         self.consumers_renewed = 0
 
     def _new_group_consumer(self) -> Consumer:
-        extra: dict[str, object] = {"client.id": f"tb-{self.member}",
-                                    "auto.offset.reset": "latest", "fetch.wait.max.ms": 50}
-        if self._session_timeout_ms:
-            extra["session.timeout.ms"] = self._session_timeout_ms
-            extra["heartbeat.interval.ms"] = max(100, self._session_timeout_ms // 6)
-        return self._kafka.consumer(self.config.consumer(f"{self.config.topics.prefix}-buffers",
-                                                         **extra))
+        return slot_group.group_consumer(self._kafka, self.config, self.member,
+                                         self._session_timeout_ms, self._strategy)
 
     @property
     def markers_written(self) -> int:
@@ -256,7 +255,8 @@ class BufferWorker:
             self._step("final deltas", self._publish_deltas)
             self._step("final snapshots", lambda: self._publish_snapshots(force=True))
             for what, close in (("snapshot store close", lambda: self._store.close()),
-                                ("group close", self._group.close),
+                                ("group close", lambda: slot_group.close_group(
+                                    self._group, self._strategy)),
                                 ("data scan close", self._scan.close),
                                 ("data close", self._data.close),
                                 ("registry close", self._registry.close),
@@ -303,7 +303,7 @@ class BufferWorker:
     # ------------------------------------------------------------ slots
 
     def _on_assign(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
-        consumer.assign(parts)
+        slot_group.assign(consumer, parts, self._strategy)
         for p in parts:
             if not self._stop.is_set():  # leaving: the next owner claims the rest
                 self._claim(p.partition)
@@ -314,12 +314,12 @@ class BufferWorker:
         self._step("snapshot flush", lambda: self._store.flush())
         for p in parts:
             self._drop_slot(p.partition, "revoked")
-        consumer.unassign()
+        slot_group.unassign(consumer, parts, self._strategy)
 
     def _on_lost(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
         for p in parts:  # another member may own them already: publish nothing more
             self._drop_slot(p.partition, "lost")
-        consumer.unassign()
+        slot_group.unassign(consumer, parts, self._strategy)
 
     def _claim(self, slot: int) -> None:
         """Claim ``slot`` (steps 1-4 of the module docstring); retried if it fails."""

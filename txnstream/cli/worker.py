@@ -236,7 +236,7 @@ def _run(args: argparse.Namespace) -> int:
             args=(worker.config, topics, worker.worker_id, settings.session_timeout_ms,
                   settings.buffer_snapshot_interval_s,
                   args.metrics_port + 1 if args.metrics_port else 0, os.getpid(),
-                  args.metrics_host, settings.unsigned))
+                  args.metrics_host, settings.unsigned, settings.tc_assignment_strategy))
         buffers.start()
     done = threading.Event()
 
@@ -266,10 +266,12 @@ PARENT_WATCH_S = 0.5
 def run_buffer_role(config: Config, topics: tuple[str, ...] | None, member: str,
                     session_timeout_ms: int, snapshot_interval_s: float, metrics_port: int,
                     parent: int, metrics_host: str = "127.0.0.1",
-                    unsigned: bool = False) -> None:
+                    unsigned: bool = False,
+                    assignment_strategy: str = "cooperative-sticky") -> None:
     """The buffer role of worker ``member`` (pid ``parent``), in a child process.
 
-    ``unsigned``: the worker's ``--unsigned``; the child makes the same choice.
+    ``unsigned``, ``assignment_strategy``: the worker's ``--unsigned`` and
+    ``--tc-assignment-strategy``; the child makes the same choices.
     """
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("txnstream").setLevel(logging.INFO)
@@ -279,7 +281,8 @@ def run_buffer_role(config: Config, topics: tuple[str, ...] | None, member: str,
         metrics.serve(metrics_port, metrics_host)
     bw = BufferWorker(config, list(topics) if topics is not None else None,
                       snapshot_interval_s=snapshot_interval_s, member=member,
-                      session_timeout_ms=session_timeout_ms, unsigned=unsigned)
+                      session_timeout_ms=session_timeout_ms, unsigned=unsigned,
+                      assignment_strategy=assignment_strategy)
 
     def watch() -> None:  # a worker killed -9 takes its buffer role with it
         while True:

@@ -19,9 +19,10 @@ class WorkerSettings:
     session_timeout_ms: int = 10_000
     """How long a silent worker keeps its TCs: failover time is about this long."""
     tc_assignment_strategy: str = "cooperative-sticky"
-    """How the coordinators' group hands TCs out (librdkafka's
-    ``partition.assignment.strategy``). ``cooperative-sticky``: a worker joining or
-    leaving moves only the TCs that change owner; the others serve on. ``range`` (eager,
+    """How the coordinators' group hands TCs out, and the buffer owners' group buffer
+    slots (librdkafka's ``partition.assignment.strategy``). ``cooperative-sticky``: a
+    worker joining or leaving moves only the TCs (slots) that change owner; the others
+    serve on. ``range`` (eager,
     the protocol of workers before stop 71): every worker gives up every TC at every
     change and replays each one it gets back. A group cannot mix the two (librdkafka
     does not migrate online): a rolling upgrade from such workers passes ``range``."""

@@ -190,7 +190,8 @@ class CoordinatorWorker:
             self.buffers = BufferWorker(
                 config, list(s.buffer_topics) if s.buffer_topics is not None else None,
                 snapshot_interval_s=s.buffer_snapshot_interval_s, member=self.worker_id,
-                session_timeout_ms=s.session_timeout_ms, unsigned=s.unsigned)
+                session_timeout_ms=s.session_timeout_ms, unsigned=s.unsigned,
+                assignment_strategy=s.tc_assignment_strategy)
 
     @property
     def tcs(self) -> dict[int, TcIncarnation]:
