@@ -178,9 +178,10 @@ def test_a_client_with_the_wrong_secret_is_refused_with_a_clear_error(listeners,
     assert good.request(TcOp.GET, 0).txn_seq == 7
 
 
-def test_a_client_holding_a_stale_endpoint_fails_over_to_the_new_owner(listeners, make_client):
-    seen_by_old: list[str] = []
-
+def _stale_then_new(listeners, make_client, seen_by_old: list[str]
+                    ) -> tuple[TransactionCoordinatorClient, Listener, Listener]:
+    """A client whose directory names an owner that no longer serves TC 0; the new
+    owner's record comes 0.3 s later, as after a rebalance."""
     def not_mine(req: TcRequest, conn: ServerConnection) -> None:
         seen_by_old.append(req.request_id)
         conn.send(TcReply.failure(req, NotCoordinatorError("w-old does not serve 0"),
@@ -189,8 +190,13 @@ def test_a_client_holding_a_stale_endpoint_fails_over_to_the_new_owner(listeners
     old, new = listeners(not_mine), listeners()
     client, d = make_client()
     d.set(0, old.address, epoch=10)
-    # the new owner publishes a little later, as after a rebalance
     threading.Timer(0.3, d.set, (0, new.address, 20)).start()
+    return client, old, new
+
+
+def test_a_client_holding_a_stale_endpoint_fails_over_to_the_new_owner(listeners, make_client):
+    seen_by_old: list[str] = []
+    client, _, _ = _stale_then_new(listeners, make_client, seen_by_old)
     t0 = time.monotonic()
     reply = client.request(TcOp.GET, 0)
     assert reply.owner_id == "w" and reply.txn_seq == 7
@@ -205,15 +211,7 @@ def test_a_request_answered_late_is_logged_with_each_of_its_attempts(
     from txnstream.coordinator import tc_client as tc_client_mod
 
     monkeypatch.setattr(tc_client_mod, "SLOW_REQUEST_S", 0.2)
-
-    def not_mine(req: TcRequest, conn: ServerConnection) -> None:
-        conn.send(TcReply.failure(req, NotCoordinatorError("w-old does not serve 0"),
-                                  "w-old").encode())
-
-    old, new = listeners(not_mine), listeners()
-    client, d = make_client()
-    d.set(0, old.address, epoch=10)
-    threading.Timer(0.3, d.set, (0, new.address, 20)).start()
+    client, old, new = _stale_then_new(listeners, make_client, [])
     with caplog.at_level(logging.WARNING, logger=tc_client_mod.__name__):
         assert client.request(TcOp.END, 0, txn_seq=3).owner_id == "w"
     [line] = [r.getMessage() for r in caplog.records if r.name == tc_client_mod.__name__]
