@@ -61,6 +61,9 @@ from txnstream import Client, Config, TxnStatus
 
 __all__ = ["ChaosRun", "IN_TOPIC", "OUT_TOPIC"]
 
+SLOW_REQUEST_S = 0.25
+"""Workers log requests answered this long after they arrived, with their stages: the
+commits the latency judge counts as slow are a few hundred ms (chaos.latency)."""
 IN_TOPIC = "chaos-in"
 OUT_TOPIC = "chaos-out"
 DOOMED_TOPIC = "chaos-doomed"
@@ -135,7 +138,8 @@ class ChaosRun:
         def argv(n: int) -> list[str]:
             return [TXNSTREAM_BIN, "--bootstrap", boot, "worker", "--prefix", prefix,
                     "--id", f"{name}.{n}", "--session-timeout-ms",
-                    str(self.p.session_timeout_ms), "--buffer-topics",
+                    str(self.p.session_timeout_ms), "--slow-request-s",
+                    str(SLOW_REQUEST_S), "--buffer-topics",
                     ",".join(self._data_topics())]
 
         return argv

@@ -143,6 +143,9 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--idle-timeout-s", type=_positive_seconds, default=d.idle_timeout_s,
                    metavar="S", help="a connection silent this long is closed; clients "
                    "reconnect on demand (default %(default)s)")
+    g.add_argument("--slow-request-s", type=_positive_seconds, default=d.slow_request_s,
+                   metavar="S", help="a request answered this long after it arrived is "
+                   "logged with where its time went (default %(default)s)")
     g.add_argument("--max-request-bytes", type=_positive_int, default=d.max_request_bytes,
                    metavar="N", help="a request frame larger than this closes its "
                    "connection; honest requests are a few KB (default %(default)s)")
@@ -199,7 +202,7 @@ def worker_settings_from_args(args: argparse.Namespace) -> WorkerSettings:
         max_connections=args.max_connections,
         max_inflight_per_connection=args.max_inflight_per_connection,
         max_request_bytes=args.max_request_bytes,
-        idle_timeout_s=args.idle_timeout_s,
+        idle_timeout_s=args.idle_timeout_s, slow_request_s=args.slow_request_s,
         max_open_txns_per_principal=args.max_open_txns_per_principal,
         max_handshakes=args.max_handshakes,
         max_handshakes_per_host=args.max_handshakes_per_host,

@@ -48,6 +48,9 @@ class Origin:
     op: str
     what: str
     """The request in a log line: its op, TC and txn, its principal."""
+    kind: str
+    """What its slow line is rate-limited by: its op, TC and principal (at most one line
+    each per 10 s, and at most 1,024 kinds remembered: ``RateLimitedLog``)."""
 
 
 class Origins:
@@ -82,7 +85,8 @@ class Origins:
         self._by_id[req.request_id] = Origin(
             conn, req.deadline_ms, arrived, time.monotonic(), req.op.value,
             f"{req.op.value} to tc {req.tc_id} (txn seq {req.txn_seq}) from principal "
-            f"{conn.principal!r} at {conn.peer}")
+            f"{conn.principal!r} at {conn.peer}",
+            f"slow {req.op.value} {req.tc_id} {conn.principal}")
 
     def pop(self, request_id: str) -> Origin | None:
         """The request answered now: forgotten, and logged if it was slow."""
@@ -105,7 +109,7 @@ class Origins:
         else:
             parts.append(f"answered {now - o.taken:.3f} s after it was taken, outside "
                          "that turn")
-        self._slow.warning(f"slow {o.op}", "worker %s: %s answered %.3f s after it "
+        self._slow.warning(o.kind, "worker %s: %s answered %.3f s after it "
                            "arrived: %s", self.worker_id, o.what, now - o.arrived,
                            ", ".join(parts))
 

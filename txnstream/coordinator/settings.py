@@ -68,6 +68,9 @@ class WorkerSettings:
     max_request_bytes: int = 1 << 20
     """A request frame larger than this closes its connection (the largest honest request,
     a RESERVE or an ADD of many partitions, is a few KB)."""
+    slow_request_s: float = 1.0
+    """A request answered this long after it arrived is logged with where its time went
+    (:mod:`~txnstream.coordinator.origins`)."""
     idle_timeout_s: float = 600.0
     """A connection with no frame in this long is closed (clients reconnect on demand)."""
     max_open_txns_per_principal: int = 10_000

@@ -157,7 +157,7 @@ class CoordinatorWorker:
         exempt = self.config.admins | {self.config.tc_principal}  # and lines without principals
         self._inbox = FairInbox(s.batch_max, ReadQuota(s.read_share, s.read_burst_s, lambda p: (
             p in exempt or not self._listener.authenticates)))
-        self._origins = Origins(self.worker_id)  # taken, not answered: where to answer
+        self._origins = Origins(self.worker_id, s.slow_request_s)  # taken, not answered
         self._gauges = TcGauges(self._ownership)
         bind = Endpoint.parse(s.listen)
         users = guarded_line_users(config, s.listen, s.allow_unauthenticated,

@@ -31,8 +31,8 @@ def _conn() -> SimpleNamespace:
     return SimpleNamespace(principal="honest", peer="127.0.0.1:5555", inflight=0)
 
 
-def _req(rid: str, deadline_ms: int = 2**62) -> TcRequest:
-    return TcRequest(rid, "client-1", -1, TcOp.END, 3, deadline_ms, txn_seq=2838)
+def _req(rid: str, deadline_ms: int = 2**62, tc_id: int = 3) -> TcRequest:
+    return TcRequest(rid, "client-1", -1, TcOp.END, tc_id, deadline_ms, txn_seq=2838)
 
 
 def _slow_lines(caplog) -> list[str]:
@@ -92,7 +92,11 @@ def test_slow_lines_of_one_op_are_rate_limited(clock, caplog):
             o.add(_req(f"r{i}"), _conn(), clock.now)
             clock.now += 2.0
             o.pop(f"r{i}")
-    assert len(_slow_lines(caplog)) == 1, "one line per op per 10 s (of the real clock)"
+        o.add(_req("other-tc", tc_id=2), _conn(), clock.now)
+        clock.now += 2.0
+        o.pop("other-tc")
+    assert len(_slow_lines(caplog)) == 2, \
+        "one line per op, TC and principal per 10 s (of the real clock)"
 
 
 def test_requests_past_their_deadline_are_swept_once_many_wait(clock):

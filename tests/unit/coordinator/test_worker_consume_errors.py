@@ -77,6 +77,12 @@ class FakeConsumer:
     def incremental_unassign(self, *a: Any) -> None:
         pass
 
+    def unsubscribe(self) -> None:  # a cooperative member leaves before close()
+        pass
+
+    def assignment(self) -> list[Any]:
+        return []
+
     def close(self) -> None:
         pass
 
@@ -295,7 +301,8 @@ def test_connections_of_requests_nobody_answers_are_forgotten_past_their_deadlin
     now_ms = int(time.time() * 1000)
 
     def taken(deadline_ms: int) -> Origin:
-        return Origin(conn, deadline_ms, time.monotonic(), time.monotonic(), "END", "end")
+        return Origin(conn, deadline_ms, time.monotonic(), time.monotonic(), "END", "end",
+                      "slow END")
 
     by_id = w._origins._by_id
     by_id.update({f"gone-{i}": taken(now_ms - 1) for i in range(SWEEP_AT)})
