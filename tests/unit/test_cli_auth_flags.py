@@ -141,6 +141,8 @@ def test_the_tc_assignment_strategy_flag_reaches_the_settings_and_the_group() ->
         "cooperative-sticky"
     s = worker_settings_from_args(_parse("worker", "--tc-assignment-strategy", "range"))
     assert s.tc_assignment_strategy == "range"
+    assert worker_settings_from_args(
+        _parse("worker", "--slow-request-s", "0.25")).slow_request_s == 0.25
 
     class Factory:  # what worker_clients asks for, without a broker
         def consumer(self, conf):
@@ -167,7 +169,8 @@ def test_the_tc_assignment_strategy_flag_reaches_the_settings_and_the_group() ->
     ("--max-request-bytes", "1.5"), ("--max-inflight-per-connection", "0"),
     ("--read-share", "0"), ("--read-share", "1.5"), ("--read-share", "nan"),
     ("--read-share", "half"), ("--read-burst-s", "0"), ("--read-burst-s", "inf"),
-    ("--tc-assignment-strategy", "roundrobin"),
+    ("--tc-assignment-strategy", "roundrobin"), ("--slow-request-s", "0"),
+    ("--slow-request-s", "nan"),
 ])
 def test_bad_limits_are_refused_naming_the_flag(flag: str, value: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
