@@ -44,7 +44,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from txnstream.buffer.follower import BufferStateFollower, ServeStatus
 from txnstream.delivery import PartitionDelivery, newer_log
 from txnstream.errors import KafkaErrorKind, TxnStreamError, classify_kafka_error
-from txnstream.kafka.clients import leave_group
+from txnstream.kafka.clients import COOPERATIVE, leave_group
 from txnstream.pendingack.store import PendingAckStore
 from txnstream.predecessors import end_predecessors
 from txnstream.ratelog import RateLimitedLog
@@ -126,7 +126,7 @@ class GroupMember:
         self._last_commit = self._last_sweep = 0.0
         self.kafka = KafkaConsumer(config.consumer(
             subscription, **{"auto.offset.reset": initial_position,
-                             "partition.assignment.strategy": "cooperative-sticky",
+                             "partition.assignment.strategy": COOPERATIVE,
                              "fetch.wait.max.ms": DATA_FETCH_WAIT_MS,
                              "on_commit": self._on_commit}, **kafka))
         self.kafka.subscribe(list(topics), on_assign=self._on_assign,

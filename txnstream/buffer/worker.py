@@ -79,6 +79,7 @@ from txnstream.buffer.transaction_buffer import Journal, TransactionBuffer
 from txnstream.config import Config
 from txnstream.errors import KafkaClientError, message_error
 from txnstream.fencing import supersedes, write_owner_record
+from txnstream.kafka import clients
 from txnstream.kafka.clients import CONFLUENT_KAFKA, KafkaClientFactory, close_producer
 from txnstream.kafka.fetch import KnownTopics, consume, learn_topic
 from txnstream.kafka.offsets import LogBounds
@@ -113,12 +114,11 @@ class BufferWorker:
                  member: str | None = None, session_timeout_ms: int | None = None, *,
                  kafka: KafkaClientFactory = CONFLUENT_KAFKA, unsigned: bool = False,
                  store: TransactionBufferSnapshotStore | None = None,
-                 assignment_strategy: str = "cooperative-sticky") -> None:
+                 assignment_strategy: str = clients.COOPERATIVE) -> None:
         """A buffer role member; nothing runs before :meth:`start`.
 
         ``kafka`` makes its Kafka clients and ``store`` is its snapshot store (defaults: the
-        real ones; a test gives fakes). ``unsigned`` and ``assignment_strategy``: see
-        ``WorkerSettings.unsigned`` and ``tc_assignment_strategy`` (the slots' group).
+        real ones; a test gives fakes); the rest as in ``WorkerSettings``.
         """
         self.config = config = worker_config(config, unsigned)  # no key: refused here
         self._unsigned = unsigned
@@ -255,7 +255,7 @@ class BufferWorker:
             self._step("final deltas", self._publish_deltas)
             self._step("final snapshots", lambda: self._publish_snapshots(force=True))
             for what, close in (("snapshot store close", lambda: self._store.close()),
-                                ("group close", lambda: slot_group.close_group(
+                                ("group close", lambda: clients.close_member(
                                     self._group, self._strategy)),
                                 ("data scan close", self._scan.close),
                                 ("data close", self._data.close),
@@ -303,7 +303,7 @@ class BufferWorker:
     # ------------------------------------------------------------ slots
 
     def _on_assign(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
-        slot_group.assign(consumer, parts, self._strategy)
+        clients.assign_by(consumer, parts, self._strategy)
         for p in parts:
             if not self._stop.is_set():  # leaving: the next owner claims the rest
                 self._claim(p.partition)
@@ -314,12 +314,12 @@ class BufferWorker:
         self._step("snapshot flush", lambda: self._store.flush())
         for p in parts:
             self._drop_slot(p.partition, "revoked")
-        slot_group.unassign(consumer, parts, self._strategy)
+        clients.unassign_by(consumer, parts, self._strategy)
 
     def _on_lost(self, consumer: Consumer, parts: list[KafkaTP]) -> None:
         for p in parts:  # another member may own them already: publish nothing more
             self._drop_slot(p.partition, "lost")
-        slot_group.unassign(consumer, parts, self._strategy)
+        clients.unassign_by(consumer, parts, self._strategy)
 
     def _claim(self, slot: int) -> None:
         """Claim ``slot`` (steps 1-4 of the module docstring); retried if it fails."""

@@ -26,6 +26,7 @@ from txnstream.config import KAFKA_LOG, Config
 from txnstream.coordinator.kafka_clients import TC_ASSIGNMENT_STRATEGIES
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.worker import CoordinatorWorker
+from txnstream.kafka.clients import COOPERATIVE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -270,7 +271,7 @@ def run_buffer_role(config: Config, topics: tuple[str, ...] | None, member: str,
                     session_timeout_ms: int, snapshot_interval_s: float, metrics_port: int,
                     parent: int, metrics_host: str = "127.0.0.1",
                     unsigned: bool = False,
-                    assignment_strategy: str = "cooperative-sticky") -> None:
+                    assignment_strategy: str = COOPERATIVE) -> None:
     """The buffer role of worker ``member`` (pid ``parent``), in a child process.
 
     ``unsigned``, ``assignment_strategy``: the worker's ``--unsigned`` and

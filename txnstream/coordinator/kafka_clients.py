@@ -10,11 +10,11 @@ from txnstream.config import Config
 from txnstream.coordinator.settings import WorkerSettings
 from txnstream.coordinator.txn_log import PRODUCER_SETTINGS, KafkaClients
 from txnstream.errors import ConfigError
-from txnstream.kafka.clients import KafkaClientFactory
+from txnstream.kafka.clients import COOPERATIVE, KafkaClientFactory
 
 __all__ = ["TC_ASSIGNMENT_STRATEGIES", "worker_clients"]
 
-TC_ASSIGNMENT_STRATEGIES = ("cooperative-sticky", "range")
+TC_ASSIGNMENT_STRATEGIES = (COOPERATIVE, "range")
 """``WorkerSettings.tc_assignment_strategy``'s values: incremental, then eager."""
 
 

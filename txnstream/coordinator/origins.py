@@ -46,11 +46,9 @@ class Origin:
     taken: float
     """``time.monotonic()`` when a turn took it."""
     op: str
-    what: str
-    """The request in a log line: its op, TC and txn, its principal."""
-    kind: str
-    """What its slow line is rate-limited by: its op, TC and principal (at most one line
-    each per 10 s, and at most 1,024 kinds remembered: ``RateLimitedLog``)."""
+    tc_id: int
+    txn_seq: int
+    """Its TC and txn: named only if it is slow (nothing formatted per request)."""
 
 
 class Origins:
@@ -82,11 +80,8 @@ class Origins:
 
     def add(self, req: TcRequest, conn: ServerConnection, arrived: float) -> None:
         """``req`` was taken from ``conn`` (it arrived at monotonic ``arrived``)."""
-        self._by_id[req.request_id] = Origin(
-            conn, req.deadline_ms, arrived, time.monotonic(), req.op.value,
-            f"{req.op.value} to tc {req.tc_id} (txn seq {req.txn_seq}) from principal "
-            f"{conn.principal!r} at {conn.peer}",
-            f"slow {req.op.value} {req.tc_id} {conn.principal}")
+        self._by_id[req.request_id] = Origin(conn, req.deadline_ms, arrived, time.monotonic(),
+                                             req.op.value, req.tc_id, req.txn_seq)
 
     def pop(self, request_id: str) -> Origin | None:
         """The request answered now: forgotten, and logged if it was slow."""
@@ -109,9 +104,11 @@ class Origins:
         else:
             parts.append(f"answered {now - o.taken:.3f} s after it was taken, outside "
                          "that turn")
-        self._slow.warning(o.kind, "worker %s: %s answered %.3f s after it "
-                           "arrived: %s", self.worker_id, o.what, now - o.arrived,
-                           ", ".join(parts))
+        # at most one line per op, TC and principal every 10 s (bounded kinds: RateLimitedLog)
+        self._slow.warning(f"slow {o.op} {o.tc_id} {o.conn.principal}", "worker %s: %s to "
+                           "tc %d (txn seq %d) from principal %r at %s answered %.3f s after "
+                           "it arrived: %s", self.worker_id, o.op, o.tc_id, o.txn_seq,
+                           o.conn.principal, o.conn.peer, now - o.arrived, ", ".join(parts))
 
     def sweep(self, now_ms: int) -> None:
         """Forget requests past their deadline once :data:`SWEEP_AT` wait (bounded)."""

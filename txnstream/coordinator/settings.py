@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from txnstream.kafka.clients import COOPERATIVE
+
 __all__ = ["WorkerSettings"]
 
 
@@ -18,7 +20,7 @@ class WorkerSettings:
 
     session_timeout_ms: int = 10_000
     """How long a silent worker keeps its TCs: failover time is about this long."""
-    tc_assignment_strategy: str = "cooperative-sticky"
+    tc_assignment_strategy: str = COOPERATIVE
     """How the coordinators' group hands TCs out, and the buffer owners' group buffer
     slots (librdkafka's ``partition.assignment.strategy``). ``cooperative-sticky``: a
     worker joining or leaving moves only the TCs (slots) that change owner; the others

@@ -125,6 +125,23 @@ def _resend_wait(state: RetryCallState) -> float:
                      RESEND_BACKOFF_FIRST_S * 2 ** (state.attempt_number - 1)))
 
 
+_Try = tuple[tuple[TcEndpoint, float] | None, BaseException | None, float]
+"""One attempt of a request: the endpoint found and the lookup's wait, its error (None:
+the answer), its time."""
+
+
+def _slow_attempts(tries: list[_Try]) -> str:
+    """A slow request's attempts, for its log line: where, what came of it, how long."""
+    out = []
+    for found, error, secs in tries:
+        where = (f"{found[0].endpoint} (epoch at {found[0].epoch_offset}, found in "
+                 f"{found[1]:.3f} s)" if found else "no endpoint")
+        what = ("answered" if error is None else
+                f"{type(error).__name__.lstrip('_')} {error}".strip()[:160])
+        out.append(f"{where}: {what} after {secs:.3f} s")
+    return "; ".join(out)
+
+
 class _Pending:
     __slots__ = ("event", "reply", "conn", "tc_id", "epoch")
 
@@ -305,29 +322,27 @@ class TransactionCoordinatorClient:
         stale: list[int] = []  # EPOCH offset of an owner that said it no longer serves
         refused: list[CoordinatorAuthError] = []  # refusals that led to another endpoint
         unreachable: set[tuple[int, Endpoint]] = set()  # records this request could not reach
-        tries: list[str] = []  # each attempt: where, what came of it, how long it took
-        looked_up: list[str] = []  # the endpoint each attempt found
+        tries: list[_Try] = []  # formatted only if the request was slow (_slow_attempts)
+        looked_up: list[tuple[TcEndpoint, float]] = []
         started = time.monotonic()
 
         def timed() -> TcReply:
-            t0, n = time.monotonic(), len(looked_up)
-            what = "answered"
+            t0, n, error = time.monotonic(), len(looked_up), None
             try:
                 return attempt()
             except BaseException as exc:
-                what = f"{type(exc).__name__.lstrip('_')} {exc}".strip()[:160]
+                error = exc
                 raise
             finally:
-                where = looked_up[-1] if len(looked_up) > n else "no endpoint"
-                tries.append(f"{where}: {what} after {time.monotonic() - t0:.3f} s")
+                tries.append((looked_up[-1] if len(looked_up) > n else None, error,
+                              time.monotonic() - t0))
 
         def attempt() -> TcReply:
             t0 = time.monotonic()
             ep = self.directory.lookup(req.tc_id, ATTEMPT_TIMEOUT_S,
                                        stale[-1] if stale else None, frozenset(unreachable))
             if ep is not None:
-                looked_up.append(f"{ep.endpoint} (epoch at {ep.epoch_offset}, found in "
-                                 f"{time.monotonic() - t0:.3f} s)")
+                looked_up.append((ep, time.monotonic() - t0))
             if ep is None or (ep.epoch_offset, ep.endpoint) in unreachable:
                 if refused:  # every other record failed too: the refusal stands
                     raise refused[0]
@@ -397,7 +412,7 @@ class TransactionCoordinatorClient:
                 _rate_limited.warning(f"slow {req.op.value}", "client %s: %s to coordinator "
                                       "%d answered %.3f s after it was first sent; %d "
                                       "attempts: %s", self.client_id, req.op.value,
-                                      req.tc_id, took, len(tries), "; ".join(tries[-5:]))
+                                      req.tc_id, took, len(tries), _slow_attempts(tries[-5:]))
             return answered
         except RetryError as exc:
             if refused:

@@ -44,7 +44,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.errors import TxnStreamError, is_retriable_kafka_error, message_error
-from txnstream.kafka.clients import leave_group
+from txnstream.kafka.clients import assign_by, close_member, unassign_by
 from txnstream.kafka.fetch import KafkaRecord, drain
 from txnstream.kafka.topics import NO_AUTO_CREATE
 
@@ -171,27 +171,21 @@ class KafkaTransactionLog:
     admin_timeout_s: float
     where: str = "log consumer"
     """Names the consume loop in logged consumed errors."""
-    incremental: bool = False
-    """The group rebalances cooperatively: a callback names only the partitions that
-    change, and the assignment changes by them (``cooperative-sticky``)."""
+    strategy: str = "range"
+    """The group's ``partition.assignment.strategy``: how a callback takes and gives
+    partitions up (:func:`~txnstream.kafka.clients.assign_by`)."""
 
     def subscribe(self, on_assign: Assigned, on_revoke: Assigned) -> None:
         """Join the group; a partition assigned is read from its start."""
         def assigned(consumer: Consumer, parts: list[KafkaTP]) -> None:
             for p in parts:
                 p.offset = OFFSET_BEGINNING
-            if self.incremental:
-                consumer.incremental_assign(parts)
-            else:
-                consumer.assign(parts)
+            assign_by(consumer, parts, self.strategy)
             on_assign([p.partition for p in parts])
 
         def revoked(consumer: Consumer, parts: list[KafkaTP]) -> None:
             on_revoke([p.partition for p in parts])
-            if self.incremental:
-                consumer.incremental_unassign(parts)
-            else:
-                consumer.unassign()
+            unassign_by(consumer, parts, self.strategy)
 
         self.clients.consumer.subscribe([self.topic], on_assign=assigned, on_revoke=revoked,
                                         on_lost=revoked)
@@ -296,9 +290,7 @@ class KafkaTransactionLog:
 
     def close(self) -> None:
         """Close the group consumer (it leaves the group); drop the admin client."""
-        if self.incremental:  # the revoke runs here, not inside close() (leave_group)
-            leave_group(self.clients.consumer)
-        self.clients.consumer.close()
+        close_member(self.clients.consumer, self.strategy)
         self.clients.admin = None
 
 

@@ -141,7 +141,7 @@ class CoordinatorWorker:
             self._kafka, t.log, flush_timeout_s=s.readback_timeout_s,
             admin_timeout_s=config.admin_timeout_s,
             where=f"worker {self.worker_id} log consumer",
-            incremental=s.tc_assignment_strategy == "cooperative-sticky")
+            strategy=s.tc_assignment_strategy)
         self._ownership = TcOwnership(
             self._txn_log, t.log, self.worker_id, readback_timeout_s=s.readback_timeout_s,
             checkpoint_interval_s=s.checkpoint_interval_s, on_serving=self._serving_started,

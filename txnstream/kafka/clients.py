@@ -12,10 +12,15 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-__all__ = ["CONFLUENT_KAFKA", "ConfluentKafka", "KafkaClientFactory", "close_producer"]
+__all__ = ["COOPERATIVE", "CONFLUENT_KAFKA", "ConfluentKafka", "KafkaClientFactory",
+           "assign_by", "close_member", "close_producer", "leave_group", "unassign_by"]
+
+COOPERATIVE = "cooperative-sticky"
+"""The incremental ``partition.assignment.strategy``: a rebalance names only the
+partitions that change, and the assignment changes by them."""
 
 
 class KafkaClientFactory(Protocol):
@@ -87,3 +92,27 @@ def leave_group(consumer: Consumer, timeout_s: float = 5.0) -> None:
             consumer.consume(500, 0.05)
     except (KafkaException, RuntimeError):
         pass
+
+
+def assign_by(consumer: Consumer, parts: list[TopicPartition], strategy: str) -> None:
+    """In an assign callback: take ``parts``.
+
+    They are the partitions added when ``strategy`` is :data:`COOPERATIVE`, the whole
+    assignment when it is eager.
+    """
+    (consumer.incremental_assign if strategy == COOPERATIVE else consumer.assign)(parts)
+
+
+def unassign_by(consumer: Consumer, parts: list[TopicPartition], strategy: str) -> None:
+    """In a revoke or lost callback: give ``parts`` up (eager: everything)."""
+    if strategy == COOPERATIVE:
+        consumer.incremental_unassign(parts)
+    else:
+        consumer.unassign()
+
+
+def close_member(consumer: Consumer, strategy: str) -> None:
+    """Close a group member; a cooperative one leaves first (:func:`leave_group`)."""
+    if strategy == COOPERATIVE:
+        leave_group(consumer)
+    consumer.close()

@@ -301,8 +301,7 @@ def test_connections_of_requests_nobody_answers_are_forgotten_past_their_deadlin
     now_ms = int(time.time() * 1000)
 
     def taken(deadline_ms: int) -> Origin:
-        return Origin(conn, deadline_ms, time.monotonic(), time.monotonic(), "END", "end",
-                      "slow END")
+        return Origin(conn, deadline_ms, time.monotonic(), time.monotonic(), "END", 0, 1)
 
     by_id = w._origins._by_id
     by_id.update({f"gone-{i}": taken(now_ms - 1) for i in range(SWEEP_AT)})
