@@ -23,6 +23,7 @@ what faults cost is judged elsewhere (``txn_open_past_timeout``, the drain, the 
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -43,6 +44,9 @@ SLOWEST = 5
 """Slowest commits of each phase kept in the summary (to read against the fault log)."""
 CLOCK_STEP_S = 1.0
 """A change this large of the wall clock against the monotonic one is a step of it."""
+PROBE_LOOKBACK_S = 60.0
+"""How far before a commit a probe write may have started and still overlap it (a write
+waits at most 30 s, :data:`chaos.probe.PROBE_TIMEOUT_S`)."""
 COMMIT_WANTS = ("commit", "late")
 """Producer txns whose opener calls ``commit()`` on an open txn right away (``slow``
 commits after its timeout on purpose; ``foreign`` after its peer committed)."""
@@ -163,7 +167,8 @@ def judge(by_phase: Mapping[str, list[float]], min_commits: int = MIN_COMMITS,
 
 
 def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, Any]],
-              faults: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+              faults: Iterable[Mapping[str, Any]] = (),
+              probe: Iterable[tuple[float, float]] | None = None) -> dict[str, Any]:
     """:func:`judge` of the honest commits clear of ``faults``, by phase.
 
     ``faults`` (the nemesis's, from ``wall_at`` on the wall clock, else ``at`` seconds
@@ -171,6 +176,11 @@ def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, A
     a commit that overlaps one of them, or the :data:`FAULT_SETTLE_S` after it, is left
     out of the verdict. ``all_commits`` has the same figures for every
     commit, faults included (for reading: the verdict does not use them).
+
+    ``probe``: ``(start, seconds)`` of the cluster's own writes (:mod:`chaos.probe`),
+    judged by the same rule clear of the same faults and reported as ``kafka_probe``
+    beside the verdict, which does not use them; each of ``slowest_judged`` gets the
+    slowest probe write that overlapped it (``probe_max_ms``).
     """
     ends = list(ends)
     bounds = phase_bounds(phases)
@@ -195,7 +205,26 @@ def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, A
     # the ones the verdict counts: to read against the workers' slow-request lines
     out["slowest_judged"] = slowest([e for e in ends if any(
         is_clear(t0, secs) for t0, secs in commit_samples([e]))], bounds)
+    if probe is not None:
+        writes = sorted(probe)
+        judged = judge(split([w for w in writes if is_clear(*w)], bounds))
+        out["kafka_probe"] = {k: v for k, v in judged.items()
+                              if k in ("quiet", "flood", "ratio")}
+        out["kafka_probe"]["writes"] = len(writes)
+        for rows in out["slowest_judged"].values():
+            for row in rows:
+                row["probe_max_ms"] = _slowest_overlap(writes, start + row["at_s"],
+                                                       row["secs"])
     return out
+
+
+def _slowest_overlap(writes: list[tuple[float, float]], t0: float,
+                     secs: float) -> float | None:
+    """The longest of ``writes`` (sorted by start) that overlapped ``[t0, t0 + secs]``, ms."""
+    i = bisect.bisect_left(writes, (t0 - PROBE_LOOKBACK_S,))
+    over = [s for lo, s in writes[i:bisect.bisect_right(writes, (t0 + secs, math.inf))]
+            if lo + s >= t0]
+    return round(max(over) * 1000, 1) if over else None
 
 
 def slowest(ends: Iterable[Mapping[str, Any]], bounds: Mapping[str, tuple[float, float]],

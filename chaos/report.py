@@ -60,7 +60,8 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
                                  every[ph]["p50_ms"], every[ph]["p99_ms"])
                                 for ph in ("quiet", "flood") if ph in every]
                              + [("flood/quiet p99, every commit", None, None,
-                                 every.get("ratio"))] * bool(every)))
+                                 every.get("ratio"))] * bool(every)
+                             + _probe_rows(lat.get("kafka_probe"))))
     an = s.get("anomalies")
     if an is None:
         console.print(f"[bold red]no verdict[/]: the run did not finish ({s.get('error')})")
@@ -74,6 +75,16 @@ def print_summary(console: Console, s: dict[str, Any]) -> None:
          json.dumps(a["examples"][0], default=str)[:300] if a["examples"] else "",
          a["maps_to"]) for k, a in an.items()])
     console.print(t)
+
+
+def _probe_rows(probe: dict[str, Any] | None) -> list[tuple[Any, ...]]:
+    """The cluster's own writes (``chaos.probe``), judged like the commits."""
+    if not probe:
+        return []
+    return [(f"{ph}, Kafka's own acks=all write (probe)", probe[ph]["commits"],
+             probe[ph]["p50_ms"], probe[ph]["p99_ms"]) for ph in ("quiet", "flood")
+            if ph in probe] + [("flood/quiet p99, Kafka's own write", None, None,
+                                probe.get("ratio"))]
 
 
 def write_summary(path: Path, s: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from chaos.hostile import hostile_roles
 from chaos.latency import ClockWatch, summarize
 from chaos.monitor import Monitor
 from chaos.nemesis import Fault, Nemesis
+from chaos.probe import PROBE_PARTITIONS, PROBE_TOPIC, KafkaProbe
 from chaos.profile import Profile
 from chaos.reader import MarkerCheck, max_record_bytes, read_committed, read_raw, record_ages
 from chaos.runinfo import (
@@ -99,6 +100,7 @@ class ChaosRun:
         self.nemesis: Nemesis | None = None
         self.monitor: Monitor | None = None
         self.clock = ClockWatch()
+        self.probe: KafkaProbe | None = None
         self.client: Client | None = None
         self.summary: dict[str, Any] = {"profile": profile.name, "seed": seed,
                                         "workdir": str(workdir), "error": None,
@@ -157,7 +159,7 @@ class ChaosRun:
         self.log("starting a 3-broker cluster")
         secs = self.cluster.up()
         data = {IN_TOPIC: self.p.in_partitions, OUT_TOPIC: self.p.out_partitions,
-                DLQ_TOPIC: 2, RETRY_TOPIC: 2}
+                DLQ_TOPIC: 2, RETRY_TOPIC: 2, PROBE_TOPIC: PROBE_PARTITIONS}
         if self.p.hostile:
             data[DOOMED_TOPIC] = 2
         if self.twophase.enabled:
@@ -256,6 +258,8 @@ class ChaosRun:
         phases = TruthLog(self.truth_dir / "harness-phases.jsonl")  # chaos.latency
         phases.write({"e": "phase", "phase": "quiet", "t": time.time()})
         self.clock = ClockWatch()  # the wall clock's steps: faults of the machine
+        self.probe = KafkaProbe(self.config.common())  # the cluster's own write latency
+        self.probe.start()
         next_note = t0 + 30
         doom_at = t0 + self.p.workload_s / 2 if self.p.hostile else None
         fed_at = time.monotonic()
@@ -277,6 +281,7 @@ class ChaosRun:
                          f"{len(self.sup.exits)}, admin aborts {self.monitor.admin_aborts}")
         phases.write({"e": "phase", "phase": "end", "t": time.time()})
         phases.close()
+        self.probe.halt()
         self.twophase.close_feed()
         self.log("workload over: halting the nemesis")
         self.nemesis.halt()
@@ -464,7 +469,10 @@ class ChaosRun:
         lat = self.summary["commit_latency"] = summarize(
             (e for ends in truth.ends.values() for e in ends), truth.phases,
             [f for f in self.nemesis.as_dicts() if f["role"] in ("worker", "broker")
-             and not f["error"]] + self.clock.steps)
+             and not f["error"]] + self.clock.steps,
+            probe=self.probe.samples if self.probe is not None else None)
+        if self.probe is not None:
+            lat["kafka_probe"]["errors"] = self.probe.errors
         if lat["verdict"] == "flood_latency":
             an.add("flood_latency", lat)
         if self.p.hostile and "doomed_deleted_at" in self.summary and \
@@ -556,7 +564,7 @@ class ChaosRun:
 
     def teardown(self) -> None:
         """Stop the nemesis and monitor, every role process, then the brokers."""
-        for th in (self.nemesis, self.monitor):
+        for th in (self.nemesis, self.monitor, self.probe):
             if th is not None:
                 th.halt()
         # Let the nemesis heal its current fault (SIGCONT, restarts) before the kill.

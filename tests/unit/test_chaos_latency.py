@@ -188,3 +188,33 @@ def test_a_step_of_the_wall_clock_is_a_fault_of_the_machine():
 def test_a_commit_is_timed_by_its_monotonic_duration_when_it_has_one():
     e = end(210.0, 22.5, dt=0.4)  # the wall clock stepped while it waited
     assert commit_samples([e]) == [(210.0, 0.4)]
+
+
+def test_the_clusters_own_writes_are_judged_beside_the_verdict_not_in_it():
+    """The probe's writes (:mod:`chaos.probe`) are split and cleared of faults by the
+    commits' rule; the verdict stays the commits' own."""
+    ends = stream(100.0, 60, 0.1) + stream(200.0, 60, 0.5)
+    writes = ([(100.0 + i, 0.01) for i in range(90)] + [(200.0 + i, 0.05) for i in range(90)]
+              + [(352.0, 9.0)])  # inside the fault below: left out
+    out = summarize(ends, PHASES, [{"at": 250.0, "duration_s": 5.0}], probe=writes)
+    assert out["verdict"] == "flood_latency" and out["ratio"] == 5.0
+    probe = out["kafka_probe"]
+    assert probe["quiet"]["commits"] == 90 and probe["flood"]["commits"] == 90
+    assert probe["quiet"]["p99_ms"] == 10.0 and probe["flood"]["p99_ms"] == 50.0
+    assert probe["ratio"] == 5.0 and probe["writes"] == 181
+
+
+def test_each_slowest_judged_commit_names_the_slowest_write_that_overlapped_it():
+    ends = [end(110.0, 0.1), end(210.0, 0.4), end(300.0, 0.2)]
+    writes = [(109.0, 0.5), (110.05, 0.02), (209.0, 0.3), (210.2, 0.35), (211.0, 2.0),
+              (250.0, 0.1)]
+    out = summarize(ends, PHASES, probe=writes)
+    quiet, flood = out["slowest_judged"]["quiet"], out["slowest_judged"]["flood"]
+    assert [r["probe_max_ms"] for r in quiet] == [20.0], "109.0-109.5 ended before 110"
+    assert [(r["secs"], r["probe_max_ms"]) for r in flood] == [(0.4, 350.0), (0.2, None)]
+
+
+def test_without_a_probe_nothing_is_reported_of_it():
+    out = summarize(stream(100.0, 60, 0.1), PHASES)
+    assert "kafka_probe" not in out
+    assert all("probe_max_ms" not in r for rows in out["slowest_judged"].values() for r in rows)
