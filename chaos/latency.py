@@ -168,7 +168,8 @@ def judge(by_phase: Mapping[str, list[float]], min_commits: int = MIN_COMMITS,
 
 def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, Any]],
               faults: Iterable[Mapping[str, Any]] = (),
-              probe: Iterable[tuple[float, float]] | None = None) -> dict[str, Any]:
+              probe: Iterable[tuple[float, float]] | None = None,
+              cpu: Iterable[tuple[float, float, float, float]] = ()) -> dict[str, Any]:
     """:func:`judge` of the honest commits clear of ``faults``, by phase.
 
     ``faults`` (the nemesis's, from ``wall_at`` on the wall clock, else ``at`` seconds
@@ -180,7 +181,10 @@ def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, A
     ``probe``: ``(start, seconds)`` of the cluster's own writes (:mod:`chaos.probe`),
     judged by the same rule clear of the same faults and reported as ``kafka_probe``
     beside the verdict, which does not use them; each of ``slowest_judged`` gets the
-    slowest probe write that overlapped it (``probe_max_ms``).
+    slowest probe write that overlapped it (``probe_max_ms``). ``cpu``: ``(start,
+    seconds, busy, steal)`` of the machine's cores (:attr:`chaos.probe.KafkaProbe.cpu`):
+    each phase's mean over the intervals clear of faults (``kafka_probe.cpu``), and the
+    busiest interval around each slowest judged commit (``cpu_busy``).
     """
     ends = list(ends)
     bounds = phase_bounds(phases)
@@ -215,6 +219,32 @@ def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, A
             for row in rows:
                 row["probe_max_ms"] = _slowest_overlap(writes, start + row["at_s"],
                                                        row["secs"])
+        cores = sorted(cpu)
+        if cores:
+            out["kafka_probe"]["cpu"] = _cpu_by_phase(
+                [c for c in cores if is_clear(c[0], c[1])], bounds)
+            for rows in out["slowest_judged"].values():
+                for row in rows:
+                    lo, hi = start + row["at_s"], start + row["at_s"] + row["secs"]
+                    busy = [b for t, d, b, _ in cores if t < hi and lo < t + d]
+                    row["cpu_busy"] = max(busy) if busy else None
+    return out
+
+
+def _cpu_by_phase(cores: list[tuple[float, float, float, float]],
+                  bounds: Mapping[str, tuple[float, float]]) -> dict[str, Any]:
+    """Per phase, the mean share of the cores busy and stolen; how often all were busy.
+
+    ``saturated_share``: the share of its intervals with 90 % or more of the cores busy.
+    """
+    out: dict[str, Any] = {}
+    for name, (lo, hi) in bounds.items():
+        mine = [(b, st) for t, _d, b, st in cores if lo <= t < hi]
+        if mine:
+            out[name] = {"intervals": len(mine),
+                         "busy_mean": round(sum(b for b, _ in mine) / len(mine), 3),
+                         "steal_mean": round(sum(st for _, st in mine) / len(mine), 3),
+                         "saturated_share": round(sum(b >= 0.9 for b, _ in mine) / len(mine), 3)}
     return out
 
 

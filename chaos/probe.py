@@ -29,6 +29,8 @@ PROBE_TOPIC = "chaos-probe"
 PROBE_PARTITIONS = 3
 """One per broker: the leaders spread over the cluster, and every write lands on another."""
 PROBE_EVERY_S = 0.1
+CPU_EVERY_S = 1.0
+"""How often the machine's cores are sampled (``/proc/stat``)."""
 PROBE_TIMEOUT_S = 30.0
 """A write not delivered by then counts as taking this long (the broker is down)."""
 
@@ -50,11 +52,16 @@ class KafkaProbe(threading.Thread):
         self.errors = 0
         """Writes refused or not delivered (a halt cuts the last one short)."""
         self._done: bool | None = None
+        self.cpu: list[tuple[float, float, float, float]] = []
+        """``(start, seconds, busy, steal)``: the share of every core busy, and stolen by
+        the machine's host, over each :data:`CPU_EVERY_S` from ``start`` (wall clock)."""
+        self._last_cpu = _cpu_times()
 
     def run(self) -> None:
         """The write loop: one write at a time, each awaited."""
         n = 0
         while not self._halt.wait(PROBE_EVERY_S):
+            self._sample_cpu()
             wall, t0 = time.time(), time.monotonic()
             try:
                 self._producer.produce(PROBE_TOPIC, b"probe", partition=n % PROBE_PARTITIONS,
@@ -72,6 +79,19 @@ class KafkaProbe(threading.Thread):
             if self._done is not True:
                 self.errors += 1
 
+    def _sample_cpu(self) -> None:
+        now = _cpu_times()
+        if now is None or self._last_cpu is None:
+            return
+        (w0, m0, total0, idle0, steal0), (_, m1, total1, idle1, steal1) = self._last_cpu, now
+        if m1 - m0 < CPU_EVERY_S:
+            return
+        self._last_cpu = now
+        ticks = total1 - total0
+        if ticks > 0:
+            self.cpu.append((w0, m1 - m0, round(1 - (idle1 - idle0) / ticks, 3),
+                             round((steal1 - steal0) / ticks, 3)))
+
     def _delivered(self, err: Any, _msg: Any) -> None:
         self._done = err is None
 
@@ -80,3 +100,15 @@ class KafkaProbe(threading.Thread):
         self._halt.set()
         self.join(5.0)
         self._producer.flush(1.0)
+
+
+def _cpu_times() -> tuple[float, float, int, int, int] | None:
+    """``(wall, monotonic, all ticks, idle + iowait ticks, steal ticks)``, None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (no guests)
+    steal = fields[7] if len(fields) > 7 else 0
+    return time.time(), time.monotonic(), total, fields[3] + fields[4], steal

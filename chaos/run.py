@@ -470,7 +470,8 @@ class ChaosRun:
             (e for ends in truth.ends.values() for e in ends), truth.phases,
             [f for f in self.nemesis.as_dicts() if f["role"] in ("worker", "broker")
              and not f["error"]] + self.clock.steps,
-            probe=self.probe.samples if self.probe is not None else None)
+            probe=self.probe.samples if self.probe is not None else None,
+            cpu=self.probe.cpu if self.probe is not None else ())
         if self.probe is not None:
             lat["kafka_probe"]["errors"] = self.probe.errors
         if lat["verdict"] == "flood_latency":

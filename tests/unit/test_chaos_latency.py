@@ -218,3 +218,16 @@ def test_without_a_probe_nothing_is_reported_of_it():
     out = summarize(stream(100.0, 60, 0.1), PHASES)
     assert "kafka_probe" not in out
     assert all("probe_max_ms" not in r for rows in out["slowest_judged"].values() for r in rows)
+
+
+def test_the_machines_cores_are_reported_by_phase_and_around_each_slowest_commit():
+    ends = [end(110.0, 0.1), end(210.0, 0.4)]
+    cpu = ([(100.0 + i, 1.0, 0.5, 0.0) for i in range(100)]
+           + [(200.0 + i, 1.0, 0.95 if i % 2 else 0.7, 0.01) for i in range(100)])
+    out = summarize(ends, PHASES, probe=[], cpu=cpu)
+    quiet, flood = out["kafka_probe"]["cpu"]["quiet"], out["kafka_probe"]["cpu"]["flood"]
+    assert quiet == {"intervals": 100, "busy_mean": 0.5, "steal_mean": 0.0,
+                     "saturated_share": 0.0}
+    assert flood["busy_mean"] == 0.825 and flood["saturated_share"] == 0.5
+    assert out["slowest_judged"]["flood"][0]["cpu_busy"] == 0.7  # 210.0-210.4: second 10
+    assert out["slowest_judged"]["quiet"][0]["cpu_busy"] == 0.5
