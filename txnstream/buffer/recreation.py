@@ -37,9 +37,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaException, TopicCollection
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTP
 from confluent_kafka.admin import AdminClient
 
@@ -67,6 +67,20 @@ recreated topic wait for about two of these."""
 CONFIRM_CHECKS = 2
 """Checks in a row that must see the log end below the fold position (same or unknown
 topic id) before the state restarts: one answer may be stale or transient."""
+IDS_TIMEOUT_S = 1.0
+"""Longest wait for one DescribeTopics. librdkafka sends it to the broker its metadata
+names controller and, while that broker is down, wakes the request at every state change
+of any of the handle's brokers, each wake trying the dead broker again: the handle's
+thread for that broker and its main thread burn most of a core for as long as the request
+waits (0.8 of a core, for the whole 15 s ``admin_timeout_s``, in every broker kill of a
+hostile soak). ``tests/fault/test_topic_ids_spin.py``."""
+UNANSWERED_WAIT_S = (3.0, 30.0)
+"""After a DescribeTopics that got no answer, how long no id is asked (doubling from the
+first to the second with each in a row): the next one first asks the handle's metadata
+anew, which in KRaft names a random live broker controller, and no longer the dead one
+once the controllers have fenced it (``broker.session.timeout.ms``: 9 s by default, 6 s
+in ``txnstream cluster``). Meanwhile the ids are unknown, and a recreated topic is found
+by its offsets alone."""
 ADMIN_RETRY_S = 60.0
 """After the admin client could not be made, how long topic ids stay unknown before it
 is tried again (the high-watermark rule works meanwhile)."""
@@ -148,6 +162,9 @@ class TopicIds:
         self._retry_at = 0.0
         self._idle = idle if native_librdkafka() is not None else None
         self._through: tuple[Consumer, str] | None = None
+        self._unanswered = 0
+        """DescribeTopics in a row that got no answer."""
+        self._quiet_until = 0.0
 
     @property
     def native(self) -> bool:
@@ -157,32 +174,70 @@ class TopicIds:
     def get(self, topics: Iterable[str]) -> dict[str, str]:
         """Each topic's id (Kafka's base64 text); a topic with no answer is left out."""
         names = sorted(set(topics))
-        if not names:
+        if not names or time.monotonic() < self._quiet_until:
             return {}
-        if self._idle is not None and (ids := self._get_native(names)) is not None:
-            return ids
+        if self._unanswered:  # the controller it asked may be down: learn the current one
+            self._refresh(names[0])
+        got = None
+        if self._idle is not None:
+            got = self._get_native(names)
+        if got is None:
+            got = self._get_admin(names)
+        ids, answered = got
+        if answered:
+            self._unanswered = 0
+        else:
+            self._unanswered += 1
+            wait = min(UNANSWERED_WAIT_S[0] * 2 ** (self._unanswered - 1), UNANSWERED_WAIT_S[1])
+            self._quiet_until = time.monotonic() + wait
+        return ids
+
+    def _wait_s(self) -> float:
+        return min(self._timeout_s, IDS_TIMEOUT_S)
+
+    def _refresh(self, topic: str) -> None:
+        """Ask the handle's metadata anew (one topic's): it names the controller."""
+        handle: Any = self._through[0] if self._through is not None else self._admin
+        if handle is None:
+            return
+        try:
+            handle.list_topics(topic, timeout=self._wait_s())
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("metadata for the topic ids' controller: %s", exc)
+
+    def _get_admin(self, names: list[str]) -> tuple[dict[str, str], bool]:
+        """The ids through the admin client; whether any answer came."""
         admin = self._admin_()
         if admin is None:
-            return {}
+            return {}, True  # not asked: nothing waited on a broker
         try:
             futures = admin.describe_topics(TopicCollection(names),
-                                            request_timeout=self._timeout_s)
+                                            request_timeout=self._wait_s())
         except Exception as exc:  # no word on any of them: nothing is decided on it
             log.debug("topic ids of %s: %s", names, exc)
-            return {}
+            return {}, False
         out: dict[str, str] = {}
+        answered = False
         for name, fut in futures.items():
             try:
-                desc = fut.result(self._timeout_s)
-            except Exception as exc:  # deleted, not authorized, timed out: not known
+                desc = fut.result(self._wait_s() + 1.0)
+            except KafkaException as exc:  # deleted, not authorized: an answer; timed out: not
+                log.debug("topic id of %s: %s", name, exc)
+                answered |= exc.args[0].code() != KafkaError._TIMED_OUT
+                continue
+            except Exception as exc:  # noqa: BLE001 - no word on it
                 log.debug("topic id of %s: %s", name, exc)
                 continue
+            answered = True
             if desc.topic_id is not None and str(desc.topic_id):
                 out[name] = str(desc.topic_id)
-        return out
+        return out, answered
 
-    def _get_native(self, names: list[str]) -> dict[str, str] | None:
-        """The ids through the idle consumer; None if it refuses (never asked again)."""
+    def _get_native(self, names: list[str]) -> tuple[dict[str, str], bool] | None:
+        """The ids through the idle consumer, and whether an answer came.
+
+        None if the native call refuses the consumer (it is never asked again).
+        """
         mod = native_librdkafka()
         assert mod is not None and self._idle is not None
         try:
@@ -190,7 +245,7 @@ class TopicIds:
                 self._through = self._idle()
             consumer, client_id = self._through
             ids, why = mod.topic_ids(consumer, client_id, names,
-                                     max(0, int(self._timeout_s * 1000)))
+                                     max(0, int(self._wait_s() * 1000)))
         except (KafkaException, TypeError, ValueError, RuntimeError) as exc:
             log.info("topic ids are asked through an admin client from now on: the "
                      "native call through %s refused (%s)", self._through, exc)
@@ -198,7 +253,7 @@ class TopicIds:
             return None
         if why is not None:  # no word on any of them: nothing is decided on it
             log.debug("topic ids of %s: %s", names, why)
-        return dict(ids)
+        return dict(ids), why is None
 
     def _drop_native(self) -> None:
         through, self._through, self._idle = self._through, None, None

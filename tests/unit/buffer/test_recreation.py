@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
+
+from confluent_kafka import KafkaError, KafkaException
 
 from tests.unit.buffer.test_snapshot_store import seg_records
-from txnstream.buffer import TransactionBuffer, take_snapshot
-from txnstream.buffer.recreation import LogIdentity, Restart
+from txnstream.buffer import TransactionBuffer, recreation, take_snapshot
+from txnstream.buffer.recreation import LogIdentity, Restart, TopicIds
 from txnstream.buffer.served import BufferStateKind, BufferStateRecord, BufferView
 from txnstream.buffer.snapshot import TransactionBufferSnapshot, restore
 from txnstream.buffer.snapshot_store import LatestSnapshotFinder
@@ -259,3 +262,79 @@ def test_a_follower_restarts_a_view_on_a_newer_log_epoch_and_never_goes_back(cap
             g.close()
     finally:
         f.close()
+
+
+# ------------------------------------------------------------------ TopicIds, unanswered
+
+
+class _Future:
+    def __init__(self, outcome: object) -> None:
+        self._outcome = outcome
+
+    def result(self, _timeout: float) -> object:
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return self._outcome
+
+
+class _Admin:
+    """An admin client whose DescribeTopics times out while ``down``."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.asked: list[str] = []
+        self.timeouts: list[float] = []
+
+    def describe_topics(self, topics: object, request_timeout: float) -> dict[str, _Future]:
+        self.asked.append("describe")
+        self.timeouts.append(request_timeout)
+        if self.down:
+            err = KafkaException(KafkaError(KafkaError._TIMED_OUT))
+            return {"t": _Future(err)}
+        return {"t": _Future(SimpleNamespace(topic_id="id-t"))}
+
+    def list_topics(self, topic: str, timeout: float) -> object:
+        self.asked.append(f"metadata {topic}")
+        return SimpleNamespace(controller_id=1)
+
+
+def test_topic_ids_unanswered_are_not_asked_again_until_a_pause_then_after_new_metadata(
+        monkeypatch):
+    """librdkafka retries a down controller in a loop for as long as a DescribeTopics
+    waits (``tests/fault/test_topic_ids_spin.py``): each waits at most 1 s, and one with
+    no answer is followed by a pause doubling from 3 s, then by a metadata request."""
+    now = [100.0]
+    monkeypatch.setattr(recreation.time, "monotonic", lambda: now[0])
+    admin = _Admin()
+    ids = TopicIds(lambda: admin, timeout_s=15.0)
+    assert ids.get(["t"]) == {} and admin.asked == ["describe"]
+    assert admin.timeouts == [recreation.IDS_TIMEOUT_S]
+    for dt in (1.0, 2.9):  # within the first pause: nothing asked
+        now[0] = 100.0 + dt
+        assert ids.get(["t"]) == {}
+    assert admin.asked == ["describe"]
+    now[0] = 103.0  # the pause is over: metadata first, then the ids (still no answer)
+    assert ids.get(["t"]) == {}
+    assert admin.asked == ["describe", "metadata t", "describe"]
+    now[0] = 108.9  # the second pause is 6 s
+    assert ids.get(["t"]) == {} and len(admin.asked) == 3
+    admin.down = False
+    now[0] = 109.0
+    assert ids.get(["t"]) == {"t": "id-t"}
+    assert admin.asked[3:] == ["metadata t", "describe"]
+    now[0] = 109.1  # answered: asked at once again, with no metadata first
+    assert ids.get(["t"]) == {"t": "id-t"} and admin.asked[5:] == ["describe"]
+
+
+def test_a_topic_kafka_answered_unknown_is_an_answer_not_a_pause(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(recreation.time, "monotonic", lambda: now[0])
+    admin = _Admin()
+    admin.down = False
+    admin.describe_topics = lambda topics, request_timeout: {  # type: ignore[method-assign]
+        "t": _Future(KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)))}
+    ids = TopicIds(lambda: admin, timeout_s=15.0)
+    assert ids.get(["t"]) == {}
+    admin.describe_topics = lambda topics, request_timeout: {  # type: ignore[method-assign]
+        "t": _Future(SimpleNamespace(topic_id="id-t"))}
+    assert ids.get(["t"]) == {"t": "id-t"}, "no pause after an answer"
