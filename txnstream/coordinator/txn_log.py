@@ -75,6 +75,16 @@ PRODUCER_SETTINGS: dict[str, Any] = {
 """librdkafka settings of the worker's one producer (:class:`KafkaClients`) on top of
 ``Config.producer()``."""
 
+TRUNCATE_TIMEOUT_S = 5.0
+"""Longest wait for one ``delete_records`` (Kafka answers in about 0.5 s). librdkafka
+sends it to the leader its metadata names and, while that broker is down, retries it at
+every state change of any of the admin client's brokers: 0.46 of a core for the whole
+wait, even after the leader moved (``tests/fault/test_topic_ids_spin.py``). The
+metadata is asked anew first, so a leader moved since is the one asked."""
+METADATA_TIMEOUT_S = 1.0
+"""Longest wait for that metadata, in the worker's loop (one round trip, once a
+checkpoint)."""
+
 Assigned = Callable[[list[int]], None]
 """Called with the TC ids (log partitions) this worker was given or lost."""
 Failed = Callable[[Any], None]
@@ -279,12 +289,17 @@ class KafkaTransactionLog:
 
         Kafka answers once every replica has moved its log start, at the followers' next
         fetch: about ``replica.fetch.wait.max.ms`` (500 ms) with 3 replicas. The worker
-        does not wait for it; the request times out after ``admin_timeout_s``.
+        does not wait for it; the request times out after :data:`TRUNCATE_TIMEOUT_S`
+        (or ``admin_timeout_s`` if shorter), asked of the leader fresh metadata names.
         """
         admin = self.clients.admin
         if admin is None:
             raise TxnStreamError(f"{self.topic}: cannot truncate tc {tc_id}, the log is closed")
-        timeout = {"request_timeout": self.admin_timeout_s}
+        try:
+            admin.list_topics(self.topic, timeout=min(METADATA_TIMEOUT_S, self.admin_timeout_s))
+        except KafkaException as exc:  # the cached leaders are asked
+            log.debug("%s: metadata before truncating tc %d: %s", self.topic, tc_id, exc)
+        timeout = {"request_timeout": min(TRUNCATE_TIMEOUT_S, self.admin_timeout_s)}
         (fut,) = admin.delete_records([KafkaTP(self.topic, tc_id, before)], **timeout).values()
         return fut
 
