@@ -35,9 +35,16 @@ class SlowAdmin:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
         self.pending: list[Future[Any]] = []
+        self.asked: list[str] = []
+        """Metadata and ``delete_records``, in order."""
+
+    def list_topics(self, topic: str, timeout: float) -> object:
+        self.asked.append(f"metadata {topic}")
+        return object()
 
     def delete_records(self, parts: list[Any], **kw: Any) -> dict[Any, Future[Any]]:
         out = {}
+        self.asked.append("delete_records")
         for p in parts:
             self.calls.append((p.partition, p.offset))
             fut: Future[Any] = Future()
@@ -104,6 +111,8 @@ def test_a_truncation_the_broker_has_not_answered_does_not_hold_the_turn(due):
     w, admin, tc, forgotten = due
     assert turn_within(w, 2.0), "the turn waited on delete_records"
     assert admin.calls == [(0, 42)]
+    # the leader is asked of fresh metadata: a cached dead one is waited on in a loop
+    assert admin.asked == [f"metadata {CONFIG.topics.log}", "delete_records"]
     assert forgotten == []  # not before the broker said it is done
     assert turn_within(w, 2.0)  # still unanswered: the next turns run too
     assert admin.calls == [(0, 42)]  # and ask nothing more meanwhile
