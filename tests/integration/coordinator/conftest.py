@@ -128,15 +128,17 @@ def owners(client: Client) -> dict[int, str | None]:
     return {s.tc_id: s.owner_id for s in client.admin.coordinator_stats()}
 
 
-def make_topic(config: Config, partitions: int, prefix: str = "data") -> str:
-    """A fresh data topic for one test."""
+def make_topic(config: Config, partitions: int, prefix: str = "data",
+               topic_config: dict[str, str] | None = None) -> str:
+    """A fresh data topic for one test (``topic_config``: its topic-level settings)."""
     import uuid
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = AdminClient(config.admin())
-    for f in admin.create_topics([NewTopic(name, partitions, config.replication_factor)]).values():
+    new = NewTopic(name, partitions, config.replication_factor, config=topic_config or {})
+    for f in admin.create_topics([new]).values():
         f.result(30)
     wait_until(lambda: name in admin.list_topics(timeout=5).topics, 30, f"topic {name}")
     return name
