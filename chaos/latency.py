@@ -215,19 +215,16 @@ def summarize(ends: Iterable[Mapping[str, Any]], phases: Iterable[Mapping[str, A
         out["kafka_probe"] = {k: v for k, v in judged.items()
                               if k in ("quiet", "flood", "ratio")}
         out["kafka_probe"]["writes"] = len(writes)
-        for rows in out["slowest_judged"].values():
-            for row in rows:
-                row["probe_max_ms"] = _slowest_overlap(writes, start + row["at_s"],
-                                                       row["secs"])
         cores = sorted(cpu)
         if cores:
             out["kafka_probe"]["cpu"] = _cpu_by_phase(
                 [c for c in cores if is_clear(c[0], c[1])], bounds)
-            for rows in out["slowest_judged"].values():
-                for row in rows:
-                    lo, hi = start + row["at_s"], start + row["at_s"] + row["secs"]
-                    busy = [b for t, d, b, _ in cores if t < hi and lo < t + d]
-                    row["cpu_busy"] = max(busy) if busy else None
+        for row in (r for rows in out["slowest_judged"].values() for r in rows):
+            lo, secs = start + row["at_s"], row["secs"]
+            row["probe_max_ms"] = _slowest_overlap(writes, lo, secs)
+            if cores:
+                busy = [b for t, d, b, _ in cores if t < lo + secs and lo < t + d]
+                row["cpu_busy"] = max(busy) if busy else None
     return out
 
 

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+import psutil
 from confluent_kafka import KafkaException, Producer
 
 __all__ = ["PROBE_TOPIC", "PROBE_PARTITIONS", "PROBE_EVERY_S", "KafkaProbe"]
@@ -30,7 +31,7 @@ PROBE_PARTITIONS = 3
 """One per broker: the leaders spread over the cluster, and every write lands on another."""
 PROBE_EVERY_S = 0.1
 CPU_EVERY_S = 1.0
-"""How often the machine's cores are sampled (``/proc/stat``)."""
+"""How often the machine's cores are sampled (``psutil.cpu_times``)."""
 PROBE_TIMEOUT_S = 30.0
 """A write not delivered by then counts as taking this long (the broker is down)."""
 
@@ -102,13 +103,17 @@ class KafkaProbe(threading.Thread):
         self._producer.flush(1.0)
 
 
-def _cpu_times() -> tuple[float, float, int, int, int] | None:
-    """``(wall, monotonic, all ticks, idle + iowait ticks, steal ticks)``, None off Linux."""
+def _cpu_times() -> tuple[float, float, float, float, float] | None:
+    """Every core's times so far (psutil), None where psutil cannot say.
+
+    ``(wall, monotonic, all seconds, idle + iowait seconds, steal seconds)``.
+    """
     try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+        t = psutil.cpu_times()
+    except (OSError, psutil.Error):
         return None
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (no guests)
-    steal = fields[7] if len(fields) > 7 else 0
-    return time.time(), time.monotonic(), total, fields[3] + fields[4], steal
+    steal = getattr(t, "steal", 0.0)
+    idle = t.idle + getattr(t, "iowait", 0.0)
+    total = t.user + t.nice + t.system + idle + getattr(t, "irq", 0.0) + \
+        getattr(t, "softirq", 0.0) + steal  # guests are counted in user already
+    return time.time(), time.monotonic(), total, idle, steal
