@@ -44,7 +44,7 @@ from txnstream.coordinator.log_entry import SubscriptionRef
 from txnstream.coordinator.meta import TxnMeta
 from txnstream.coordinator.ownership import TcIncarnation, TcOwnership
 from txnstream.coordinator.protocol import COMMITTED_NOTICE, ENDED_NOTICE, TcReply, TcRequest
-from txnstream.coordinator.txn_log import KafkaClients
+from txnstream.coordinator.txn_log import LINGER_S, KafkaClients
 from txnstream.errors import TxnStreamError
 from txnstream.kafka.topics import PartitionCatalog, says_gone
 from txnstream.markers import MarkerKind, MarkerSigner, TxnMarker, produce_marker
@@ -233,6 +233,9 @@ class TxnFinalizer:
         producer = self.clients.producer
         deadline = time.monotonic() + self.flush_timeout_s
         suspect_at = time.monotonic() + SUSPECT_AFTER_S
+        # Send the turn's markers now, a partition's in one request: a flush overrides the
+        # producer's linger (LINGER_S) while it waits, and it waits no longer than that.
+        producer.flush(LINGER_S)
         while any(m.inflight & m.fresh for _, _, m in work):
             now = time.monotonic()
             if now >= deadline:

@@ -25,6 +25,7 @@ costs, is the business of :mod:`txnstream.coordinator.ownership`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -64,9 +65,15 @@ POLL_MAX_RECORDS = 2_000
 """Records taken per poll: one turn's worth, so requests are not kept waiting behind a
 long replay."""
 
+LINGER_S = 0.005
+"""The worker's producer's ``linger.ms``. Log appends are flushed at once; a turn's
+markers are produced together and then flushed (``TxnFinalizer``), so a partition's
+markers of one turn go in one request. With ``linger.ms`` 0 each went as a request of its
+own as soon as it was produced, and a partition with five unanswered spun the producer's
+broker thread until they were answered (:data:`IDEMPOTENT_IN_FLIGHT`)."""
+
 PRODUCER_SETTINGS: dict[str, Any] = {
-    # linger 0: every turn ends in a flush, so batching comes from the turn itself.
-    "linger.ms": 0,
+    "linger.ms": int(LINGER_S * 1000),
     # Markers go to data topics that may have been deleted since a txn registered them:
     # never recreate one (librdkafka's producer default would, on a broker with Kafka's
     # default auto.create.topics.enable), and fail such a marker within a second.
@@ -81,6 +88,15 @@ sends it to the leader its metadata names and, while that broker is down, retrie
 every state change of any of the admin client's brokers: 0.46 of a core for the whole
 wait, even after the leader moved (``tests/fault/test_topic_ids_spin.py``). The
 metadata is asked anew first, so a leader moved since is the one asked."""
+IDEMPOTENT_IN_FLIGHT = 5
+"""Records of one partition librdkafka's idempotent producer keeps in flight. A record
+produced to a partition with this many unanswered makes the producer's broker thread
+poll with a zero timeout until they are answered (docs/upstream-librdkafka-spin.md). A
+turn's append came behind the last turn's final entries (:meth:`KafkaTransactionLog.
+append_async`): at 16 concurrent txns the worker's producer thread spent 1.5-2.1 ms of
+CPU per txn spinning, more than the worker's Python, and a core for as long as a broker
+was paused. So an append first waits, idle, until fewer are unanswered
+(``tests/fault/test_producer_spin.py``): librdkafka could not send it sooner anyway."""
 METADATA_TIMEOUT_S = 1.0
 """Longest wait for that metadata, in the worker's loop (one round trip, once a
 checkpoint)."""
@@ -184,6 +200,8 @@ class KafkaTransactionLog:
     strategy: str = "range"
     """The group's ``partition.assignment.strategy``: how a callback takes and gives
     partitions up (:func:`~txnstream.kafka.clients.assign_by`)."""
+    _unanswered: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    """Entries produced to each TC's partition whose delivery is not yet reported."""
 
     def subscribe(self, on_assign: Assigned, on_revoke: Assigned) -> None:
         """Join the group; a partition assigned is read from its start."""
@@ -232,13 +250,33 @@ class KafkaTransactionLog:
             yield LogRecord(part, offset, m.value() or b"", ts if ts > 0 else None)
 
     def _produce_all(self, tc_id: int, entries: Sequence[TransactionLogEntry],
-                     on_delivery: Any) -> Exception | None:
-        """Produce ``entries`` to ``tc_id``'s partition; the error if one was refused."""
+                     on_delivery: Any, deadline: float) -> Exception | None:
+        """Produce ``entries`` to ``tc_id``'s partition; the error if one was refused.
+
+        First waits (serving delivery reports, until ``deadline`` on the monotonic clock)
+        until fewer than :data:`IDEMPOTENT_IN_FLIGHT` earlier entries of the partition are
+        unanswered; if they still are then, nothing is produced and the error says so.
+        """
+        producer = self.clients.producer
+        unanswered = self._unanswered
+        while unanswered.get(tc_id, 0) >= IDEMPOTENT_IN_FLIGHT:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return TxnStreamError(
+                    f"{self.topic} [{tc_id}]: {unanswered[tc_id]} earlier entries still "
+                    f"unanswered after {self.flush_timeout_s:.1f} s")
+            producer.poll(min(0.1, left))
+
+        def reported(err: KafkaError | None, msg: Message) -> None:
+            unanswered[tc_id] -= 1
+            on_delivery(err, msg)
+
         for e in entries:
+            unanswered[tc_id] = unanswered.get(tc_id, 0) + 1  # before: a report may come first
             try:
-                self.clients.producer.produce(self.topic, e.encode(), partition=tc_id,
-                                              on_delivery=on_delivery)
+                producer.produce(self.topic, e.encode(), partition=tc_id, on_delivery=reported)
             except (KafkaException, BufferError) as exc:
+                unanswered[tc_id] -= 1
                 # e.g. MSG_SIZE_TOO_LARGE over message.max.bytes, or a full local queue.
                 # Entries already produced may still land: the replay will read them.
                 return exc
@@ -260,10 +298,11 @@ class KafkaTransactionLog:
             else:
                 offsets.append(offset)
 
-        refused = self._produce_all(tc_id, entries, on_delivery)
+        deadline = time.monotonic() + self.flush_timeout_s
+        refused = self._produce_all(tc_id, entries, on_delivery, deadline)
         if refused is not None:
             failed.append(refused.args[0] if refused.args else refused)
-        self.clients.producer.flush(self.flush_timeout_s)
+        self.clients.producer.flush(max(0.0, deadline - time.monotonic()))
         if failed or len(offsets) != len(entries):
             return AppendResult(error=failed[0] if failed else "timeout")
         return AppendResult(tuple(sorted(offsets)))
@@ -279,7 +318,8 @@ class KafkaTransactionLog:
             if err is not None:
                 on_failure(err)
 
-        refused = self._produce_all(tc_id, entries, on_delivery)
+        refused = self._produce_all(tc_id, entries, on_delivery,
+                                    time.monotonic() + self.flush_timeout_s)
         if refused is not None:
             on_failure(refused)
         self.clients.producer.poll(0)
