@@ -45,7 +45,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from txnstream.coordinator.log_entry import TransactionLogEntry
 from txnstream.errors import TxnStreamError, is_retriable_kafka_error, message_error
-from txnstream.kafka.clients import assign_by, close_member, unassign_by
+from txnstream.kafka.clients import IDEMPOTENT_IN_FLIGHT, assign_by, close_member, unassign_by
 from txnstream.kafka.fetch import KafkaRecord, drain
 from txnstream.kafka.topics import NO_AUTO_CREATE
 
@@ -70,7 +70,8 @@ LINGER_S = 0.005
 markers are produced together and then flushed (``TxnFinalizer``), so a partition's
 markers of one turn go in one request. With ``linger.ms`` 0 each went as a request of its
 own as soon as it was produced, and a partition with five unanswered spun the producer's
-broker thread until they were answered (:data:`IDEMPOTENT_IN_FLIGHT`)."""
+broker thread until they were answered
+(:data:`~txnstream.kafka.clients.IDEMPOTENT_IN_FLIGHT`)."""
 
 PRODUCER_SETTINGS: dict[str, Any] = {
     "linger.ms": int(LINGER_S * 1000),
@@ -88,15 +89,6 @@ sends it to the leader its metadata names and, while that broker is down, retrie
 every state change of any of the admin client's brokers: 0.46 of a core for the whole
 wait, even after the leader moved (``tests/fault/test_topic_ids_spin.py``). The
 metadata is asked anew first, so a leader moved since is the one asked."""
-IDEMPOTENT_IN_FLIGHT = 5
-"""Records of one partition librdkafka's idempotent producer keeps in flight. A record
-produced to a partition with this many unanswered makes the producer's broker thread
-poll with a zero timeout until they are answered (docs/upstream-librdkafka-spin.md). A
-turn's append came behind the last turn's final entries (:meth:`KafkaTransactionLog.
-append_async`): at 16 concurrent txns the worker's producer thread spent 1.5-2.1 ms of
-CPU per txn spinning, more than the worker's Python, and a core for as long as a broker
-was paused. So an append first waits, idle, until fewer are unanswered
-(``tests/fault/test_producer_spin.py``): librdkafka could not send it sooner anyway."""
 METADATA_TIMEOUT_S = 1.0
 """Longest wait for that metadata, in the worker's loop (one round trip, once a
 checkpoint)."""
@@ -201,7 +193,12 @@ class KafkaTransactionLog:
     """The group's ``partition.assignment.strategy``: how a callback takes and gives
     partitions up (:func:`~txnstream.kafka.clients.assign_by`)."""
     _unanswered: dict[int, int] = field(default_factory=dict, init=False, repr=False)
-    """Entries produced to each TC's partition whose delivery is not yet reported."""
+    """Entries produced to each TC's partition whose delivery is not yet reported. A
+    turn's append came behind the last turn's final entries (:meth:`append_async`): at 16
+    concurrent txns the producer's thread spent 1.5-2.1 ms of CPU per txn spinning, and a
+    core for as long as a broker was paused; an append now first waits, idle, while
+    :data:`~txnstream.kafka.clients.IDEMPOTENT_IN_FLIGHT` are unanswered
+    (``tests/fault/test_producer_spin.py``): librdkafka could not send it sooner anyway."""
 
     def subscribe(self, on_assign: Assigned, on_revoke: Assigned) -> None:
         """Join the group; a partition assigned is read from its start."""

@@ -15,8 +15,15 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-__all__ = ["COOPERATIVE", "CONFLUENT_KAFKA", "ConfluentKafka", "KafkaClientFactory",
-           "assign_by", "close_member", "close_producer", "leave_group", "unassign_by"]
+__all__ = ["COOPERATIVE", "CONFLUENT_KAFKA", "ConfluentKafka", "IDEMPOTENT_IN_FLIGHT",
+           "KafkaClientFactory", "assign_by", "close_member", "close_producer", "leave_group",
+           "unassign_by"]
+
+IDEMPOTENT_IN_FLIGHT = 5
+"""Records of one partition librdkafka's idempotent producer keeps in flight. A record
+produced to a partition with this many unanswered makes the producer's broker thread
+poll with a zero timeout until they are answered (docs/upstream-librdkafka-spin.md), so
+a worker's producer waits, or holds a record back, instead."""
 
 COOPERATIVE = "cooperative-sticky"
 """The incremental ``partition.assignment.strategy``: a rebalance names only the

@@ -13,11 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.unit.coordinator.test_txn_log import entries
-from txnstream.coordinator.txn_log import (
-    IDEMPOTENT_IN_FLIGHT,
-    KafkaClients,
-    KafkaTransactionLog,
-)
+from txnstream.coordinator.txn_log import KafkaClients, KafkaTransactionLog
+from txnstream.kafka.clients import IDEMPOTENT_IN_FLIGHT
 
 
 class _Msg:
