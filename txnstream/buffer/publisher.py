@@ -29,6 +29,7 @@ from txnstream.buffer.served import take_delta
 from txnstream.buffer.snapshot import take_snapshot
 from txnstream.buffer.snapshot_store import TransactionBufferSnapshotStore
 from txnstream.buffer.transaction_buffer import TransactionBuffer
+from txnstream.kafka.clients import IDEMPOTENT_IN_FLIGHT
 from txnstream.kafka.fetch import delivered_offset
 from txnstream.ratelog import RateLimitedLog
 from txnstream.types import TopicPartition
@@ -95,6 +96,9 @@ class BufferPublisher:
         self.due: set[TopicPartition] = set()
         """Partitions whose snapshot may be due (:meth:`snapshot_due`): an owner's turn
         looks at these, not at every partition it serves (issue 37)."""
+        self.unanswered: dict[int, int] = {}
+        """Deltas produced to each state partition (slot) whose delivery is not yet
+        reported; a slot with none is not kept."""
 
     def folded(self, tp: TopicPartition, s: ServedPartition) -> None:
         """``tp`` folded something: its next turn publishes a delta."""
@@ -108,11 +112,21 @@ class BufferPublisher:
 
     def deltas(self, served: Mapping[TopicPartition, ServedPartition],
                slots: Mapping[int, OwnedSlot]) -> None:
-        """One DELTA per partition that folded something since the last one."""
+        """One DELTA per partition that folded something since the last one.
+
+        A partition whose slot has :data:`~txnstream.kafka.clients.IDEMPOTENT_IN_FLIGHT`
+        deltas unanswered stays dirty: its next turn's delta covers both. librdkafka
+        could not have sent it sooner, and a record produced behind five unanswered of
+        its partition made the producer's broker thread spin until they were answered
+        (deltas of several partitions share a slot, and the turn comes every 5 ms).
+        """
         now_ms = int(time.time() * 1000)
         dirty, self.dirty = self.dirty, set()
         for tp in dirty:
             if (s := served.get(tp)) is not None and s.dirty:
+                if self.unanswered.get(s.slot, 0) >= IDEMPOTENT_IN_FLIGHT:
+                    self.dirty.add(tp)
+                    continue
                 self.delta(tp, s, slots, now_ms)
                 if s.dirty:  # not published (its slot not owned now): the next turn's
                     self.dirty.add(tp)
@@ -128,6 +142,7 @@ class BufferPublisher:
         rec = take_delta(s.buf, self._member, slot.generation, s.next_from, low, now_ms)
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
+            self._answered(slot_id)
             if err is not None:
                 self.delta_failures += 1
                 metrics.BUFFER_DELTAS.labels("failed").inc()
@@ -143,11 +158,23 @@ class BufferPublisher:
             self.deltas_published += 1
             metrics.BUFFER_DELTAS.labels("ok").inc()
 
-        self._producer.produce(self._state_topic, rec.encode(), key=str(tp).encode(),
-                               partition=s.slot, on_delivery=delivered)
+        slot_id = s.slot
+        self.unanswered[slot_id] = self.unanswered.get(slot_id, 0) + 1  # before its report
+        try:
+            self._producer.produce(self._state_topic, rec.encode(), key=str(tp).encode(),
+                                   partition=slot_id, on_delivery=delivered)
+        except BaseException:
+            self._answered(slot_id)
+            raise
         s.produced += 1
         s.next_from = rec.position + 1
         s.dirty = False
+
+    def _answered(self, slot_id: int) -> None:
+        if (left := self.unanswered[slot_id] - 1) > 0:
+            self.unanswered[slot_id] = left
+        else:
+            del self.unanswered[slot_id]
 
     def _log_start(self, tp: TopicPartition) -> int:
         """The partition's log start: the fetcher's cached value, else asked of the broker."""
