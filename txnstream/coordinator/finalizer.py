@@ -142,6 +142,27 @@ class TxnFinalizer:
             weakref.WeakKeyDictionary())
         """Per incarnation (forgotten with it), per decided txn: what is written."""
 
+    def due_in(self) -> float | None:
+        """Seconds until finalization work is due: 0 now, None if no txn is decided.
+
+        A decided txn is due unless it waits out a failed marker's backoff (``retry_at``);
+        the worker waits for requests no longer than this. It used to ask without waiting
+        while any txn was decided, so a txn held by a partition refusing its marker spun
+        the worker's loop between retries
+        (``test_a_worker_waiting_out_a_refused_markers_backoff_stays_idle``).
+        """
+        mono = time.monotonic()
+        soonest: float | None = None
+        for tc in self.ownership.tcs.values():
+            if not self.ownership.serving(tc):
+                continue
+            for meta in tc.store.ending():
+                at = tc.retry_at.get(meta.txn_id.least_bits, (0.0, 0))[0]
+                if at <= mono:
+                    return 0.0
+                soonest = at - mono if soonest is None else min(soonest, at - mono)
+        return soonest
+
     def finalize(self, now_ms: int) -> None:
         """Markers and marks for every decided txn, then replies, then COMMITTED/ABORTED.
 

@@ -312,13 +312,13 @@ class CoordinatorWorker:
         # for its replies (a LIST page's), not the turn's other principals after it
         replies: dict[int, list[tuple[TcRequest, TcReply, bytes]]] = defaultdict(list)
         carried: set[TopicPartition] = set()
-        # Block on requests (returns as soon as one arrives) unless finalization work waits.
-        idle = not any(tc.store.ending() for tc in self.tcs.values()
-                       if tc.phase is TcPhase.SERVING)
+        # Block on requests (returns as soon as one arrives) until finalization work is due.
+        due = self._finalizer.due_in()
+        wait = self.settings.idle_poll_s if due is None else min(self.settings.idle_poll_s, due)
         self._endpoints.turn(now_ms, self.tcs, (tc.tc_id for tc in self.tcs.values()
                                                  if self._ownership.serving(tc)))
         self._origins.turn_started()
-        for req, conn in self._inbox.take(self.settings.idle_poll_s if idle else 0):
+        for req, conn in self._inbox.take(wait):
             if req.deadline_ms < now_ms:
                 continue  # the client gave up on it; it retries under the same id
             if req.op in _READS:

@@ -9,6 +9,8 @@ stuck on a partition that exists but refuses its marker is ended by an admin.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 import uuid
 from collections import Counter
@@ -218,3 +220,43 @@ def test_an_admin_force_ends_a_txn_stuck_on_a_partition_that_refuses_its_marker(
         assert MarkerKind.COMMIT.value not in {
             k for (_, k) in _txn_markers(config, refusing, txn.id)}
         assert restarts(admin, 2) == 0
+
+
+def _thread_cpu_s(thread: threading.Thread) -> float:
+    """CPU seconds the (running) ``thread`` of this process has used so far."""
+    stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+IDLE_WORKER_CPU_S = 0.5
+"""CPU the worker's thread may use over :data:`STUCK_WATCH_S` while nothing but a refused
+marker's backoff is due (a spinning turn loop uses about all of it)."""
+STUCK_WATCH_S = 4.0
+
+
+def test_a_worker_waiting_out_a_refused_markers_backoff_stays_idle(secured, config):
+    """A txn whose partition refuses its marker stays COMMITTING, its markers tried again
+    after a backoff (up to 5 s apart). The worker's turn asked for requests without
+    waiting while any txn was COMMITTING or ABORTING, so it turned as fast as it could
+    for as long as the partition refused: a core for nothing. It now waits for requests
+    until the earliest retry is due."""
+    with _clients(config, "alice", "txnstream") as (alice, admin):
+        refusing = make_topic(config, 1, "refusing")
+        txn = alice.new_transaction(timeout_s=60, tc_id=2)
+        alice.create_producer(refusing).send(b"x", txn=txn, partition=0)
+        txn.flush()
+        set_topic_config(config, refusing, {"max.message.bytes": "16"})
+        txn.commit_async()
+        wait_until(lambda: admin.admin.get_transaction(txn.id).status is TxnStatus.COMMITTING,
+                   15, "the commit decided")
+        time.sleep(1.0)  # the first retries pass; the backoff grows
+        worker = secured._thread
+        cpu0 = _thread_cpu_s(worker)
+        time.sleep(STUCK_WATCH_S)
+        cpu = _thread_cpu_s(worker) - cpu0
+        assert admin.admin.get_transaction(txn.id).status is TxnStatus.COMMITTING
+        assert cpu < IDLE_WORKER_CPU_S, (
+            f"the worker's thread used {cpu:.2f} s of CPU in {STUCK_WATCH_S:.0f} s with "
+            f"nothing due but a refused marker's retry: its turn loop spins")
+        assert admin.admin.force_end(txn.id).status is TxnStatus.COMMITTED  # leave it ended
