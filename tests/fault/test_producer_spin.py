@@ -30,7 +30,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -88,6 +88,21 @@ def _sender(bootstrap: str, topic: str) -> NativeSender:
     return NativeSender(mod, rendered, topic, logging.getLogger("test.spin"))
 
 
+def _cpu_over_pause(broker: int, start: Callable[[], None],
+                    settle_s: float) -> tuple[float, float]:
+    """Pause ``broker``, ``start()`` the work, let it settle, then this process's CPU and
+    the wall time over :data:`PAUSE_S`; the broker resumes whatever happens."""
+    os.kill(broker, signal.SIGSTOP)
+    try:
+        start()
+        time.sleep(settle_s)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        time.sleep(PAUSE_S)
+        return time.process_time() - cpu0, time.monotonic() - wall0
+    finally:
+        os.kill(broker, signal.SIGCONT)
+
+
 def _read(bootstrap: str, topic: str, partitions: int, n: int) -> dict[int, list[bytes]]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{os.urandom(4).hex()}",
                   "enable.auto.commit": False})
@@ -137,17 +152,9 @@ def test_batches_waiting_on_a_paused_broker_use_no_cpu_and_all_land_in_order(
             except BaseException as exc:  # noqa: BLE001 - the test's thread reports it
                 failed.append(exc)
 
-        os.kill(broker, signal.SIGSTOP)
-        try:
-            producer = threading.Thread(target=produce, daemon=True)
-            producer.start()
-            time.sleep(0.5)  # what was handed over is now waiting on the broker
-            cpu0, wall0 = time.process_time(), time.monotonic()
-            time.sleep(PAUSE_S)
-            cpu = time.process_time() - cpu0
-            wall = time.monotonic() - wall0
-        finally:
-            os.kill(broker, signal.SIGCONT)
+        producer = threading.Thread(target=produce, daemon=True)
+        # settled: what was handed over is now waiting on the broker
+        cpu, wall = _cpu_over_pause(broker, producer.start, settle_s=0.5)
         producer.join(60)
         assert not failed, failed
         assert handed == list(range(batches)), f"batches handed: {handed}"
@@ -186,20 +193,15 @@ def test_a_log_append_behind_an_unanswered_one_waits_idle_and_lands_in_order(
     broker = next(iter(own_broker.pids().values()))
     lost: list[object] = []
     results: list[object] = []
-    os.kill(broker, signal.SIGSTOP)
-    try:
+    appender = threading.Thread(target=lambda: results.append(
+        log.append(0, log_entries(3, first_seq=9))), daemon=True)
+
+    def start() -> None:
         log.append_async(0, log_entries(8, first_seq=1), lost.append)  # a turn's last
         time.sleep(0.3)  # sent: eight entries in flight on the paused broker
-        appender = threading.Thread(target=lambda: results.append(
-            log.append(0, log_entries(3, first_seq=9))), daemon=True)
         appender.start()
-        time.sleep(0.3)
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        time.sleep(PAUSE_S)
-        cpu = time.process_time() - cpu0
-        wall = time.monotonic() - wall0
-    finally:
-        os.kill(broker, signal.SIGCONT)
+
+    cpu, wall = _cpu_over_pause(broker, start, settle_s=0.3)
     appender.join(60)
     assert cpu < IDLE_CPU_S, (
         f"this process used {cpu:.2f} s of CPU in {wall:.1f} s while a log append waited "
